@@ -1,0 +1,3 @@
+from dlinfra.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""The `dlinfra` command line: thin commands over the domain modules."""

@@ -1,0 +1,331 @@
+"""`dlinfra`: parse arguments → call one domain function → print. Errors: one boundary in `main`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from dlinfra import __version__
+from dlinfra.errors import DlinfraError, SpecError
+from dlinfra.spec import Overrides, Spec, load_spec
+
+app = typer.Typer(
+    help="Experiment files in, transient distributed TensorFlow clusters out (local processes or AWS).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+node_app = typer.Typer(help="Commands that run on a cluster node.", no_args_is_help=True)
+app.add_typer(node_app, name="node")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+# Options shared by every command that takes a spec.
+SpecArg = Annotated[Path | None, typer.Argument(help="Experiment YAML (default: the built-in digits example).")]
+WorkersOpt = Annotated[int | None, typer.Option("--workers", help="cluster.workers.count")]
+PsOpt = Annotated[int | None, typer.Option("--ps", help="cluster.ps.count")]
+StrategyOpt = Annotated[str | None, typer.Option("--strategy", help="parameter_server | multi_worker_mirrored")]
+StepsOpt = Annotated[int | None, typer.Option("--steps", help="training.steps")]
+TargetOpt = Annotated[str | None, typer.Option("--target", help="local | aws")]
+EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="aws.endpoint_url (moto, LocalStack)")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Any field: --set training.batch_size=256")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+RunArg = Annotated[str | None, typer.Argument(help="Run id (default: the newest run).")]
+
+
+def _spec(
+    spec: Path | None,
+    workers: int | None = None,
+    ps: int | None = None,
+    strategy: str | None = None,
+    steps: int | None = None,
+    target: str | None = None,
+    endpoint_url: str | None = None,
+    sets: list[str] | None = None,
+) -> Spec:
+    overrides = Overrides(
+        workers=workers, ps=ps, strategy=strategy, steps=steps, target=target, endpoint_url=endpoint_url,
+        sets=sets or [],
+    )
+    return load_spec(spec, overrides)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of unexpected errors.")] = False,
+) -> None:
+    _state["debug"] = debug
+
+
+_state: dict[str, Any] = {"debug": False}
+
+
+# ---------------------------------------------------------------- spec commands
+
+
+@app.command()
+def init(path: Annotated[Path, typer.Argument(help="Where to write the example.")] = Path("experiment.yaml")) -> None:
+    """Write a commented example experiment file."""
+    from dlinfra.spec import example_text
+
+    if path.exists():
+        raise DlinfraError(f"{path} already exists. Fix: choose another path or remove it")
+    path.write_text(example_text(), encoding="utf-8")
+    out.print(f"wrote {path}; next: dlinfra validate {path} && dlinfra deploy {path}")
+
+
+@app.command()
+def validate(
+    spec: SpecArg = None, workers: WorkersOpt = None, ps: PsOpt = None, strategy: StrategyOpt = None,
+    steps: StepsOpt = None, target: TargetOpt = None, endpoint_url: EndpointOpt = None, sets: SetOpt = None,
+) -> None:
+    """Check an experiment file (and overrides) without running anything."""
+    from dlinfra.render import plan_addresses
+
+    resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
+    plan = plan_addresses(resolved)
+    out.print(f"{spec or '<built-in default>'}: valid · {resolved.target} · {resolved.strategy} · "
+              f"{len(plan.nodes)} nodes ({', '.join(f'{k} {len(v)}' for k, v in plan.cluster().items())})")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of experiment files (for editor completion)."""
+    from dlinfra.spec import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+
+
+@app.command()
+def render(
+    spec: SpecArg = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for <node>.user-data.yaml and <node>.json")] = Path(
+        "rendered"
+    ),
+    workers: WorkersOpt = None, ps: PsOpt = None, strategy: StrategyOpt = None, steps: StepsOpt = None,
+    target: TargetOpt = None, endpoint_url: EndpointOpt = None, sets: SetOpt = None,
+) -> None:
+    """Render every node's cloud-init user-data and node.json, without running anything."""
+    from dlinfra.render import build_node_configs, plan_addresses, render_cluster
+    from dlinfra.targets.aws import install_requirement
+
+    resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
+    plan = plan_addresses(resolved)
+    store_url = f"{resolved.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID"
+    configs = build_node_configs(resolved, "RUN_ID", store_url, plan)
+    install = install_requirement() if resolved.target == "aws" else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in render_cluster(configs, install).items():
+        (out_dir / f"{name}.user-data.yaml").write_text(text, encoding="utf-8")
+        (out_dir / f"{name}.json").write_text(configs[name].model_dump_json(indent=2) + "\n", encoding="utf-8")
+    out.print(f"rendered {len(configs)} nodes into {out_dir}/")
+
+
+# ---------------------------------------------------------------- running
+
+
+@app.command()
+def deploy(
+    spec: SpecArg = None, workers: WorkersOpt = None, ps: PsOpt = None, strategy: StrategyOpt = None,
+    steps: StepsOpt = None, target: TargetOpt = None, endpoint_url: EndpointOpt = None, sets: SetOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")] = False,
+    keep: Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")] = False,
+    emulate_instances: Annotated[
+        bool, typer.Option("--emulate-instances", help="aws + endpoint: boot instances' user-data as local processes.")
+    ] = False,
+) -> None:
+    """Provision a cluster for the experiment, train, collect results, tear down."""
+    started = time.time()
+    resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
+    if resolved.target == "aws":
+        from dlinfra.targets import aws
+
+        outcome = aws.deploy(
+            resolved, spec, sys.argv, approve=_approver(yes), keep=keep, emulate=emulate_instances,
+            on_update=_progress_printer(), started=started, log=out.print,
+        )
+    else:
+        from dlinfra.deploy import prepare, watch
+        from dlinfra.targets.local import LocalCluster
+
+        prepared = prepare(resolved, spec, sys.argv)
+        out.print(f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, store {prepared.run.manifest()['store_url']}")
+        cluster = LocalCluster(prepared.run.dir)
+        cluster.start(prepared.user_data)
+        outcome = watch(prepared, cluster, _progress_printer(), resolved.cluster.heartbeat_timeout, started=started)
+    _finish(outcome)
+
+
+def _approver(yes: bool) -> Any:
+    def approve(summary: str) -> bool:
+        out.print(summary)
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            raise DlinfraError("no terminal to confirm the apply. Fix: review `dlinfra plan`, then pass --yes")
+        return typer.confirm("Apply this plan?", default=False)
+
+    return approve
+
+
+def _progress_printer() -> Any:
+    from dlinfra.cli.views import progress_line
+
+    last = {"line": "", "t": 0.0}
+
+    def show(snap: Any) -> None:
+        line = progress_line(snap)
+        core = line.split("]", 1)[1]
+        if core != last["line"] or time.time() - last["t"] > 15:
+            out.print(line, markup=False)
+            last.update(line=core, t=time.time())
+
+    return show
+
+
+def _finish(outcome: Any) -> None:
+    from dlinfra.cli.views import print_failure, result_table
+
+    if outcome.state == "DONE":
+        out.print(result_table(outcome))
+        return
+    if outcome.state == "FAILED":
+        print_failure(err, outcome)
+        raise typer.Exit(1)
+    err.print(f"run {outcome.run.id} STOPPED: {outcome.error}")
+    raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------- inspecting runs
+
+
+@app.command()
+def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
+    """Per-node state, step, heartbeat age and restarts of a run."""
+    from dlinfra.cli.views import nodes_table
+    from dlinfra.reports import run_status
+
+    report = run_status(run_id)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    out.print(nodes_table(report["nodes"], title=f"run {report['run_id']}: {report['status']}"))
+
+
+@app.command()
+def logs(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    node: Annotated[str | None, typer.Option("--node", help="Node name, e.g. worker-0 (default: all).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")] = False,
+) -> None:
+    """Print node logs of a run."""
+    from dlinfra.reports import follow_logs
+
+    for line in follow_logs(run_id, node, follow):
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+@app.command()
+def runs(as_json: JsonOpt = False) -> None:
+    """List runs, newest first: status, age, target, accuracy."""
+    from rich.table import Table
+
+    from dlinfra.reports import list_run_rows
+
+    rows = list_run_rows()
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = Table()
+    for column in ("run", "status", "age", "target", "strategy", "accuracy"):
+        table.add_column(column)
+    for r in rows:
+        acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
+        table.add_row(r["run_id"], r["status"], r["age"], r["target"], r["strategy"], acc)
+    out.print(table)
+
+
+@app.command()
+def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
+    """A run's manifest, metrics and where its model and TensorBoard logs are."""
+    from dlinfra.reports import run_details
+
+    details = run_details(run_id)
+    if as_json:
+        sys.stdout.write(json.dumps(details, indent=2) + "\n")
+        return
+    for key, value in details.items():
+        if isinstance(value, dict):
+            value = json.dumps(value)
+        out.print(f"[bold]{key}[/]: {value}")
+
+
+@app.command()
+def destroy(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
+    """Tear down whatever a run left running (aws: terraform destroy of its stack)."""
+    from dlinfra.reports import destroy_run
+
+    out.print(destroy_run(run_id))
+
+
+# ---------------------------------------------------------------- node agent
+
+
+@node_app.command("run")
+def node_run(
+    node_json: Annotated[Path, typer.Argument(help="The NodeConfig, e.g. /etc/dlinfra/node.json.")],
+    log_file: Annotated[Path | None, typer.Option("--log-file", help="Append this node's output here.")] = None,
+    work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Local scratch (checkpoints, model).")] = None,
+) -> None:
+    """Run this machine's part of the cluster (what cloud-init starts on every node)."""
+    import os
+
+    from dlinfra.node.agent import run
+
+    code = run(node_json, log_file, work_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # TF server threads never join; leave without waiting for them
+
+
+@app.command()
+def version() -> None:
+    """Print the dlinfra version."""
+    out.print(__version__)
+
+
+def main() -> None:
+    import click
+
+    try:
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except click.exceptions.ClickException as exc:  # usage errors: unknown option, bad type
+        exc.show()
+        sys.exit(2)
+    except click.exceptions.Abort:
+        err.print("interrupted: the cluster was torn down")
+        sys.exit(130)
+    except SpecError as exc:
+        for problem in exc.problems:
+            err.print(f"error: {problem}", markup=False)
+        sys.exit(2)
+    except DlinfraError as exc:
+        err.print(f"error: {exc}", markup=False)
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        if _state["debug"]:
+            traceback.print_exc()
+        else:
+            err.print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", markup=False)
+        sys.exit(1)

@@ -1,0 +1,178 @@
+"""Deploying a spec: prepare the run and its user-data, start the nodes, watch the store, tear down.
+
+One flow for every target; a target only starts and stops nodes (see `Cluster`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from dlinfra.node.status import run_marker, write_marker
+from dlinfra.render import AddressPlan, NodeConfig, build_node_configs, plan_addresses, render_cluster
+from dlinfra.render.node_config import store_config
+from dlinfra.run import Run, utc_now
+from dlinfra.spec import Spec
+from dlinfra.store import Store
+
+LOG_TAIL_LINES = 30
+
+
+class Cluster(Protocol):
+    def exit_codes(self) -> dict[str, int | None]: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class Prepared:
+    run: Run
+    plan: AddressPlan
+    configs: dict[str, NodeConfig]
+    user_data: dict[str, str]
+
+    @property
+    def store(self) -> Store:
+        return run_store(self.run)
+
+
+def prepare(
+    spec: Spec,
+    spec_path: Path | None = None,
+    argv: list[str] | None = None,
+    install: str | None = None,
+    target: str | None = None,
+) -> Prepared:
+    """Create the run record and render every node's user-data into the run dir."""
+    plan = plan_addresses(spec, target)  # before the run exists: a bad subnet creates nothing
+    run = Run.create(spec, spec_path, argv)
+    entrypoint = _resolve_entrypoint(spec, spec_path)
+    configs = build_node_configs(spec, run.id, run.manifest()["store_url"], plan, entrypoint)
+    user_data = render_cluster(configs, install)
+    out = run.dir / "user-data"
+    out.mkdir()
+    for name, text in user_data.items():
+        (out / f"{name}.yaml").write_text(text, encoding="utf-8")
+    run.update_manifest(nodes=sorted(user_data), addresses=plan.cluster())
+    return Prepared(run, plan, configs, user_data)
+
+
+def _resolve_entrypoint(spec: Spec, spec_path: Path | None) -> str | None:
+    """Entrypoint paths are relative to the experiment file (as an editor would read them)."""
+    if not spec.training.entrypoint:
+        return None
+    file_name, _, func = spec.training.entrypoint.rpartition(":")
+    base = spec_path.absolute().parent if spec_path else Path.cwd()
+    path = (base / file_name).resolve()
+    if not path.is_file():
+        from dlinfra.errors import SpecError
+
+        raise SpecError([f"training.entrypoint: {path} does not exist. Fix: give a path relative to the spec file"])
+    return f"{path}:{func}"
+
+
+@dataclass
+class Snapshot:
+    nodes: dict[str, dict[str, Any] | None]
+    marker: tuple[str, dict[str, Any]] | None
+    lost: list[str]
+    elapsed: float
+
+
+@dataclass
+class Outcome:
+    run: Run
+    state: str  # DONE | FAILED | STOPPED
+    metrics: dict[str, Any] | None = None
+    failed_node: str | None = None
+    error: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    seconds_to_first_step: float | None = None
+
+
+def watch(
+    prepared: Prepared,
+    cluster: Cluster,
+    on_update: Callable[[Snapshot], None] = lambda s: None,
+    heartbeat_timeout: float = 60.0,
+    poll: float = 1.0,
+    started: float | None = None,
+) -> Outcome:
+    """Follow the run through the store until it ends; always tears the cluster down."""
+    store, run = prepared.store, prepared.run
+    started = started or time.time()
+    run.update_manifest(status="RUNNING", started=utc_now())
+    try:
+        while True:
+            snap = _snapshot(store, list(prepared.user_data), heartbeat_timeout, started)
+            on_update(snap)
+            if snap.marker is not None:
+                break
+            crashed = {n: c for n, c in cluster.exit_codes().items() if c not in (None, 0)}
+            if crashed:
+                name, code = sorted(crashed.items())[0]
+                write_marker(store, "FAILED", node=name, error=f"node process exited with code {code}")
+            elif snap.lost:
+                write_marker(store, "FAILED", node=snap.lost[0], error=f"no heartbeat for {heartbeat_timeout:.0f}s")
+            elif all(c == 0 for c in cluster.exit_codes().values()):
+                time.sleep(poll)  # the chief's marker may land right after its exit
+                if run_marker(store) is None:
+                    write_marker(store, "FAILED", node=None, error="every node exited without a result")
+            else:
+                time.sleep(poll)
+    except KeyboardInterrupt:
+        write_marker(store, "STOPPED", node=None, reason="interrupted (Ctrl-C)")
+        raise
+    finally:
+        cluster.stop()
+        marker = run_marker(store)
+        run.update_manifest(status=marker[0] if marker else "STOPPED", finished=utc_now())
+    return _outcome(prepared, store, started)
+
+
+def _snapshot(store: Store, names: list[str], heartbeat_timeout: float, started: float) -> Snapshot:
+    now = time.time()
+    nodes = {name: store.get_json(f"status/{name}.json") for name in names}
+    lost = [
+        name
+        for name, st in nodes.items()
+        if st and st.get("state") not in ("done", "failed", "stopped") and now - st["heartbeat"] > heartbeat_timeout
+    ]
+    return Snapshot(nodes, run_marker(store), lost, now - started)
+
+
+def _outcome(prepared: Prepared, store: Store, started: float) -> Outcome:
+    run = prepared.run
+    marker = run_marker(store)
+    state, body = marker if marker else ("STOPPED", {})
+    metrics = store.get_json("metrics.json") if state == "DONE" else None
+    outcome = Outcome(run, state, metrics, body.get("node"), body.get("error") or body.get("reason"))
+    outcome.wall_seconds = time.time() - started
+    if metrics and metrics.get("first_step_at"):
+        outcome.seconds_to_first_step = metrics["first_step_at"] - started
+    if state == "FAILED" and outcome.failed_node:
+        outcome.log_tail = node_log(run, store, outcome.failed_node)[-LOG_TAIL_LINES:]
+    if metrics:
+        run.update_manifest(
+            metrics={k: metrics.get(k) for k in ("eval_accuracy", "steps", "train_seconds", "model_uri")}
+        )
+    return outcome
+
+
+def node_log(run: Run, store: Store | None, node: str) -> list[str]:
+    """A node's log: from the run dir when the node ran here, else from the store."""
+    local = run.dir / "logs" / f"{node}.log"
+    if local.is_file():
+        return local.read_text(encoding="utf-8", errors="replace").splitlines()
+    data = store.get_bytes(f"logs/{node}.log") if store else None
+    return data.decode("utf-8", errors="replace").splitlines() if data else []
+
+
+def run_store(run: Run) -> Store:
+    """The store of a recorded run, configured as its nodes were."""
+    cfg = store_config(run.spec(), run.manifest()["store_url"])
+    return Store.from_url(cfg.url, cfg.endpoint_url, cfg.region)

@@ -1,0 +1,33 @@
+"""Errors the CLI turns into one clear message and exit code 2 (bad input, missing tools)."""
+
+from __future__ import annotations
+
+
+class DlinfraError(Exception):
+    """A problem the user can fix; ``str(err)`` is the whole message shown to them."""
+
+    exit_code = 2
+
+
+class SpecError(DlinfraError):
+    """The experiment file or a CLI override is invalid."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class StoreError(DlinfraError):
+    """The results store cannot be reached or holds something unexpected."""
+
+
+class TerraformError(DlinfraError):
+    """terraform is missing, too old, or reported diagnostics."""
+
+
+class CredentialsError(DlinfraError):
+    """No usable cloud credentials."""
+
+
+class RunNotFound(DlinfraError):
+    """A run id that has no run directory."""

@@ -1,0 +1,14 @@
+output "bucket" {
+  description = "Name of the results bucket."
+  value       = aws_s3_bucket.this.id
+}
+
+output "bucket_arn" {
+  description = "ARN of the results bucket."
+  value       = aws_s3_bucket.this.arn
+}
+
+output "sse_algorithm" {
+  description = "Default server-side encryption of the bucket: \"AES256\" or \"aws:kms\"."
+  value       = local.sse_algorithm
+}

@@ -1,0 +1,307 @@
+"""`dlinfra node run NODE_JSON`: join the cluster, train or serve, report, leave results, exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dlinfra.errors import DlinfraError
+from dlinfra.node.status import NodeStatus, run_marker, write_marker
+from dlinfra.render.node_config import NodeConfig, tf_config
+from dlinfra.store import Store
+
+T = TypeVar("T")
+POLL_SECONDS = 1.0
+TENSORBOARD_SYNC_SECONDS = 10.0
+
+
+class PeersUnreachable(DlinfraError):
+    pass
+
+
+def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None = None) -> int:
+    if log_file is not None:
+        _redirect_output(log_file)
+    cfg = NodeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
+    work = work_dir or Path(tempfile.gettempdir()) / "dlinfra" / cfg.run_id / cfg.name
+    work.mkdir(parents=True, exist_ok=True)
+    store = Store.from_url(cfg.store.url, cfg.store.endpoint_url, cfg.store.region)
+    status = NodeStatus(store, cfg.name, cfg.role, cfg.index, cfg.heartbeat_interval, log_file).start()
+    os.environ["TF_CONFIG"] = json.dumps(tf_config(cfg.cluster, cfg.role, cfg.index))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    _start_watchdog(cfg, store, status)
+    print(f"dlinfra node {cfg.name} of run {cfg.run_id}: {cfg.strategy}, pid {os.getpid()}", flush=True)
+    try:
+        if cfg.strategy == "parameter_server" and cfg.role != "chief":
+            return _serve(cfg, store, status)
+        return _train(cfg, store, status, work)
+    except Exception as exc:
+        trace = traceback.format_exc()
+        print(trace, file=sys.stderr, flush=True)
+        error = f"{type(exc).__name__}: {exc}"
+        status.stop(state="failed", error=error)
+        write_marker(store, "FAILED", node=cfg.name, error=error, traceback=trace[-4000:])
+        return 1
+
+
+# ---------------------------------------------------------------- ps and workers of the ps strategy
+
+
+def _serve(cfg: NodeConfig, store: Store, status: NodeStatus) -> int:
+    import tensorflow as tf
+
+    tf.distribute.Server(
+        tf.train.ClusterSpec(cfg.cluster), job_name=cfg.role, task_index=cfg.index, protocol="grpc", start=True
+    )
+    status.update(state="serving")
+    print(f"serving {cfg.role} {cfg.index} at {cfg.cluster[cfg.role][cfg.index]}", flush=True)
+    while (marker := run_marker(store)) is None:
+        time.sleep(POLL_SECONDS)
+    status.stop(state=marker[0].lower())
+    return 0
+
+
+# ---------------------------------------------------------------- trainers
+
+
+def _train(cfg: NodeConfig, store: Store, status: NodeStatus, work: Path) -> int:
+    from dlinfra.training import loop
+    from dlinfra.training.program import builtin_program, load_entrypoint
+
+    t = cfg.training
+    status.update(state="waiting for peers", total_steps=t.steps)
+    me = cfg.cluster[cfg.role][cfg.index]
+    peers = [addr for addrs in cfg.cluster.values() for addr in addrs if addr != me]
+    if cfg.strategy == "parameter_server":
+        wait_for_peers(peers, cfg.startup_timeout)
+        strategy = None
+    else:
+        # The mirrored constructor blocks until every worker answers; bound it ourselves.
+        strategy = _bounded(loop.make_mirrored_strategy, cfg.startup_timeout, peers)
+    program = load_entrypoint(cfg.entrypoint, t) if cfg.entrypoint else builtin_program(t, work / "data")
+    checkpoints = CheckpointSync(store, work)
+    progress = Progress(cfg, store, status, work)
+    hooks = loop.Hooks(
+        work_dir=work,
+        on_progress=progress.report,
+        on_checkpoint=checkpoints.upload if cfg.is_chief else (lambda step, d: None),
+        restore_from=checkpoints.download_latest(),
+    )
+    status.update(state="training")
+    started = time.time()
+    if strategy is None:
+        outcome = loop.train_parameter_server(cfg, program, hooks)
+    else:
+        outcome = loop.train_mirrored(cfg, program, hooks, strategy)
+    train_seconds = time.time() - started
+    if not cfg.is_chief:
+        status.stop(state="done", step=outcome.step)
+        return 0
+    status.update(state="exporting", step=outcome.step)
+    accuracy, _ = loop.export(outcome.model, program, work / "model")
+    progress.final(accuracy, outcome.step)
+    store.upload_dir(work / "model", "model")
+    metrics = {
+        "eval_accuracy": accuracy,
+        "steps": outcome.step,
+        "total_steps": t.steps,
+        "strategy": cfg.strategy,
+        "workers": cfg.num_workers,
+        "ps": len(cfg.cluster.get("ps", [])),
+        "batch_size": t.batch_size,
+        "train_seconds": train_seconds,
+        "first_step_at": progress.first_step_at,
+        "finished_at": time.time(),
+        "global_steps_per_sec": _mean_sd(outcome.steps_per_sec),
+        "examples_per_sec": _mean_sd(outcome.examples_per_sec),
+        "examples_per_sec_series": progress.series,
+        "final_loss": progress.last_loss,
+        "model_uri": store.uri("model"),
+        "checkpoint": checkpoints.latest_key,
+    }
+    store.put_json("metrics.json", metrics)
+    write_marker(store, "DONE", node=cfg.name, step=outcome.step, eval_accuracy=accuracy)
+    status.stop(state="done", step=outcome.step)
+    print(f"done: step {outcome.step}, eval accuracy {accuracy:.4f}, model at {store.uri('model')}", flush=True)
+    return 0
+
+
+class Progress:
+    """Turns loop progress into status fields, log lines and TensorBoard scalars."""
+
+    def __init__(self, cfg: NodeConfig, store: Store, status: NodeStatus, work: Path):
+        self.cfg, self.store, self.status = cfg, store, status
+        self.first_step_at: float | None = None
+        self.last_loss: float | None = None
+        self.series: list[tuple[float, int, float]] = []  # (time, step, examples/s)
+        self.tb_dir = work / "tensorboard"
+        self._writer: Any = None
+        self._synced = 0.0
+
+    @property
+    def writer(self) -> Any:
+        if self._writer is None and self.cfg.is_chief:
+            import tensorflow as tf
+
+            self._writer = tf.summary.create_file_writer(str(self.tb_dir))
+        return self._writer
+
+    def report(self, step: int, loss: float, examples_per_sec: float) -> None:
+        now = time.time()
+        self.first_step_at = self.first_step_at or now
+        self.last_loss = loss
+        self.series.append((now, step, examples_per_sec))
+        self.status.update(step=step, loss=loss, examples_per_sec=examples_per_sec)
+        print(f"step {step}/{self.cfg.training.steps} loss {loss:.4f} {examples_per_sec:.0f} examples/s", flush=True)
+        if self.writer is not None:
+            self._scalars(step, loss=loss, examples_per_sec=examples_per_sec)
+            if now - self._synced > TENSORBOARD_SYNC_SECONDS:
+                self.sync()
+
+    def final(self, accuracy: float, step: int) -> None:
+        if self.writer is not None:
+            self._scalars(step, eval_accuracy=accuracy)
+            self.sync()
+
+    def _scalars(self, step: int, **values: float) -> None:
+        import tensorflow as tf
+
+        with self.writer.as_default(step=step):
+            for name, value in values.items():
+                tf.summary.scalar(name, value)
+
+    def sync(self) -> None:
+        self.writer.flush()
+        self.store.upload_dir(self.tb_dir, "tensorboard")
+        self._synced = time.time()
+
+
+class CheckpointSync:
+    """Checkpoints go to local disk (TF has no s3:// filesystem) and then to the store: the files
+    first, then `checkpoints/latest.json` naming them — a reader never sees a partial checkpoint."""
+
+    def __init__(self, store: Store, work: Path):
+        self.store, self.work = store, work
+        self.latest_key: str | None = None
+
+    def upload(self, step: int, directory: Path) -> None:
+        prefix = f"ckpt-{step}"
+        files = sorted(p for p in directory.iterdir() if p.name.startswith(prefix + "."))
+        for path in files:
+            self.store.put_file(f"checkpoints/{path.name}", path)
+        self.store.put_json(
+            "checkpoints/latest.json", {"step": step, "prefix": prefix, "files": [p.name for p in files]}
+        )
+        self.latest_key = f"checkpoints/{prefix}"
+
+    def download_latest(self) -> Path | None:
+        pointer = self.store.get_json("checkpoints/latest.json")
+        if not pointer:
+            return None
+        local = self.work / "restore"
+        for name in pointer["files"]:
+            if not self.store.get_file(f"checkpoints/{name}", local / name):
+                return None
+        print(f"resuming from checkpoint {pointer['prefix']} (step {pointer['step']})", flush=True)
+        return local / pointer["prefix"]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def wait_for_peers(peers: list[str], timeout: float) -> None:
+    """Block until every peer accepts TCP connections, or fail naming the ones that never did."""
+    deadline = time.monotonic() + timeout
+    pending = set(peers)
+    while True:
+        pending = {addr for addr in pending if not _reachable(addr)}
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise PeersUnreachable(
+                f"peers not reachable after {timeout:.0f}s: {', '.join(sorted(pending))}. Fix: check those "
+                "nodes' logs (`dlinfra logs RUN --node NAME`) and that the TF port is open between nodes"
+            )
+        time.sleep(0.5)
+
+
+def _reachable(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _bounded(fn: Callable[[], T], timeout: float, peers: list[str]) -> T:
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if errors:
+        raise errors[0]
+    if not result:
+        missing = [p for p in peers if not _reachable(p)] or peers
+        raise PeersUnreachable(
+            f"cluster did not form within {timeout:.0f}s; unreachable: {', '.join(missing)}. "
+            "Fix: check those nodes' logs (`dlinfra logs RUN --node NAME`)"
+        )
+    return result[0]
+
+
+def _mean_sd(values: list[float]) -> dict[str, float] | None:
+    # The first interval includes tracing and warm-up; leave it out when there is more.
+    vals = values[1:] if len(values) > 2 else values
+    if not vals:
+        return None
+    return {"mean": statistics.fmean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+
+
+def _start_watchdog(cfg: NodeConfig, store: Store, status: NodeStatus) -> None:
+    """After max_runtime, stop this node whatever it is doing: a forgotten cluster must not burn money."""
+
+    def fire() -> None:
+        pointer = store.get_json("checkpoints/latest.json") or {}
+        print(f"watchdog: max_runtime {cfg.max_runtime:.0f}s reached, stopping", flush=True)
+        write_marker(
+            store, "STOPPED", node=cfg.name, reason="max_runtime", last_checkpoint=pointer.get("prefix")
+        )
+        status.stop(state="stopped")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
+
+    timer = threading.Timer(cfg.max_runtime, fire)
+    timer.daemon = True
+    timer.start()
+
+
+def _redirect_output(path: Path) -> None:
+    """Send this process's stdout/stderr (TensorFlow's C++ logs included) to the node's log file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]

@@ -1,0 +1,93 @@
+"""What a node tells the world through the store: heartbeats, progress, the run's final marker."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from dlinfra.store import Store
+
+MARKERS = ("DONE", "FAILED", "STOPPED")
+
+
+def run_marker(store: Store) -> tuple[str, dict[str, Any]] | None:
+    """The run's terminal marker (DONE, FAILED or STOPPED) if one was written."""
+    for marker in MARKERS:
+        body = store.get_json(marker)
+        if body is not None:
+            return marker, body
+    return None
+
+
+def write_marker(store: Store, marker: str, **body: Any) -> None:
+    """First marker wins: a run that is DONE is not later turned FAILED by a node dying late."""
+    if run_marker(store) is None:
+        store.put_json(marker, {"marker": marker, "time": time.time(), **body})
+
+
+class NodeStatus:
+    """Publishes status/<node>.json every `interval` seconds from a daemon thread, and the node's
+    log file to logs/<node>.log, so a watcher sees progress and a dead node goes quiet."""
+
+    def __init__(self, store: Store, node: str, role: str, index: int, interval: float, log_file: Path | None):
+        self.store, self.node, self.interval, self.log_file = store, node, interval, log_file
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._log_size = -1
+        previous = store.get_json(f"status/{node}.json") or {}
+        self.fields: dict[str, Any] = {
+            "node": node,
+            "role": role,
+            "index": index,
+            "state": "starting",
+            "step": previous.get("step", 0),
+            "total_steps": None,
+            "loss": None,
+            "examples_per_sec": None,
+            "restarts": previous.get("restarts", -1) + 1,  # a status left by an earlier life = a restart
+            "started": time.time(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "error": None,
+        }
+        self._thread = threading.Thread(target=self._beat, name="dlinfra-heartbeat", daemon=True)
+
+    def start(self) -> NodeStatus:
+        self.publish()
+        self._thread.start()
+        return self
+
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            self.fields.update(fields)
+
+    def publish(self) -> None:
+        with self._lock:
+            body = dict(self.fields, heartbeat=time.time())
+        try:
+            self.store.put_json(f"status/{self.node}.json", body)
+            self._sync_log()
+        except Exception:  # a store outage must not kill training; the next beat retries
+            traceback.print_exc()
+
+    def _sync_log(self) -> None:
+        if self.log_file is None or not self.log_file.exists():
+            return
+        size = self.log_file.stat().st_size
+        if size != self._log_size:
+            self.store.put_file(f"logs/{self.node}.log", self.log_file)
+            self._log_size = size
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.publish()
+
+    def stop(self, **final: Any) -> None:
+        self._stop.set()
+        self.update(**final)
+        self.publish()

@@ -1,0 +1,54 @@
+"""Cloud-init user-data: one file per node, the only thing a node is given to boot from."""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import cache
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from dlinfra.render.node_config import NodeConfig
+
+NODE_JSON_PATH = "/etc/dlinfra/node.json"
+VENV = "/opt/dlinfra"
+
+
+@cache
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # YAML, not HTML
+    )
+    return env.get_template("user-data.yaml.j2")
+
+
+def render_user_data(config: NodeConfig, install: str | None = None) -> str:
+    """The user-data for one node. `install` is the pip requirement a cloud node installs
+    (e.g. ``dlinfra[train,aws]==0.1.0``); local nodes already have dlinfra and get none."""
+    node_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
+    return _template().render(
+        config=config,
+        node_json=node_json,
+        install=install,
+        venv=VENV,
+        # the agent's own watchdog fires first; the OS one is the backstop a hung agent cannot skip
+        shutdown_minutes=math.ceil(config.max_runtime / 60) + 5,
+    )
+
+
+def render_cluster(configs: dict[str, NodeConfig], install: str | None = None) -> dict[str, str]:
+    return {name: render_user_data(cfg, install) for name, cfg in configs.items()}
+
+
+def node_config_from_user_data(user_data: str) -> NodeConfig:
+    """Take node.json back out of a node's user-data, exactly as cloud-init would write it."""
+    doc = yaml.safe_load(user_data)
+    for item in doc.get("write_files", []):
+        if item.get("path") == NODE_JSON_PATH:
+            return NodeConfig.model_validate_json(item["content"])
+    raise ValueError(f"user-data has no {NODE_JSON_PATH} in write_files")

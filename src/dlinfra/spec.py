@@ -1,0 +1,453 @@
+"""The experiment spec: pydantic models, YAML loading with file:line errors, CLI overrides, JSON Schema.
+
+The models are the single place where defaults live; `dlinfra schema` and `dlinfra init` are
+generated from them, and a spec-less `dlinfra deploy` is simply ``Spec()``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dlinfra.errors import SpecError
+
+NAME_RE = r"^[a-z][a-z0-9-]{0,39}$"
+STORE_SCHEMES = ("file://", "s3://")
+DATA_SCHEMES = ("file://", "s3://", "https://", "http://")
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class StrictModel(BaseModel):
+    """User input: unknown keys are typos, and a resolved spec never changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- cluster
+
+
+class ChiefSpec(StrictModel):
+    instance_type: str = Field("m5.xlarge", min_length=1, description="EC2 type of the chief (aws).")
+
+
+class WorkersSpec(StrictModel):
+    count: int = Field(2, ge=1, le=1000, description="Number of worker nodes.")
+    instance_type: str = Field("g4dn.xlarge", min_length=1, description="EC2 type of each worker (aws).")
+    gpus: int = Field(0, ge=0, le=16, description="GPUs each worker uses (0 = CPU).")
+    spot: bool = Field(False, description="Run workers on spot capacity (aws).")
+
+
+class PsSpec(StrictModel):
+    count: int = Field(1, ge=0, le=100, description="Parameter servers (parameter_server strategy only).")
+    instance_type: str = Field("m5.xlarge", min_length=1, description="EC2 type of each ps (aws).")
+
+
+class ClusterSpec(StrictModel):
+    chief: ChiefSpec = ChiefSpec()
+    workers: WorkersSpec = WorkersSpec()
+    ps: PsSpec = PsSpec()
+    port: int = Field(2222, ge=1024, le=65535, description="TF gRPC port on aws nodes (local picks free ports).")
+    startup_timeout: float = Field(180, gt=0, description="Seconds a node waits for its peers.")
+    heartbeat_timeout: float = Field(60, gt=0, description="Seconds without heartbeat before a node is lost.")
+    max_runtime: float = Field(3600, gt=0, description="Watchdog: every node stops after this many seconds.")
+
+
+# ---------------------------------------------------------------- training
+
+LayerType = Literal[
+    "dense", "conv2d", "max_pool2d", "flatten", "dropout", "batch_norm", "global_avg_pool2d", "reshape"
+]
+_LAYER_REQUIRES: dict[str, tuple[str, ...]] = {
+    "dense": ("units",),
+    "conv2d": ("filters",),
+    "dropout": ("rate",),
+    "reshape": ("target_shape",),
+}
+
+
+class LayerSpec(StrictModel):
+    """One layer of a declarative model (hyperparameters as code, versioned with the experiment)."""
+
+    type: LayerType
+    units: PositiveInt | None = None
+    filters: PositiveInt | None = None
+    kernel_size: PositiveInt = 3
+    pool_size: PositiveInt = 2
+    strides: PositiveInt = 1
+    padding: Literal["same", "valid"] = "same"
+    activation: Literal["relu", "tanh", "sigmoid", "gelu", "linear"] | None = None
+    rate: float | None = Field(None, ge=0, lt=1)
+    target_shape: list[PositiveInt] | None = None
+
+    @model_validator(mode="after")
+    def _required_fields(self) -> LayerSpec:
+        missing = [f for f in _LAYER_REQUIRES.get(self.type, ()) if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"a {self.type} layer needs {', '.join(missing)}")
+        return self
+
+
+class ModelSpec(StrictModel):
+    name: Literal["cnn", "resnet20", "mlp", "layers"] = Field(
+        "cnn", description="Built-in model, or 'layers' for the declarative list below."
+    )
+    hidden_units: list[PositiveInt] = Field([128, 64], description="MLP hidden layer sizes.")
+    layers: list[LayerSpec] | None = Field(None, description="Declarative model (name: layers).")
+
+    @model_validator(mode="after")
+    def _layers_match_name(self) -> ModelSpec:
+        if self.name == "layers" and not self.layers:
+            raise ValueError("name 'layers' needs a non-empty 'layers' list")
+        if self.name != "layers" and self.layers:
+            raise ValueError("'layers' is only used with name: layers")
+        return self
+
+
+class DatasetSpec(StrictModel):
+    format: Literal["digits", "cifar10", "synthetic"] = Field(
+        "digits", description="digits: scikit-learn's handwritten digits; cifar10: the python tarball."
+    )
+    uri: str | None = Field(None, description="cifar10 tarball: file://, s3:// or https:// URI.")
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="Expected checksum of uri.")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="Held-out share (digits, synthetic).")
+    shape: list[PositiveInt] = Field([8, 8, 1], description="Example shape (synthetic).")
+    classes: int = Field(10, ge=2, description="Number of classes (synthetic).")
+    size: PositiveInt = Field(2048, description="Number of examples (synthetic).")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(DATA_SCHEMES):
+            raise ValueError(f"must start with one of {', '.join(DATA_SCHEMES)} (got {v!r})")
+        return v
+
+    @model_validator(mode="after")
+    def _uri_needed(self) -> DatasetSpec:
+        if self.format == "cifar10" and not self.uri:
+            raise ValueError("format cifar10 needs 'uri' (the cifar-10-python.tar.gz location)")
+        return self
+
+
+class TrainingSpec(StrictModel):
+    model: ModelSpec = ModelSpec()
+    dataset: DatasetSpec = DatasetSpec()
+    entrypoint: str | None = Field(
+        None, description="User code 'path/to/file.py:function' returning a dlinfra.training.UserProgram."
+    )
+    batch_size: int = Field(64, ge=1, le=65536, description="Examples per step on each worker.")
+    steps: int = Field(600, ge=1, description="Total optimizer steps (global).")
+    learning_rate: float = Field(0.003, gt=0, le=10)
+    optimizer: Literal["adam", "sgd", "rmsprop", "adagrad"] = "adam"
+    seed: int = Field(42, ge=0)
+    checkpoint_every: int = Field(200, ge=1, description="Steps between checkpoints.")
+    log_every: int = Field(20, ge=1, description="Steps between progress reports.")
+    steps_per_execution: int = Field(1, ge=1, le=1000, description="Steps per remote call (ps strategy).")
+    deterministic: bool = Field(False, description="TF op determinism and fixed seeds.")
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_form(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[^:]+\.py:[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"must look like 'path/to/file.py:function' (got {v!r})")
+        return v
+
+
+# ---------------------------------------------------------------- storage and aws
+
+
+class StorageSpec(StrictModel):
+    url: str | None = Field(None, description="Results store: file:///path or s3://bucket/prefix. Default: the run dir.")
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, moto, LocalStack).")
+
+    @field_validator("url")
+    @classmethod
+    def _store_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith(STORE_SCHEMES):
+            raise ValueError(f"must start with file:// or s3:// (got {v!r})")
+        if v.startswith("s3://") and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?", v):
+            raise ValueError(f"needs a valid bucket name: s3://my-bucket/prefix (got {v!r})")
+        if v.startswith("file://") and not v[len("file://") :].startswith("/"):
+            raise ValueError(f"needs an absolute path: file:///abs/path (got {v!r})")
+        return v.rstrip("/")
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return _http_url(v)
+
+
+def _http_url(v: str | None) -> str | None:
+    if v is not None and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", v):
+        raise ValueError(f"must be an http(s) URL like http://127.0.0.1:5000 (got {v!r})")
+    return v.rstrip("/") if v else v
+
+
+class AwsSpec(StrictModel):
+    region: str = Field("us-east-1", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    endpoint_url: str | None = Field(None, description="Emulator endpoint for every AWS service (moto, LocalStack).")
+    ami: str | None = Field(None, pattern=r"^ami-[0-9a-f]{8,17}$", description="AMI id; default: the Deep Learning AMI.")
+    vpc_cidr: str = "10.42.0.0/16"
+    subnet_cidr: str = "10.42.1.0/24"
+    egress: Literal["nat", "public_ip", "none"] = Field("nat", description="How nodes reach package mirrors.")
+    state_bucket: str | None = Field(None, description="S3 bucket for Terraform state (default: local in the run dir).")
+    root_volume_gb: int = Field(100, ge=8, le=16384)
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return _http_url(v)
+
+    @field_validator("vpc_cidr", "subnet_cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(v, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"must be an IPv4 CIDR like 10.42.1.0/24 ({exc})") from None
+        if not net.is_private:
+            raise ValueError(f"must be a private range (10/8, 172.16/12, 192.168/16), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _subnet_in_vpc(self) -> AwsSpec:
+        if not ipaddress.IPv4Network(self.subnet_cidr).subnet_of(ipaddress.IPv4Network(self.vpc_cidr)):
+            raise ValueError(f"subnet_cidr {self.subnet_cidr} must lie inside vpc_cidr {self.vpc_cidr}")
+        return self
+
+
+# ---------------------------------------------------------------- the spec
+
+
+class Spec(StrictModel):
+    """One experiment: what to train, on what cluster, where results go."""
+
+    name: str = Field("digits-cnn", pattern=NAME_RE, description="Lowercase letters, digits, dashes.")
+    target: Literal["local", "aws"] = "local"
+    strategy: Literal["parameter_server", "multi_worker_mirrored"] = Field(
+        "parameter_server", description="parameter_server: async; multi_worker_mirrored: sync all-reduce."
+    )
+    cluster: ClusterSpec = ClusterSpec()
+    training: TrainingSpec = TrainingSpec()
+    storage: StorageSpec = StorageSpec()
+    aws: AwsSpec = AwsSpec()
+
+    @model_validator(mode="after")
+    def _strategy_fits_cluster(self) -> Spec:
+        if self.strategy == "parameter_server" and self.cluster.ps.count < 1:
+            raise ValueError("strategy parameter_server needs cluster.ps.count >= 1 (or use multi_worker_mirrored)")
+        return self
+
+    @property
+    def node_count(self) -> int:
+        if self.strategy == "multi_worker_mirrored":
+            return self.cluster.workers.count
+        return 1 + self.cluster.workers.count + self.cluster.ps.count
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# ---------------------------------------------------------------- loading
+
+
+class Overrides(BaseModel):
+    """CLI flags that change a spec; each maps to one field path."""
+
+    workers: int | None = None
+    ps: int | None = None
+    strategy: str | None = None
+    steps: int | None = None
+    target: str | None = None
+    endpoint_url: str | None = None
+    sets: list[str] = []
+
+    def as_paths(self) -> list[tuple[str, str, Any]]:
+        """(flag, dotted path, value) for every override given."""
+        flags = [
+            ("--workers", "cluster.workers.count", self.workers),
+            ("--ps", "cluster.ps.count", self.ps),
+            ("--strategy", "strategy", self.strategy),
+            ("--steps", "training.steps", self.steps),
+            ("--target", "target", self.target),
+            ("--endpoint-url", "aws.endpoint_url", self.endpoint_url),
+        ]
+        out = [(flag, path, value) for flag, path, value in flags if value is not None]
+        for item in self.sets:
+            path, sep, raw = item.partition("=")
+            if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", path.strip()):
+                raise SpecError([f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set training.batch_size=256"])
+            try:
+                value = yaml.safe_load(raw) if raw.strip() else ""
+            except yaml.YAMLError:
+                value = raw
+            out.append((f"--set {path.strip()}", path.strip(), value))
+        return out
+
+
+def load_spec(path: str | Path | None = None, overrides: Overrides | None = None) -> Spec:
+    """Read, override and validate an experiment file (``None``: the built-in default)."""
+    source = str(path) if path else "<built-in default>"
+    text = ""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise SpecError([f"{source}: no such file. Fix: check the path, or run `dlinfra init {source}`"])
+        text = p.read_text(encoding="utf-8")
+        data = _parse_yaml(text, source)
+    flag_of: dict[tuple[str, ...], str] = {}
+    for flag, dotted, value in (overrides or Overrides()).as_paths():
+        keys = tuple(dotted.split("."))
+        _set_path(data, keys, value, flag, source)
+        flag_of[keys] = flag
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as err:
+        lines = _line_index(text) if text else {}
+        raise SpecError([_describe(e, source, lines, flag_of) for e in err.errors()]) from None
+
+
+def _parse_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError([f"{where}: YAML syntax error: {problem}. Fix: check indentation and quoting"]) from None
+    if data is None:
+        raise SpecError([f"{source}: the file is empty. Fix: start from `dlinfra init`"])
+    if not isinstance(data, dict):
+        raise SpecError(
+            [f"{source}:1: (top level): expected a mapping of keys (name:, cluster:, …), got {type(data).__name__}"]
+        )
+    return data
+
+
+def _set_path(data: dict[str, Any], keys: tuple[str, ...], value: Any, flag: str, source: str) -> None:
+    node = data
+    for i, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            path = ".".join(keys[: i + 1])
+            raise SpecError([f"{source}: {path}: {flag} needs a mapping here, the file has {child!r}"])
+        node = child
+    node[keys[-1]] = value
+
+
+def _line_index(text: str) -> dict[tuple[str | int, ...], int]:
+    """Map each key path in a YAML document to the 1-based line where it appears."""
+    index: dict[tuple[str | int, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = (*path, str(key.value))
+                index[sub] = key.start_mark.line + 1
+                walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                index[(*path, i)] = item.start_mark.line + 1
+                walk(item, (*path, i))
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return index
+    if root is not None:
+        walk(root, ())
+    return index
+
+
+def _describe(
+    error: dict[str, Any],
+    source: str,
+    lines: dict[tuple[str | int, ...], int],
+    flag_of: dict[tuple[str, ...], str],
+) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    where = source
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            where = f"{source}:{lines[loc[:n]]}"
+            break
+    msg = error["msg"].removeprefix("Value error, ")
+    origin = f" (from {flag_of[loc]})" if loc in flag_of else ""
+    got = error.get("input")
+    quiet = error["type"] in ("missing", "extra_forbidden", "value_error") or isinstance(got, dict | list)
+    shown = "" if quiet else f" (got {got!r})"
+    return f"{where}: {path}{origin}: {msg}{shown}. Fix: {_fix(error, loc)}"
+
+
+def _fix(error: dict[str, Any], loc: tuple[Any, ...]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return f"{hint}remove it; valid keys here: {', '.join(allowed)}"
+    if kind == "missing":
+        return "add this key"
+    if kind in ("int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type"):
+        return "give a value of the type named above, without quotes"
+    if kind.startswith(("greater_than", "less_than")):
+        return "use a value in the allowed range"
+    if kind == "literal_error":
+        return "use one of the listed values"
+    if kind == "string_pattern_mismatch":
+        field = _field_of(loc)
+        return (field.description if field and field.description else "use the form the pattern describes")
+    return "see `dlinfra schema` for the allowed values"
+
+
+def _field_of(loc: tuple[Any, ...]) -> Any:
+    model = _model_at(loc[:-1])
+    return model.model_fields.get(str(loc[-1])) if loc else None
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    return sorted(_model_at(loc).model_fields)
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
+    model: type[BaseModel] = Spec
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        else:
+            args = getattr(annotation, "__args__", ())
+            inner = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+            if inner is None:
+                if isinstance(part, int):
+                    continue
+                break
+            model = inner
+    return model
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Spec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "dlinfra experiment"
+    return schema
+
+
+EXAMPLE_PATH = Path(__file__).parent / "examples" / "experiment.yaml"
+
+
+def example_text() -> str:
+    """The commented example `dlinfra init` writes; a test keeps it equal to ``Spec()``."""
+    return EXAMPLE_PATH.read_text(encoding="utf-8")

@@ -1,0 +1,222 @@
+"""The results store: file:// directories and s3:// prefixes behind one small interface.
+
+Keys are '/'-separated paths relative to the run's store URL. Writes are atomic for readers:
+files via rename, S3 objects by nature. Multi-file artifacts (checkpoints, models) are uploaded
+file by file and then named by a small pointer object, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dlinfra.errors import StoreError
+
+T = TypeVar("T")
+
+
+class Store:
+    url: str
+
+    @staticmethod
+    def from_url(url: str, endpoint_url: str | None = None, region: str | None = None) -> Store:
+        if url.startswith("file://"):
+            return FileStore(url)
+        if url.startswith("s3://"):
+            return S3Store(url, endpoint_url=endpoint_url, region=region)
+        raise StoreError(f"store URL {url!r}: use file:///abs/path or s3://bucket/prefix")
+
+    # -- primitives each backend implements
+    def put_bytes(self, key: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def get_bytes(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def list(self, prefix: str = "") -> list[str]:
+        raise NotImplementedError
+
+    def put_file(self, key: str, path: Path) -> None:
+        raise NotImplementedError
+
+    def get_file(self, key: str, path: Path) -> bool:
+        data = self.get_bytes(key)
+        if data is None:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return True
+
+    def delete(self, key: str) -> None:
+        raise NotImplementedError
+
+    # -- built on the primitives
+    def uri(self, key: str = "") -> str:
+        return f"{self.url}/{key}" if key else self.url
+
+    def exists(self, key: str) -> bool:
+        return self.get_bytes(key) is not None
+
+    def put_json(self, key: str, obj: Any) -> None:
+        self.put_bytes(key, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+    def get_json(self, key: str) -> Any | None:
+        data = self.get_bytes(key)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError:
+            return None  # a half-synced object on an eventually consistent store: read again later
+
+    def upload_dir(self, local: Path, prefix: str) -> list[str]:
+        keys = []
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            key = f"{prefix}/{path.relative_to(local).as_posix()}"
+            self.put_file(key, path)
+            keys.append(key)
+        return keys
+
+    def download_dir(self, prefix: str, local: Path) -> int:
+        count = 0
+        for key in self.list(prefix + "/"):
+            if self.get_file(key, local / key[len(prefix) + 1 :]):
+                count += 1
+        return count
+
+
+class FileStore(Store):
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.root = Path(url[len("file://") :])
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def put_file(self, key: str, path: Path) -> None:
+        dest = self._path(key)
+        if dest.resolve() == path.resolve():
+            return
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+        os.close(fd)
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, dest)
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
+        return sorted(k for k in keys if k.startswith(prefix) and not Path(k).name.startswith(".tmp-"))
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+
+class S3Store(Store):
+    """boto3 with adaptive retries; `endpoint_url` reaches S3-compatible servers (MinIO, moto)."""
+
+    def __init__(self, url: str, endpoint_url: str | None = None, region: str | None = None, retry_for: float = 60):
+        self.url = url.rstrip("/")
+        bucket, _, prefix = url[len("s3://") :].partition("/")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.endpoint_url, self.region = endpoint_url, region
+        self.retry_for = retry_for
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            self._client = boto3.client(
+                "s3",
+                endpoint_url=self.endpoint_url,
+                region_name=self.region or "us-east-1",
+                config=Config(
+                    retries={"max_attempts": 8, "mode": "adaptive"},
+                    connect_timeout=5,
+                    read_timeout=30,
+                    s3={"addressing_style": "path" if self.endpoint_url else "auto"},
+                ),
+            )
+        return self._client
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _retrying(self, action: Callable[[], T], what: str) -> T:
+        """Outlast an outage of the store (botocore's own retries give up after seconds)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.5
+        while True:
+            try:
+                return action()
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code", "")
+                if code in ("AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                    raise StoreError(f"{what} {self.url}: {code}. Fix: check the bucket and credentials") from None
+                if time.monotonic() > deadline:
+                    raise StoreError(f"{what} {self.url}: {exc}") from None
+            except BotoCoreError as exc:
+                if time.monotonic() > deadline:
+                    raise StoreError(f"{what} {self.url}: {exc}") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 5)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._retrying(lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data), "write")
+
+    def get_bytes(self, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        def get() -> bytes | None:
+            try:
+                return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+
+        return self._retrying(get, "read")
+
+    def put_file(self, key: str, path: Path) -> None:
+        self._retrying(lambda: self.client.upload_file(str(path), self.bucket, self._key(key)), "upload")
+
+    def list(self, prefix: str = "") -> list[str]:
+        def keys() -> Iterator[str]:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix)
+            )
+            strip = len(self.prefix) + 1 if self.prefix else 0
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    yield obj["Key"][strip:]
+
+        return self._retrying(lambda: sorted(keys()), "list")
+
+    def delete(self, key: str) -> None:
+        self._retrying(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)), "delete")

@@ -1,0 +1,293 @@
+"""Custom training loops for both strategies, on Keras 3 layers and optimizers.
+
+Why custom loops and not `model.fit`: Keras 3's `fit` fails under ParameterServerStrategy
+(keras#18624) and under MultiWorkerMirroredStrategy (keras#20585). tf-keras `fit` works but is
+slower here and its wheel drags the full GPU `tensorflow` package over `tensorflow-cpu`. A loop
+over `ClusterCoordinator.schedule` / `strategy.run` works with Keras 3 and gives us exact control
+of step counting, checkpoints and progress (see README, "Why custom loops").
+
+Progress is always counted from the optimizer's own step variable: after a lost worker an
+in-flight step may be applied twice, so counting scheduled calls would drift.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlinfra.render.node_config import NodeConfig
+from dlinfra.training.program import Program, Shard
+
+SHUFFLE_BUFFER = 4096
+
+
+@dataclass
+class Hooks:
+    """How a loop talks to the node agent (status, store) without knowing about either."""
+
+    work_dir: Path
+    on_progress: Callable[[int, float, float], None] = lambda step, loss, eps: None
+    on_checkpoint: Callable[[int, Path], None] = lambda step, directory: None
+    should_stop: Callable[[], bool] = lambda: False
+    restore_from: Path | None = None  # a local checkpoint prefix (…/ckpt-N) to resume from
+
+
+@dataclass
+class Outcome:
+    model: Any
+    step: int
+    examples_per_sec: list[float] = field(default_factory=list)
+    steps_per_sec: list[float] = field(default_factory=list)
+    stopped_early: bool = False
+
+
+def make_optimizer(cfg: NodeConfig) -> Any:
+    import keras
+
+    lr = cfg.training.learning_rate
+    return {
+        "adam": lambda: keras.optimizers.Adam(lr),
+        "sgd": lambda: keras.optimizers.SGD(lr, momentum=0.9),
+        "rmsprop": lambda: keras.optimizers.RMSprop(lr),
+        "adagrad": lambda: keras.optimizers.Adagrad(lr),
+    }[cfg.training.optimizer]()
+
+
+def seed_everything(cfg: NodeConfig) -> None:
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(cfg.training.seed)
+    if cfg.training.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def _batched(ds: Any, batch: int, shuffle_seed: int | None) -> Any:
+    import tensorflow as tf
+
+    return (
+        ds.shuffle(SHUFFLE_BUFFER, seed=shuffle_seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(batch, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+class _Meter:
+    """Throughput between progress reports."""
+
+    def __init__(self, step: int, batch: int):
+        self.step, self.batch, self.t = step, batch, time.perf_counter()
+        self.examples_per_sec: list[float] = []
+        self.steps_per_sec: list[float] = []
+
+    def tick(self, step: int) -> float:
+        now = time.perf_counter()
+        dt = max(now - self.t, 1e-9)
+        sps = (step - self.step) / dt
+        eps = sps * self.batch
+        if step > self.step:
+            self.steps_per_sec.append(sps)
+            self.examples_per_sec.append(eps)
+        self.step, self.t = step, now
+        return eps
+
+
+def _checkpoint(model: Any, optimizer: Any, directory: Path) -> Any:
+    import tensorflow as tf
+
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    return ckpt, tf.train.CheckpointManager(ckpt, str(directory), max_to_keep=2)
+
+
+def _restore(ckpt: Any, hooks: Hooks) -> None:
+    if hooks.restore_from is not None:
+        ckpt.restore(str(hooks.restore_from)).assert_existing_objects_matched()
+
+
+def _loss_fn() -> Any:
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+
+# ---------------------------------------------------------------- parameter server (async)
+
+
+def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> Outcome:
+    """Runs on the chief: variables live on the ps tasks, steps run on the workers."""
+    import tensorflow as tf
+
+    seed_everything(cfg)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    t = cfg.training
+    with strategy.scope():
+        model = program.build_model()
+        optimizer = make_optimizer(cfg)
+        optimizer.build(model.trainable_variables)  # slot variables must exist before remote steps
+    ckpt, manager = _checkpoint(model, optimizer, hooks.work_dir / "checkpoints")
+    _restore(ckpt, hooks)
+    loss_fn = _loss_fn()
+
+    # ClusterCoordinator traces one dataset function for every worker, so no static shard index
+    # reaches a worker: each worker instead streams its own random permutation of the data.
+    def dataset_fn() -> Any:
+        return _batched(program.train_data(Shard(0, 1)), t.batch_size, shuffle_seed=None)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def train_steps(it: Any, n: Any) -> Any:
+        def replica_fn(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            x, y = next(it)
+            loss = strategy.run(replica_fn, args=(x, y))
+        return loss
+
+    def global_step() -> int:
+        return int(optimizer.iterations.numpy())
+
+    step = global_step()
+    meter = _Meter(step, t.batch_size)
+    scheduled = step
+    in_flight: collections.deque[tuple[int, Any]] = collections.deque()
+    last_ckpt = step
+    stopped = False
+    while step < t.steps:
+        # Keep one chunk queued behind the one we wait on, so workers never idle on our polling.
+        while scheduled < t.steps and len(in_flight) < 2:
+            chunk = min(t.log_every, t.steps - scheduled)
+            last = None
+            for start in range(0, chunk, t.steps_per_execution):
+                n = min(t.steps_per_execution, chunk - start)
+                last = coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
+            scheduled += chunk
+            in_flight.append((scheduled, last))
+        if not in_flight:
+            coordinator.join()
+            step = global_step()
+            scheduled = step  # closures were lost and not retried: schedule the difference
+            continue
+        _, remote = in_flight.popleft()
+        loss = float(remote.fetch())
+        step = global_step()
+        hooks.on_progress(step, loss, meter.tick(step))
+        if step - last_ckpt >= t.checkpoint_every or step >= t.steps:
+            coordinator.join()
+            in_flight.clear()
+            step = global_step()
+            manager.save(checkpoint_number=step)
+            hooks.on_checkpoint(step, hooks.work_dir / "checkpoints")
+            last_ckpt = step
+        if hooks.should_stop():
+            stopped = True
+            break
+    coordinator.join()
+    return Outcome(model, global_step(), meter.examples_per_sec, meter.steps_per_sec, stopped)
+
+
+# ---------------------------------------------------------------- multi-worker mirrored (sync)
+
+
+def make_mirrored_strategy() -> Any:
+    import tensorflow as tf
+
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: Any) -> Outcome:
+    """Runs on every worker: synchronous all-reduce; worker 0 (the chief) saves for real."""
+    import tensorflow as tf
+
+    seed_everything(cfg)
+    t = cfg.training
+    global_batch = t.batch_size * strategy.num_replicas_in_sync
+    with strategy.scope():
+        model = program.build_model()
+        optimizer = make_optimizer(cfg)
+        optimizer.build(model.trainable_variables)
+    # Every worker must take part in saving (the save is collective); only the chief's copy counts.
+    ckpt_dir = hooks.work_dir / ("checkpoints" if cfg.is_chief else f"checkpoints-tmp-{cfg.index}")
+    ckpt, manager = _checkpoint(model, optimizer, ckpt_dir)
+    _restore(ckpt, hooks)
+    loss_fn = _loss_fn()
+
+    def dataset_fn(ctx: Any) -> Any:
+        shard = Shard(ctx.input_pipeline_id, ctx.num_input_pipelines)
+        per_replica = ctx.get_per_replica_batch_size(global_batch)
+        return _batched(program.train_data(shard), per_replica, shuffle_seed=t.seed + shard.index)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    @tf.function
+    def train_steps(it: Any, n: Any) -> Any:
+        def replica_fn(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                per_example = loss_fn(y, model(x, training=True))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            x, y = next(it)
+            loss = strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
+        return loss
+
+    step = int(optimizer.iterations.numpy())
+    meter = _Meter(step, global_batch)
+    last_ckpt = step
+    stopped = False
+    while step < t.steps:
+        n = min(t.log_every, t.steps - step)
+        loss = float(train_steps(iterator, tf.constant(n)))
+        step = int(optimizer.iterations.numpy())
+        hooks.on_progress(step, loss, meter.tick(step))
+        if step - last_ckpt >= t.checkpoint_every or step >= t.steps:
+            manager.save(checkpoint_number=step)
+            if cfg.is_chief:
+                hooks.on_checkpoint(step, ckpt_dir)
+            last_ckpt = step
+        # A sync run must stop on every worker at the same step, or the others hang in all-reduce:
+        # only the watchdog's hard exit stops a mirrored run early.
+    return Outcome(model, step, meter.examples_per_sec, meter.steps_per_sec, stopped)
+
+
+# ---------------------------------------------------------------- evaluation and export
+
+
+def evaluate(model: Any, program: Program, batch: int = 256) -> float:
+    import tensorflow as tf
+
+    correct = total = 0
+    for x, y in program.eval_data().batch(batch):
+        pred = tf.argmax(model(x, training=False), axis=-1, output_type=y.dtype)
+        correct += int(tf.reduce_sum(tf.cast(pred == y, tf.int64)))
+        total += int(tf.shape(y)[0])
+    return correct / max(total, 1)
+
+
+def export(trained: Any, program: Program, out_dir: Path) -> tuple[float, Any]:
+    """Copy the trained weights into a plain single-process model, evaluate it, and save it as a
+    SavedModel (loads in plain TensorFlow: ``tf.saved_model.load(dir).serve(x)``) and as .keras."""
+    plain = program.build_model()
+    plain.set_weights(trained.get_weights())
+    accuracy = evaluate(plain, program)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plain.export(str(out_dir / "saved_model"), format="tf_saved_model", verbose=False)
+    plain.save(str(out_dir / "model.keras"))
+    return accuracy, plain

@@ -1,0 +1,88 @@
+"""The user program contract — the Estimator idea in Keras terms.
+
+A training program is three functions: build the model, give this shard's training examples,
+give the evaluation examples. The same `Program` trains in one process or on N nodes under either
+strategy without change; dlinfra owns batching, shuffling, distribution, checkpoints and export.
+
+User code names a function in the experiment file (``training.entrypoint: my_model.py:build``)
+that takes the `TrainingSpec` and returns a `Program`::
+
+    def build(training):
+        return Program(build_model=..., train_data=..., eval_data=...)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlinfra.spec import TrainingSpec
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which part of the training data one input pipeline reads: examples i with i % count == index."""
+
+    index: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Program:
+    build_model: Callable[[], Any]
+    """Returns a fresh keras.Model that outputs logits; called inside the strategy scope."""
+    train_data: Callable[[Shard], Any]
+    """Returns a tf.data.Dataset of unbatched (features, label) pairs of this shard."""
+    eval_data: Callable[[], Any]
+    """Returns a tf.data.Dataset of unbatched (features, label) pairs held out from training."""
+
+
+def builtin_program(training: TrainingSpec, cache_dir: Path) -> Program:
+    """The built-in models and data sets, expressed through the same contract user code uses."""
+    from dlinfra.training import data, models
+
+    arrays = data.load(training.dataset, cache_dir)
+
+    def train_data(shard: Shard) -> Any:
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices(
+            (arrays.x_train[shard.index :: shard.count], arrays.y_train[shard.index :: shard.count])
+        )
+
+    def eval_data() -> Any:
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices((arrays.x_test, arrays.y_test))
+
+    return Program(
+        build_model=lambda: models.build(training.model, arrays.shape, arrays.classes),
+        train_data=train_data,
+        eval_data=eval_data,
+    )
+
+
+def load_entrypoint(entrypoint: str, training: TrainingSpec) -> Program:
+    """Import 'path/to/file.py:function' and call it with the training spec."""
+    file_name, _, func_name = entrypoint.rpartition(":")
+    path = Path(file_name)
+    if not path.is_file():
+        raise FileNotFoundError(f"training.entrypoint: {path} not found")
+    module_name = f"dlinfra_user_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    assert module_spec and module_spec.loader
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    sys.path.insert(0, str(path.parent.absolute()))  # user code may import its neighbours
+    module_spec.loader.exec_module(module)
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise AttributeError(f"training.entrypoint: {path} has no function {func_name!r}")
+    program = func(training)
+    if not isinstance(program, Program):
+        raise TypeError(f"training.entrypoint: {func_name}() returned {type(program).__name__}, not a Program")
+    return program
