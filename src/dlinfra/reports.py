@@ -86,9 +86,9 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         "store": store.uri(),
         "model": store.uri("model") if metrics else None,
         "tensorboard": store.uri("tensorboard"),
-        "tensorboard_command": f"tensorboard --logdir {run.dir / 'tensorboard'}"
+        "tensorboard_command": f"tensorboard --logdir {store.uri('tensorboard').removeprefix('file://')}"
         if store.uri().startswith("file://")
-        else f"dlinfra pulls from the store; see README (TensorBoard) for {store.uri('tensorboard')}",
+        else f"aws s3 sync {store.uri('tensorboard')} tb/ && tensorboard --logdir tb/",
         "metrics": metrics,
         "manifest": manifest,
     }

@@ -26,8 +26,8 @@ app = typer.Typer(
 node_app = typer.Typer(help="Commands that run on a cluster node.", no_args_is_help=True)
 app.add_typer(node_app, name="node")
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Options shared by every command that takes a spec.
 SpecArg = Annotated[Path | None, typer.Argument(help="Experiment YAML (default: the built-in digits example).")]
@@ -144,13 +144,25 @@ def deploy(
     ] = False,
 ) -> None:
     """Provision a cluster for the experiment, train, collect results, tear down."""
+    import signal
+
     started = time.time()
     resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` and CI timeouts tear the cluster down too
+    try:
+        outcome = _deploy(resolved, spec, started, yes, keep, emulate_instances)
+    except KeyboardInterrupt:
+        err.print("interrupted: the run is marked STOPPED and its nodes were torn down")
+        raise typer.Exit(130) from None
+    _finish(outcome)
+
+
+def _deploy(resolved: Spec, spec: Path | None, started: float, yes: bool, keep: bool, emulate: bool) -> Any:
     if resolved.target == "aws":
         from dlinfra.targets import aws
 
-        outcome = aws.deploy(
-            resolved, spec, sys.argv, approve=_approver(yes), keep=keep, emulate=emulate_instances,
+        return aws.deploy(
+            resolved, spec, sys.argv, approve=_approver(yes), keep=keep, emulate=emulate,
             on_update=_progress_printer(), started=started, log=out.print,
         )
     else:
@@ -160,9 +172,17 @@ def deploy(
         prepared = prepare(resolved, spec, sys.argv)
         out.print(f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, store {prepared.run.manifest()['store_url']}")
         cluster = LocalCluster(prepared.run.dir)
-        cluster.start(prepared.user_data)
-        outcome = watch(prepared, cluster, _progress_printer(), resolved.cluster.heartbeat_timeout, started=started)
-    _finish(outcome)
+        try:
+            cluster.start(prepared.user_data)
+        except BaseException:
+            cluster.stop()
+            raise
+        prepared.run.update_manifest(pids=cluster.pids())
+        return watch(prepared, cluster, _progress_printer(), resolved.cluster.heartbeat_timeout, started=started)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _approver(yes: bool) -> Any:
@@ -304,28 +324,24 @@ def version() -> None:
     out.print(__version__)
 
 
-def main() -> None:
-    import click
+def _error(message: str) -> None:
+    # Plain writes: one problem per line, never re-wrapped, greppable in CI logs.
+    sys.stderr.write(f"error: {message}\n")
 
+
+def main() -> None:
     try:
-        code = app(standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else 0)
-    except click.exceptions.ClickException as exc:  # usage errors: unknown option, bad type
-        exc.show()
-        sys.exit(2)
-    except click.exceptions.Abort:
-        err.print("interrupted: the cluster was torn down")
-        sys.exit(130)
+        app()  # usage errors (unknown option, bad type) exit 2 inside Typer
     except SpecError as exc:
         for problem in exc.problems:
-            err.print(f"error: {problem}", markup=False)
+            _error(problem)
         sys.exit(2)
     except DlinfraError as exc:
-        err.print(f"error: {exc}", markup=False)
+        _error(str(exc))
         sys.exit(exc.exit_code)
     except Exception as exc:
         if _state["debug"]:
             traceback.print_exc()
         else:
-            err.print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", markup=False)
+            _error(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)")
         sys.exit(1)

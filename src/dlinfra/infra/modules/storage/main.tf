@@ -90,12 +90,12 @@ resource "aws_s3_bucket_lifecycle_configuration" "this" {
 
   rule {
     id     = "abort-incomplete-uploads"
-    status = var.retention.abort_incomplete_upload_days > 0 ? "Enabled" : "Disabled"
+    status = "Enabled"
 
     filter {}
 
     abort_incomplete_multipart_upload {
-      days_after_initiation = max(var.retention.abort_incomplete_upload_days, 1)
+      days_after_initiation = var.retention.abort_incomplete_upload_days
     }
   }
 

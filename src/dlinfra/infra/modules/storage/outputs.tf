@@ -1,6 +1,6 @@
 output "bucket" {
   description = "Name of the results bucket."
-  value       = aws_s3_bucket.this.id
+  value       = aws_s3_bucket.this.bucket
 }
 
 output "bucket_arn" {

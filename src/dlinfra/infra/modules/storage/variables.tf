@@ -30,7 +30,8 @@ variable "retention" {
     Lifecycle of the bucket's objects. S3 lifecycle filters match a literal key prefix or tags,
     never a pattern, so checkpoints (under runs/<run-id>/checkpoints/) are matched by the object
     tag checkpoint_tag that the store sets on checkpoint uploads; checkpoint_prefixes adds
-    literal prefixes for stores laid out another way. Days set to 0 turn a rule off.
+    literal prefixes for stores laid out another way. Days set to 0 turn the noncurrent-version or checkpoint rule off;
+    incomplete multipart uploads are always aborted.
   EOT
   type = object({
     noncurrent_version_days      = optional(number, 30)
@@ -43,10 +44,14 @@ variable "retention" {
 
   validation {
     condition = alltrue([
-      for d in [var.retention.noncurrent_version_days, var.retention.checkpoint_days, var.retention.abort_incomplete_upload_days] :
+      for d in [var.retention.noncurrent_version_days, var.retention.checkpoint_days] :
       floor(d) == d && d >= 0 && d <= 36500
     ])
-    error_message = "retention days must be whole numbers between 0 (rule off) and 36500."
+    error_message = "retention.noncurrent_version_days and checkpoint_days must be whole numbers between 0 (rule off) and 36500."
+  }
+  validation {
+    condition     = floor(var.retention.abort_incomplete_upload_days) == var.retention.abort_incomplete_upload_days && var.retention.abort_incomplete_upload_days >= 1 && var.retention.abort_incomplete_upload_days <= 365
+    error_message = "retention.abort_incomplete_upload_days must be a whole number between 1 and 365: unfinished uploads are always cleaned up."
   }
   validation {
     condition     = alltrue([for p in var.retention.checkpoint_prefixes : can(regex("^[^/*?][^*?]*/$", p))])

@@ -14,7 +14,7 @@ run "policy_reaches_only_the_run_prefix" {
   command = plan
 
   assert {
-    condition = jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[0].Resource == "arn:aws:s3:::results-bucket/runs/test-run/*"
+    condition     = jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[0].Resource == "arn:aws:s3:::results-bucket/runs/test-run/*"
     error_message = "object actions must be limited to the run prefix"
   }
   assert {

@@ -45,7 +45,7 @@ run "plain_http_is_denied" {
     error_message = "requests without TLS must be denied"
   }
   assert {
-    condition     = output.bucket == aws_s3_bucket.this.id && output.bucket_arn == aws_s3_bucket.this.arn
+    condition     = output.bucket == "dlinfra-results-test" && output.bucket_arn == aws_s3_bucket.this.arn
     error_message = "outputs must expose the bucket name and ARN"
   }
 }

@@ -1,0 +1,125 @@
+"""Rendered user-data: valid for the real cloud-init, round-trips to the NodeConfig, holds no secret."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import FAKE_CREDS, Cli
+from dlinfra.render import build_node_configs, node_config_from_user_data, plan_addresses, render_cluster
+from dlinfra.spec import Overrides, load_spec
+from dlinfra.targets.aws import install_requirement
+
+CLOUD_INIT = shutil.which("cloud-init")
+needs_cloud_init = pytest.mark.skipif(
+    CLOUD_INIT is None and not __import__("os").environ.get("CI"), reason="cloud-init not installed"
+)
+
+
+def _render(target: str, strategy: str, workers: int) -> dict[str, tuple[str, object]]:
+    sets = ["aws.subnet_cidr=10.42.0.0/23"] if workers > 100 else []
+    spec = load_spec(None, Overrides(target=target, strategy=strategy, workers=workers, sets=sets))
+    configs = build_node_configs(spec, "digits-cnn-20261122-000000-abcd", "s3://bucket/runs/x", plan_addresses(spec))
+    install = install_requirement() if target == "aws" else None
+    rendered = render_cluster(configs, install)
+    return {name: (rendered[name], configs[name]) for name in configs}
+
+
+MATRIX = [
+    (target, strategy, workers)
+    for target in ("local", "aws")
+    for strategy in ("parameter_server", "multi_worker_mirrored")
+    for workers in (1, 3, 100)
+]
+
+
+@needs_cloud_init
+@pytest.mark.parametrize(("target", "strategy", "workers"), MATRIX)
+def test_every_user_data_passes_cloud_init_schema_and_round_trips(
+    tmp_path: Path, target: str, strategy: str, workers: int
+) -> None:
+    assert CLOUD_INIT, "cloud-init must be installed (the README's test command installs it)"
+    nodes = _render(target, strategy, workers)
+    expected = workers + (2 if strategy == "parameter_server" else 0)
+    assert len(nodes) == expected
+    files = []
+    for name, (text, config) in nodes.items():
+        assert text.startswith("#cloud-config\n")
+        assert node_config_from_user_data(text) == config
+        assert len(text.encode()) < 16384, "EC2 caps user_data at 16 KB"
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        files.append(path)
+    # validate a sample spanning every role (all nodes of a role share one template path)
+    sample = [f for f in files if f.stem in ("chief-0", "ps-0", "worker-0", f"worker-{workers - 1}")]
+    for path in sample:
+        result = subprocess.run([CLOUD_INIT, "schema", "--config-file", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "Valid" in result.stdout
+
+
+def test_cloud_init_rejects_a_broken_file(tmp_path: Path) -> None:
+    """The validator used above can fail: a bad key in write_files is caught."""
+    if CLOUD_INIT is None:
+        pytest.skip("cloud-init not installed")
+    text, _ = _render("aws", "parameter_server", 1)["chief-0"]
+    doc = yaml.safe_load(text)
+    doc["write_files"][0]["permissions"] = 644  # must be a string
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("#cloud-config\n" + yaml.safe_dump(doc))
+    result = subprocess.run([CLOUD_INIT, "schema", "--config-file", str(bad)], capture_output=True, text=True)
+    assert result.returncode != 0
+
+
+def test_aws_user_data_installs_this_exact_version_and_starts_the_agent() -> None:
+    text, _ = _render("aws", "parameter_server", 1)["worker-0"]
+    doc = yaml.safe_load(text)
+    commands = [" ".join(map(str, c)) for c in doc["runcmd"]]
+    assert any(install_requirement() in c for c in commands)
+    unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
+    assert "dlinfra node run /etc/dlinfra/node.json" in unit
+    assert "Restart=on-failure" in unit
+    assert any(c.startswith("shutdown -h +") for c in commands), "OS-level watchdog"
+
+
+def test_local_user_data_carries_only_the_node_config() -> None:
+    text, _ = _render("local", "parameter_server", 1)["chief-0"]
+    doc = yaml.safe_load(text)
+    assert [f["path"] for f in doc["write_files"]] == ["/etc/dlinfra/node.json"]
+    assert "runcmd" not in doc
+
+
+def test_render_command_writes_user_data_and_node_json(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = cli("render", "--out", str(out), "--workers", "3", "--target", "aws", check=True)
+    assert "rendered 5 nodes" in result.stdout
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(
+        f"{n}.{ext}" for n in ("chief-0", "ps-0", "worker-0", "worker-1", "worker-2")
+        for ext in ("user-data.yaml", "json")
+    )
+    ud = (out / "worker-2.user-data.yaml").read_text()
+    assert node_config_from_user_data(ud).model_dump() == json.loads((out / "worker-2.json").read_text())
+
+
+def test_no_credential_lands_in_rendered_or_recorded_files(cli: Cli, tmp_path: Path, home: Path) -> None:
+    """Fake AWS credentials in the environment never reach user-data, node.json or the run record."""
+    out = tmp_path / "rendered"
+    cli("render", "--out", str(out), "--target", "aws", extra_env=FAKE_CREDS, check=True)
+    cli("render", "--out", str(out / "local"), extra_env=FAKE_CREDS, check=True)
+    # a real (short) local run records spec.lock, manifest, user-data, node.json, logs and the store
+    result = cli("deploy", "--workers", "1", "--steps", "20", "--set", "training.log_every=10", extra_env=FAKE_CREDS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    files = [p for root in (out, home) for p in root.rglob("*") if p.is_file()]
+    assert len(files) > 20
+    secrets = [FAKE_CREDS[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")]
+    for path in files:
+        data = path.read_bytes()
+        for secret in secrets:
+            assert secret.encode() not in data, f"{secret[:8]}… found in {path}"
+    assert secrets[0] not in result.stdout + result.stderr

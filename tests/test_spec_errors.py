@@ -1,0 +1,119 @@
+"""Bad input: every malformed spec or flag exits 2 with the field path and no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import Cli
+
+# (case id, experiment file text or None for no file, extra CLI args, text the error must contain)
+CASES: list[tuple[str, str | None, list[str], str]] = [
+    ("unknown-top-key", "nmae: x\n", [], "nmae"),
+    ("unknown-nested-key", "cluster:\n  workers:\n    cont: 3\n", [], "cluster.workers.cont"),
+    ("typo-suggests-fix", "trainng:\n  steps: 3\n", [], "did you mean 'training'"),
+    ("workers-wrong-type", "cluster:\n  workers:\n    count: three\n", [], "cluster.workers.count"),
+    ("workers-negative", "cluster:\n  workers:\n    count: -1\n", [], "cluster.workers.count"),
+    ("workers-zero", "cluster:\n  workers:\n    count: 0\n", [], "cluster.workers.count"),
+    ("workers-not-mapping", "cluster:\n  workers: many\n", [], "cluster.workers"),
+    ("ps-negative", "cluster:\n  ps:\n    count: -2\n", [], "cluster.ps.count"),
+    ("ps-zero-under-ps-strategy", "cluster:\n  ps:\n    count: 0\n", [], "cluster.ps.count"),
+    ("port-privileged", "cluster:\n  port: 80\n", [], "cluster.port"),
+    ("max-runtime-zero", "cluster:\n  max_runtime: 0\n", [], "cluster.max_runtime"),
+    ("bad-strategy", "strategy: allreduce\n", [], "strategy"),
+    ("bad-target", "target: gcp\n", [], "target"),
+    ("name-uppercase", "name: MyRun\n", [], "name"),
+    ("name-too-long", f"name: {'a' * 50}\n", [], "name"),
+    ("steps-zero", "training:\n  steps: 0\n", [], "training.steps"),
+    ("batch-size-string", "training:\n  batch_size: big\n", [], "training.batch_size"),
+    ("learning-rate-negative", "training:\n  learning_rate: -0.1\n", [], "training.learning_rate"),
+    ("optimizer-unknown", "training:\n  optimizer: adamw\n", [], "training.optimizer"),
+    ("checkpoint-every-zero", "training:\n  checkpoint_every: 0\n", [], "training.checkpoint_every"),
+    ("model-unknown", "training:\n  model:\n    name: vgg\n", [], "training.model.name"),
+    ("layers-without-name", "training:\n  model:\n    layers: [{type: flatten}]\n", [], "training.model"),
+    ("name-layers-without-list", "training:\n  model:\n    name: layers\n", [], "training.model"),
+    ("dense-without-units", "training:\n  model:\n    name: layers\n    layers: [{type: dense}]\n", [],
+     "training.model.layers.0"),
+    ("layer-type-unknown", "training:\n  model:\n    name: layers\n    layers: [{type: lstm}]\n", [],
+     "training.model.layers.0.type"),
+    ("dataset-format-unknown", "training:\n  dataset:\n    format: mnist\n", [], "training.dataset.format"),
+    ("cifar-without-uri", "training:\n  dataset:\n    format: cifar10\n", [], "training.dataset"),
+    ("dataset-uri-scheme", "training:\n  dataset:\n    format: cifar10\n    uri: ftp://x/c.tgz\n", [],
+     "training.dataset.uri"),
+    ("dataset-sha-malformed", "training:\n  dataset:\n    sha256: abc\n", [], "training.dataset.sha256"),
+    ("entrypoint-without-function", "training:\n  entrypoint: train.py\n", [], "training.entrypoint"),
+    ("store-url-scheme", "storage:\n  url: gs://bucket/x\n", [], "storage.url"),
+    ("store-url-relative-file", "storage:\n  url: file://relative/dir\n", [], "storage.url"),
+    ("store-url-bad-bucket", "storage:\n  url: s3://B_ad/x\n", [], "storage.url"),
+    ("store-endpoint-not-url", "storage:\n  endpoint_url: localhost\n", [], "storage.endpoint_url"),
+    ("aws-region", "aws:\n  region: mars-1\n", [], "aws.region"),
+    ("aws-ami", "aws:\n  ami: ami-xyz\n", [], "aws.ami"),
+    ("aws-vpc-public", "aws:\n  vpc_cidr: 8.8.0.0/16\n", [], "aws.vpc_cidr"),
+    ("aws-subnet-outside-vpc", "aws:\n  subnet_cidr: 10.99.1.0/24\n", [], "aws"),
+    ("aws-egress", "aws:\n  egress: vpn\n", [], "aws.egress"),
+    ("aws-subnet-too-small", "target: aws\naws:\n  subnet_cidr: 10.42.1.0/28\n", ["--workers", "20"],
+     "aws.subnet_cidr"),
+    ("yaml-syntax", "cluster: [\n", [], "YAML syntax error"),
+    ("yaml-tab-indent", "cluster:\n\tworkers: 2\n", [], "YAML syntax error"),
+    ("empty-file", "", [], "empty"),
+    ("top-level-list", "- a\n- b\n", [], "top level"),
+    ("flag-workers-zero", None, ["--workers", "0"], "cluster.workers.count (from --workers)"),
+    ("flag-workers-not-int", None, ["--workers", "abc"], "--workers"),
+    ("flag-strategy", None, ["--strategy", "ring"], "strategy (from --strategy)"),
+    ("flag-target", None, ["--target", "gcp"], "target (from --target)"),
+    ("flag-steps-negative", None, ["--steps", "-5"], "training.steps"),
+    ("flag-set-without-equals", None, ["--set", "training.steps"], "--set"),
+    ("flag-set-unknown-key", None, ["--set", "training.stepz=3"], "training.stepz"),
+    ("flag-set-wrong-type", None, ["--set", "training.batch_size=huge"], "training.batch_size"),
+    ("flag-endpoint", None, ["--endpoint-url", "nope"], "aws.endpoint_url"),
+    ("flag-unknown", None, ["--wokers", "3"], "--wokers"),
+]
+
+
+def test_enough_cases() -> None:
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize(("case", "text", "args", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_naming_the_field(
+    cli: Cli, tmp_path: Path, home: Path, case: str, text: str | None, args: list[str], expected: str
+) -> None:
+    spec_args: list[str] = []
+    if text is not None:
+        spec = tmp_path / "experiment.yaml"
+        spec.write_text(text)
+        spec_args = [str(spec)]
+    result = cli("validate", *spec_args, *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (home / "runs").exists(), "bad input must not create a run"
+
+
+def test_errors_carry_file_and_line(cli: Cli, tmp_path: Path) -> None:
+    spec = tmp_path / "exp.yaml"
+    spec.write_text("name: ok\ncluster:\n  workers:\n    count: -3\n")
+    result = cli("validate", str(spec))
+    assert f"{spec}:4: cluster.workers.count" in result.stderr
+
+
+def test_every_problem_is_reported_once_per_line(cli: Cli, tmp_path: Path) -> None:
+    spec = tmp_path / "exp.yaml"
+    spec.write_text("strategy: x\ntraining:\n  steps: 0\n  optimizer: nope\n")
+    lines = [ln for ln in cli("validate", str(spec)).stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 3
+    assert all("Fix:" in ln for ln in lines)
+
+
+def test_missing_file_names_path_and_fix(cli: Cli, tmp_path: Path) -> None:
+    result = cli("validate", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2
+    assert "nope.yaml: no such file" in result.stderr
+    assert "dlinfra init" in result.stderr
+
+
+def test_deploy_with_bad_input_provisions_nothing(cli: Cli, home: Path) -> None:
+    result = cli("deploy", "--workers", "0")
+    assert result.returncode == 2
+    assert not (home / "runs").exists()
