@@ -111,6 +111,7 @@ def watch(
             snap = _snapshot(store, list(prepared.user_data), heartbeat_timeout, started)
             on_update(snap)
             if snap.marker is not None:
+                _let_nodes_finish(cluster, seconds=3 * poll + 5)
                 break
             crashed = {n: c for n, c in cluster.exit_codes().items() if c not in (None, 0)}
             if crashed:
@@ -132,6 +133,13 @@ def watch(
         marker = run_marker(store)
         run.update_manifest(status=marker[0] if marker else "STOPPED", finished=utc_now())
     return _outcome(prepared, store, started)
+
+
+def _let_nodes_finish(cluster: Cluster, seconds: float) -> None:
+    """Servers notice the marker on their next poll and record their final state themselves."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(c is None for c in cluster.exit_codes().values()):
+        time.sleep(0.2)
 
 
 def _snapshot(store: Store, names: list[str], heartbeat_timeout: float, started: float) -> Snapshot:

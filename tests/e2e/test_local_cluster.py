@@ -1,0 +1,126 @@
+"""The main job on the embedded default: real TF clusters as local processes (issue 3 acceptance)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import alive_node_pids, run_cli
+from dlinfra.render import node_config_from_user_data
+
+from .conftest import Deployed
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+NODES = ["chief-0", "ps-0", "worker-0", "worker-1", "worker-2"]
+
+
+def _fresh_process_accuracy(model_dir: str) -> float:
+    """Load the exported SavedModel in a new plain-TensorFlow process and score the held-out split."""
+    code = textwrap.dedent(
+        f"""
+        import numpy as np, tensorflow as tf
+        from dlinfra.spec import DatasetSpec
+        from dlinfra.training.data import load
+        data = load(DatasetSpec(), None)
+        model = tf.saved_model.load({model_dir!r})
+        logits = model.serve(tf.constant(data.x_test))
+        print(float(np.mean(np.argmax(logits.numpy(), axis=1) == data.y_test)))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("run_name", ["ps_run", "mirrored_run"])
+def test_deploy_trains_to_accuracy_and_exits_0(run_name: str, request: pytest.FixtureRequest) -> None:
+    run: Deployed = request.getfixturevalue(run_name)
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    assert run.metrics["eval_accuracy"] >= 0.90
+    assert (run.store / "DONE").is_file()
+    assert run.manifest["status"] == "DONE"
+    # the result table: the thesis' columns
+    for column in ("global steps/s", "examples/s", "total time", "eval accuracy", "command to first step", "model"):
+        assert column in run.result.stdout
+
+
+@pytest.mark.parametrize("run_name", ["ps_run", "mirrored_run"])
+def test_exported_model_reproduces_accuracy_in_a_fresh_process(run_name: str, request: pytest.FixtureRequest) -> None:
+    run: Deployed = request.getfixturevalue(run_name)
+    accuracy = _fresh_process_accuracy(str(run.store / "model" / "saved_model"))
+    assert abs(accuracy - run.metrics["eval_accuracy"]) <= 0.01
+
+
+def test_ps_run_has_the_planned_cluster_shape(ps_run: Deployed) -> None:
+    assert ps_run.manifest["nodes"] == NODES
+    assert ps_run.metrics["workers"] == 3 and ps_run.metrics["ps"] == 1
+    assert ps_run.metrics["steps"] == ps_run.metrics["total_steps"] == 600
+    for name in NODES:
+        status = json.loads((ps_run.store / "status" / f"{name}.json").read_text())
+        assert status["state"] == "done", (name, status)
+
+
+def test_mirrored_run_has_workers_only(mirrored_run: Deployed) -> None:
+    assert mirrored_run.manifest["nodes"] == ["worker-0", "worker-1"]
+    assert mirrored_run.metrics["strategy"] == "multi_worker_mirrored"
+
+
+def test_each_node_booted_from_its_own_user_data(ps_run: Deployed) -> None:
+    for name in NODES:
+        user_data = (ps_run.run_dir / "user-data" / f"{name}.yaml").read_text()
+        booted = json.loads((ps_run.run_dir / "nodes" / f"{name}.json").read_text())
+        assert node_config_from_user_data(user_data).model_dump(mode="json") == booted
+
+
+def test_store_holds_the_per_run_layout(ps_run: Deployed) -> None:
+    store = ps_run.store
+    for name in NODES:
+        assert (store / "status" / f"{name}.json").is_file()
+        assert (store / "logs" / f"{name}.log").stat().st_size > 0
+    pointer = json.loads((store / "checkpoints" / "latest.json").read_text())
+    assert pointer["step"] == 600
+    assert all((store / "checkpoints" / f).is_file() for f in pointer["files"])
+    assert (store / "model" / "model.keras").is_file()
+    assert (store / "model" / "saved_model" / "saved_model.pb").is_file()
+    assert list((store / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_tensorboard_events_carry_the_loss(ps_run: Deployed) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(ps_run.store / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()["tensors"]
+    assert {"loss", "examples_per_sec", "eval_accuracy"} <= set(tags)
+    losses = acc.Tensors("loss")
+    assert len(losses) >= 10
+    assert losses[-1].step == 600
+
+
+@pytest.mark.parametrize("run_name", ["ps_run", "mirrored_run"])
+def test_no_node_process_outlives_a_successful_deploy(run_name: str, request: pytest.FixtureRequest) -> None:
+    run: Deployed = request.getfixturevalue(run_name)
+    assert run.manifest["pids"], "the launcher records its node pids"
+    assert alive_node_pids(run.run_id) == []
+
+
+def test_status_show_runs_and_logs_read_the_run(ps_run: Deployed) -> None:
+    env = {"DLINFRA_HOME": str(ps_run.home), "PATH": "/usr/bin:/bin"}
+    status = json.loads(run_cli("status", "--json", env=env, check=True).stdout)
+    assert status["status"] == "DONE"
+    assert status["nodes"]["chief-0"]["step"] == 600
+    assert set(status["nodes"]) == set(NODES)
+    show = json.loads(run_cli("show", ps_run.run_id, "--json", env=env, check=True).stdout)
+    assert show["metrics"]["eval_accuracy"] == ps_run.metrics["eval_accuracy"]
+    assert show["model"].endswith("/model")
+    runs = json.loads(run_cli("runs", "--json", env=env, check=True).stdout)
+    assert runs[0]["run_id"] == ps_run.run_id and runs[0]["status"] == "DONE"
+    logs = run_cli("logs", ps_run.run_id, "--node", "chief-0", env=env, check=True).stdout
+    assert "done: step 600" in logs
+    missing = run_cli("show", "no-such-run", env=env)
+    assert missing.returncode == 2 and "not found" in missing.stderr
