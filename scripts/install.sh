@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Idempotent set-up into ./.venv.  `install.sh` → what `dlinfra deploy` needs (TensorFlow CPU, boto3);
+# `install.sh dev` → also what the tests need (cloud-init's schema validator, pytest, moto, checkov).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile="${1:-run}"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+if [ "$profile" = dev ] && ! command -v cloud-init >/dev/null 2>&1; then
+  echo "install.sh: installing Debian's cloud-init (its schema validator checks every rendered user-data)"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends cloud-init >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+extras="train,aws"
+[ "$profile" = dev ] && extras="train,aws,dev"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+if [ "$profile" = dev ]; then
+  # checkov pins old boto3/botocore releases; it gets its own venv so it never downgrades ours.
+  [ -x .venv-checkov/bin/checkov ] || { python3 -m venv .venv-checkov \
+    && .venv-checkov/bin/python -m pip install --quiet --disable-pip-version-check "checkov>=3.2,<4"; }
+  command -v terraform >/dev/null 2>&1 || echo "install.sh: warning: terraform not on PATH; terraform tests will fail" >&2
+fi
+echo "install.sh: ready (.venv, extras: ${extras})"
