@@ -18,11 +18,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras="train,aws"
 [ "$profile" = dev ] && extras="train,aws,dev"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+pipq() {  # quiet unless it fails: this machine's pip config warns about every local index miss
+  local log; log=$(mktemp)
+  "$@" --quiet --disable-pip-version-check >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }
+  rm -f "$log"
+}
+pipq .venv/bin/python -m pip install -e ".[${extras}]"
 if [ "$profile" = dev ]; then
   # checkov pins old boto3/botocore releases; it gets its own venv so it never downgrades ours.
   [ -x .venv-checkov/bin/checkov ] || { python3 -m venv .venv-checkov \
-    && .venv-checkov/bin/python -m pip install --quiet --disable-pip-version-check "checkov>=3.2,<4"; }
+    && pipq .venv-checkov/bin/python -m pip install "checkov>=3.2,<4"; }
   command -v terraform >/dev/null 2>&1 || echo "install.sh: warning: terraform not on PATH; terraform tests will fail" >&2
 fi
 echo "install.sh: ready (.venv, extras: ${extras})"

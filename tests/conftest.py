@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import shutil
+
 import pytest
 
 # Fake credentials for the emulator; tests also check these values never land in any file.
@@ -18,6 +20,9 @@ FAKE_CREDS = {
     "AWS_SESSION_TOKEN": "fakeSessionTokenForTestsOnly-dlinfra-123456789",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+
+# Where this machine keeps the AWS provider for offline `terraform init` (a test setting only).
+PROVIDER_MIRROR = Path(os.environ.get("DLINFRA_TF_PROVIDER_MIRROR", "/opt/tf-plugins"))
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -60,6 +65,8 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """A real moto server (S3, EC2, IAM, STS, SSM over HTTP) on a loopback port."""
+    # AWS-managed policies (AmazonSSMManagedInstanceCore) exist in moto only when loaded.
+    os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
     from moto.server import ThreadedMotoServer
 
     port = free_port()
@@ -92,3 +99,25 @@ def alive_node_pids(marker: str) -> list[int]:
         if "dlinfra node run" in cmd and marker in cmd and state != "Z":
             found.append(int(proc.name))
     return found
+
+
+@pytest.fixture(scope="session")
+def tf_cli_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CLI config: providers from the local mirror (when present) plus a shared plugin cache."""
+    if shutil.which("terraform") is None:
+        pytest.fail(
+            "terraform is not on PATH: install terraform >= 1.7 (or deselect with -m 'not terraform')"
+        )
+    root = tmp_path_factory.mktemp("terraform-cli")
+    cache = root / "plugin-cache"
+    cache.mkdir()
+    lines = [f'plugin_cache_dir = "{cache}"']
+    if PROVIDER_MIRROR.is_dir():
+        lines += [
+            "provider_installation {",
+            f'  filesystem_mirror {{ path = "{PROVIDER_MIRROR}" }}',
+            "}",
+        ]
+    config = root / "terraform.tfrc"
+    config.write_text("\n".join(lines) + "\n")
+    return config

@@ -113,13 +113,14 @@ def watch(
             if snap.marker is not None:
                 _let_nodes_finish(cluster, seconds=3 * poll + 5)
                 break
-            crashed = {n: c for n, c in cluster.exit_codes().items() if c not in (None, 0)}
+            codes = cluster.exit_codes()
+            crashed = {n: c for n, c in codes.items() if c not in (None, 0)}
             if crashed:
                 name, code = sorted(crashed.items())[0]
                 write_marker(store, "FAILED", node=name, error=f"node process exited with code {code}")
             elif snap.lost:
                 write_marker(store, "FAILED", node=snap.lost[0], error=f"no heartbeat for {heartbeat_timeout:.0f}s")
-            elif all(c == 0 for c in cluster.exit_codes().values()):
+            elif codes and all(c == 0 for c in codes.values()):
                 time.sleep(poll)  # the chief's marker may land right after its exit
                 if run_marker(store) is None:
                     write_marker(store, "FAILED", node=None, error="every node exited without a result")

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dlinfra.errors import SpecError
 
-NAME_RE = r"^[a-z][a-z0-9-]{0,39}$"
+# Run ids (name + 21 chars) name IAM roles, which AWS caps at 64 characters with our affixes.
+NAME_RE = r"^[a-z][a-z0-9-]{0,26}$"
 STORE_SCHEMES = ("file://", "s3://")
 DATA_SCHEMES = ("file://", "s3://", "https://", "http://")
 
@@ -200,6 +201,7 @@ class AwsSpec(StrictModel):
     egress: Literal["nat", "public_ip", "none"] = Field("nat", description="How nodes reach package mirrors.")
     state_bucket: str | None = Field(None, description="S3 bucket for Terraform state (default: local in the run dir).")
     root_volume_gb: int = Field(100, ge=8, le=16384)
+    ssm_access: bool = Field(True, description="Attach AmazonSSMManagedInstanceCore: Session Manager instead of SSH.")
     tags: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("endpoint_url")
@@ -231,7 +233,7 @@ class AwsSpec(StrictModel):
 class Spec(StrictModel):
     """One experiment: what to train, on what cluster, where results go."""
 
-    name: str = Field("digits-cnn", pattern=NAME_RE, description="Lowercase letters, digits, dashes.")
+    name: str = Field("digits-cnn", pattern=NAME_RE, description="Up to 27 lowercase letters, digits, dashes; starts with a letter.")
     target: Literal["local", "aws"] = "local"
     strategy: Literal["parameter_server", "multi_worker_mirrored"] = Field(
         "parameter_server", description="parameter_server: async; multi_worker_mirrored: sync all-reduce."

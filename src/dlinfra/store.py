@@ -204,7 +204,11 @@ class S3Store(Store):
         return self._retrying(get, "read")
 
     def put_file(self, key: str, path: Path) -> None:
-        self._retrying(lambda: self.client.upload_file(str(path), self.bucket, self._key(key)), "upload")
+        # The bucket's lifecycle rule expires old checkpoints by this tag (prefix patterns can't match).
+        extra = {"Tagging": "dlinfra:kind=checkpoint"} if key.startswith("checkpoints/ckpt-") else None
+        self._retrying(
+            lambda: self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs=extra), "upload"
+        )
 
     def list(self, prefix: str = "") -> list[str]:
         def keys() -> Iterator[str]:

@@ -225,6 +225,36 @@ def _finish(outcome: Any) -> None:
     raise typer.Exit(1)
 
 
+@app.command()
+def plan(
+    spec: SpecArg = None, workers: WorkersOpt = None, ps: PsOpt = None, strategy: StrategyOpt = None,
+    steps: StepsOpt = None, endpoint_url: EndpointOpt = None, sets: SetOpt = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="Also write the PR-comment summary here.")] = None,
+) -> None:
+    """terraform plan of an experiment on AWS: resources, instances by role, estimated $/hour."""
+    from dlinfra.targets import aws
+
+    resolved = _spec(spec, workers, ps, strategy, steps, "aws", endpoint_url, sets)
+    planned = aws.plan(resolved, spec, sys.argv, log=lambda line: err.print(line, markup=False))
+    run = planned.prepared.run
+    out.print(planned.summary.text(run.id), markup=False)
+    if markdown:
+        markdown.write_text(planned.markdown_path.read_text(encoding="utf-8"), encoding="utf-8")
+    out.print(f"plan file {planned.plan_file}; markdown {markdown or planned.markdown_path}", markup=False)
+
+
+@app.command()
+def setup(
+    bucket: Annotated[str, typer.Option("--bucket", help="Name of the results bucket to create.")],
+    region: Annotated[str, typer.Option("--region", help="AWS region.")] = "us-east-1",
+    endpoint_url: EndpointOpt = None,
+) -> None:
+    """Create the long-lived results bucket (once; its own Terraform state, never a run's)."""
+    from dlinfra.targets import aws
+
+    out.print(aws.setup_bucket(bucket, region, endpoint_url, log=lambda line: err.print(line, markup=False)))
+
+
 # ---------------------------------------------------------------- inspecting runs
 
 

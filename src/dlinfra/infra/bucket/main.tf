@@ -1,5 +1,7 @@
 locals {
   emulated = var.endpoint_url != null
+  # An emulator on plain http:// enforces bucket policies but cannot satisfy aws:SecureTransport.
+  plain_http_emulator = local.emulated && startswith(coalesce(var.endpoint_url, "https://"), "http://")
 }
 
 ################################################################################
@@ -33,5 +35,6 @@ provider "aws" {
 module "storage" {
   source = "../modules/storage"
 
-  bucket = var.bucket
+  bucket                  = var.bucket
+  deny_insecure_transport = !local.plain_http_emulator
 }

@@ -14,6 +14,28 @@ run "creates_the_results_bucket_with_storage_defaults" {
   }
 }
 
+run "real_aws_denies_requests_without_tls" {
+  command = plan
+
+  assert {
+    condition     = module.storage.deny_insecure_transport == true
+    error_message = "against real AWS the TLS-only bucket policy must be attached"
+  }
+}
+
+run "plain_http_emulator_gets_no_tls_only_policy" {
+  command = plan
+
+  variables {
+    endpoint_url = "http://127.0.0.1:5000"
+  }
+
+  assert {
+    condition     = module.storage.deny_insecure_transport == false
+    error_message = "an http:// emulator cannot satisfy aws:SecureTransport"
+  }
+}
+
 run "rejects_invalid_bucket_name" {
   command = plan
 

@@ -68,7 +68,7 @@ variable "instance" {
     placement_group      = optional(bool, false)
     root_volume_gb       = optional(number, 100)
     root_volume_kms_key  = optional(string)
-    detailed_monitoring  = optional(bool, true)
+    detailed_monitoring  = optional(bool, false)
   })
 
   validation {

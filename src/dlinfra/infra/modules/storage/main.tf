@@ -57,6 +57,8 @@ resource "aws_s3_bucket_server_side_encryption_configuration" "this" {
 }
 
 resource "aws_s3_bucket_policy" "tls_only" {
+  count = var.deny_insecure_transport ? 1 : 0
+
   bucket = aws_s3_bucket.this.id
   policy = jsonencode({
     Version = "2012-10-17"

@@ -14,6 +14,12 @@ variable "force_destroy" {
   default     = false
 }
 
+variable "deny_insecure_transport" {
+  description = "Attach a bucket policy denying every request made without TLS. Turn off only for an emulator served over plain http:// (moto, LocalStack), which enforces the policy but cannot offer TLS."
+  type        = bool
+  default     = true
+}
+
 variable "kms_key_arn" {
   description = "Customer managed KMS key for SSE-KMS (with an S3 bucket key); null keeps SSE-S3 (AES256)."
   type        = string

@@ -39,14 +39,27 @@ run "plain_http_is_denied" {
 
   assert {
     condition = (
-      jsondecode(aws_s3_bucket_policy.tls_only.policy).Statement[0].Effect == "Deny" &&
-      jsondecode(aws_s3_bucket_policy.tls_only.policy).Statement[0].Condition.Bool["aws:SecureTransport"] == "false"
+      jsondecode(aws_s3_bucket_policy.tls_only[0].policy).Statement[0].Effect == "Deny" &&
+      jsondecode(aws_s3_bucket_policy.tls_only[0].policy).Statement[0].Condition.Bool["aws:SecureTransport"] == "false"
     )
     error_message = "requests without TLS must be denied"
   }
   assert {
     condition     = output.bucket == "dlinfra-results-test" && output.bucket_arn == aws_s3_bucket.this.arn
     error_message = "outputs must expose the bucket name and ARN"
+  }
+}
+
+run "tls_policy_can_be_turned_off_for_plain_http_emulators" {
+  command = plan
+
+  variables {
+    deny_insecure_transport = false
+  }
+
+  assert {
+    condition     = length(aws_s3_bucket_policy.tls_only) == 0
+    error_message = "deny_insecure_transport = false must drop the TLS-only policy"
   }
 }
 

@@ -1,0 +1,119 @@
+"""One runner for every terraform call: streams progress, parses `-json` events, raises one error type.
+
+Plain subprocess on purpose: python-terraform is unmaintained since 2019 and CDKTF was archived.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlinfra.errors import TerraformError
+
+MIN_VERSION = (1, 5, 0)
+# Progress worth a line; the rest of terraform's event stream stays in the run's terraform.log.
+_SHOWN = {"apply_complete", "apply_errored", "change_summary"}
+
+
+def find_terraform() -> tuple[str, tuple[int, ...]]:
+    binary = shutil.which("terraform")
+    if binary is None:
+        raise TerraformError(
+            "terraform not found on PATH. Fix: install terraform >= 1.5 "
+            "(https://developer.hashicorp.com/terraform/install) or use --target local"
+        )
+    out = subprocess.run([binary, "version", "-json"], capture_output=True, text=True, timeout=60)
+    try:
+        raw = json.loads(out.stdout)["terraform_version"]
+    except (json.JSONDecodeError, KeyError):
+        raise TerraformError(f"could not read `terraform version` from {binary}: {out.stderr.strip()}") from None
+    version = tuple(int(p) for p in re.findall(r"\d+", raw)[:3])
+    if version < MIN_VERSION:
+        need = ".".join(map(str, MIN_VERSION))
+        raise TerraformError(f"terraform {raw} at {binary} is too old. Fix: install terraform >= {need}")
+    return binary, version
+
+
+@dataclass
+class Terraform:
+    """terraform in one working directory (a run's copy of the stack)."""
+
+    workdir: Path
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    log: Callable[[str], None] = lambda line: None
+    binary: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.binary:
+            self.binary, _ = find_terraform()
+        self.env.setdefault("TF_IN_AUTOMATION", "1")
+
+    def init(self, backend_config: dict[str, str] | None = None) -> None:
+        args = ["init", "-input=false", "-no-color"]
+        args += [f"-backend-config={k}={v}" for k, v in (backend_config or {}).items()]
+        self.run(args, json_events=False)
+
+    def plan(self, var_file: Path, out: Path, destroy: bool = False) -> None:
+        args = ["plan", "-input=false", "-json", f"-var-file={var_file}", f"-out={out}"]
+        self.run([*args, "-destroy"] if destroy else args)
+
+    def show_json(self, plan_file: Path) -> dict[str, Any]:
+        return json.loads(self.run(["show", "-json", str(plan_file)], json_events=False, quiet=True))
+
+    def apply(self, plan_file: Path) -> None:
+        self.run(["apply", "-input=false", "-json", "-auto-approve", str(plan_file)])
+
+    def output(self) -> dict[str, Any]:
+        raw = json.loads(self.run(["output", "-json"], json_events=False, quiet=True))
+        return {name: item["value"] for name, item in raw.items()}
+
+    def destroy(self, var_file: Path) -> None:
+        self.run(["destroy", "-input=false", "-json", "-auto-approve", f"-var-file={var_file}"])
+
+    def run(self, args: list[str], json_events: bool = True, quiet: bool = False) -> str:
+        """Run one terraform command, streaming its lines to terraform.log (and `log`)."""
+        errors: list[str] = []
+        lines: list[str] = []
+        with open(self.workdir / "terraform.log", "a", encoding="utf-8") as logfile:
+            logfile.write(f"$ terraform {' '.join(args)}\n")
+            proc = subprocess.Popen(
+                [self.binary, *args], cwd=self.workdir, env=self.env, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if not quiet:
+                    logfile.write(line)
+                if json_events:
+                    self._event(line, errors)
+            code = proc.wait()
+        if code != 0:
+            detail = "\n".join(errors) or "".join(lines[-20:]).strip()
+            raise TerraformError(f"terraform {args[0]} failed in {self.workdir}:\n{detail}")
+        return "".join(lines)
+
+    def _event(self, line: str, errors: list[str]) -> None:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            return
+        if event.get("type") == "diagnostic":
+            diag = event.get("diagnostic", {})
+            text = diag.get("summary", "")
+            if diag.get("detail"):
+                text += f": {diag['detail']}"
+            if diag.get("address"):
+                text = f"{diag['address']}: {text}"
+            if diag.get("severity") == "error":
+                errors.append(text)
+            self.log(f"terraform {diag.get('severity', 'note')}: {text}")
+        elif event.get("type") in _SHOWN:
+            self.log(f"terraform: {event.get('@message', '')}")

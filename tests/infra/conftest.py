@@ -1,0 +1,198 @@
+"""Fixtures for the Terraform half of dlinfra: offline provider, moto server, throwaway infra copies.
+
+Nothing here mutates ``os.environ``: every terraform subprocess gets an explicit environment
+(CLI config, fake credentials) and every boto3 client explicit credentials, so the fake AWS
+settings never leak into other test packages (which may test "no credentials" behaviour).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+INFRA = Path(__file__).resolve().parents[2] / "src" / "dlinfra" / "infra"
+# Every Terraform configuration of the tree: root stacks and modules (each has a versions.tf).
+CONFIG_DIRS = sorted(p.parent.relative_to(INFRA).as_posix() for p in INFRA.rglob("versions.tf"))
+# Test setting only: an unpacked provider mirror for offline `terraform init`.
+REGION = "us-east-1"
+FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+class TerraformError(AssertionError):
+    """A terraform command failed; carries the command and terraform's own diagnostics."""
+
+    def __init__(self, args: list[str], result: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(
+            f"terraform {' '.join(args)} exited {result.returncode}\n"
+            f"--- stdout ---\n{result.stdout[-6000:]}\n--- stderr ---\n{result.stderr[-6000:]}"
+        )
+        self.result = result
+
+
+@dataclass
+class Terraform:
+    """Runs terraform in one working directory with a fixed environment."""
+
+    workdir: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        argv = list(args)
+        result = subprocess.run(
+            ["terraform", f"-chdir={self.workdir}", *argv],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise TerraformError(argv, result)
+        return result
+
+    def init(self, *, backend: bool = True) -> None:
+        self.run("init", "-input=false", "-no-color", *([] if backend else ["-backend=false"]))
+
+    def apply(self, *args: str) -> None:
+        self.run("apply", "-auto-approve", "-input=false", "-no-color", "-parallelism=20", *args)
+
+    def destroy(self, *args: str) -> None:
+        self.run("destroy", "-auto-approve", "-input=false", "-no-color", "-parallelism=20", *args)
+
+    def output(self) -> dict[str, Any]:
+        raw = json.loads(self.run("output", "-json", "-no-color").stdout)
+        return {name: entry["value"] for name, entry in raw.items()}
+
+
+def _terraform_env(cli_config: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """os.environ minus anything that could point terraform or the provider elsewhere."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "TF_VAR_", "TF_CLI_ARGS", "TF_DATA_DIR", "TF_WORKSPACE", "TF_LOG"))
+    }
+    env.update(
+        TF_CLI_CONFIG_FILE=str(cli_config),
+        TF_IN_AUTOMATION="1",
+        TF_INPUT="0",
+        CHECKPOINT_DISABLE="1",
+        # Never read the developer's real AWS config or credentials files.
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture(scope="session")
+def tf_env(tf_cli_config: Path) -> dict[str, str]:
+    """Environment for offline terraform commands that need no AWS endpoint (fmt, validate, test)."""
+    return _terraform_env(tf_cli_config)
+
+
+def copy_infra(dst: Path) -> Path:
+    """A private copy of the infra tree (modules keep their relative paths); no working files."""
+    shutil.copytree(
+        INFRA,
+        dst,
+        ignore=shutil.ignore_patterns(".terraform", "*.tfstate", "*.tfstate.*", ".terraform.lock.hcl"),
+    )
+    return dst
+
+
+@pytest.fixture(scope="session")
+def infra_dir() -> Path:
+    """The product's Terraform tree, src/dlinfra/infra (read it; never run terraform in it)."""
+    return INFRA
+
+
+@pytest.fixture(scope="session")
+def make_infra_copy():
+    """Factory: copy the infra tree to a given path and return it."""
+    return copy_infra
+
+
+@pytest.fixture
+def infra_copy(tmp_path: Path) -> Path:
+    """A fresh copy of src/dlinfra/infra for one test."""
+    return copy_infra(tmp_path / "infra")
+
+
+@pytest.fixture(scope="session")
+def terraform_in(tf_env: dict[str, str]):
+    """Factory: an offline Terraform runner (no AWS endpoint) for a working directory."""
+
+    def make(workdir: Path) -> Terraform:
+        return Terraform(workdir, tf_env)
+
+    return make
+
+
+@dataclass
+class MotoServer:
+    """A moto server on 127.0.0.1 serving EC2/VPC, IAM, S3, STS and SSM on one endpoint."""
+
+    endpoint_url: str
+    region: str = REGION
+    credentials: dict[str, str] = field(default_factory=lambda: dict(FAKE_CREDENTIALS))
+
+    def client(self, service: str) -> Any:
+        import boto3
+
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=self.credentials["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.credentials["AWS_SECRET_ACCESS_KEY"],
+        )
+
+    def load_aws_managed_policies(self) -> None:
+        """moto leaves AWS managed policies (AmazonSSMManagedInstanceCore...) out unless asked.
+
+        The switch is a process-wide moto setting; it is turned on only while this account's
+        IAM backend is (re)built, so other tests' mock_aws sessions keep moto's default.
+        """
+        from moto import settings
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.iam.models import iam_backends
+
+        ssm_core = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+        saved = settings.default_user_config.get("iam")
+        settings.default_user_config["iam"] = {"load_aws_managed_policies": True}
+        try:
+            backend = iam_backends[DEFAULT_ACCOUNT_ID]["aws"]
+            if ssm_core not in backend.managed_policies:
+                backend.reset()
+        finally:
+            if saved is None:
+                settings.default_user_config.pop("iam", None)
+            else:
+                settings.default_user_config["iam"] = saved
+
+    def terraform(self, workdir: Path, cli_config: Path) -> Terraform:
+        """A terraform runner whose AWS provider talks to this server with fake credentials."""
+        return Terraform(workdir, _terraform_env(cli_config, {**self.credentials, "AWS_REGION": self.region}))
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    """One moto server for the session, on a free port of 127.0.0.1."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield MotoServer(endpoint_url=f"http://{host}:{port}")
+    finally:
+        server.stop()
