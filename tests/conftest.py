@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import shutil
 
 import pytest
 
@@ -27,14 +26,26 @@ PROVIDER_MIRROR = Path(os.environ.get("DLINFRA_TF_PROVIDER_MIRROR", "/opt/tf-plu
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 900,
-            check: bool = False) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 900,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, "-m", "dlinfra", *args],
-        capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
     )
     if check and result.returncode != 0:
-        raise AssertionError(f"dlinfra {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"dlinfra {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
@@ -76,12 +87,15 @@ def moto_endpoint() -> Iterator[str]:
     server.stop()
 
 
-def s3_client(endpoint: str):  # noqa: ANN201
+def s3_client(endpoint: str):
     import boto3
 
     return boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id=FAKE_CREDS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=FAKE_CREDS["AWS_SECRET_ACCESS_KEY"],
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=FAKE_CREDS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=FAKE_CREDS["AWS_SECRET_ACCESS_KEY"],
     )
 
 

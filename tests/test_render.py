@@ -24,7 +24,9 @@ needs_cloud_init = pytest.mark.skipif(
 def _render(target: str, strategy: str, workers: int) -> dict[str, tuple[str, object]]:
     sets = ["aws.subnet_cidr=10.42.0.0/23"] if workers > 100 else []
     spec = load_spec(None, Overrides(target=target, strategy=strategy, workers=workers, sets=sets))
-    configs = build_node_configs(spec, "digits-cnn-20261122-000000-abcd", "s3://bucket/runs/x", plan_addresses(spec))
+    configs = build_node_configs(
+        spec, "digits-cnn-20261122-000000-abcd", "s3://bucket/runs/x", plan_addresses(spec)
+    )
     install = install_requirement() if target == "aws" else None
     rendered = render_cluster(configs, install)
     return {name: (rendered[name], configs[name]) for name in configs}
@@ -58,7 +60,9 @@ def test_every_user_data_passes_cloud_init_schema_and_round_trips(
     # validate a sample spanning every role (all nodes of a role share one template path)
     sample = [f for f in files if f.stem in ("chief-0", "ps-0", "worker-0", f"worker-{workers - 1}")]
     for path in sample:
-        result = subprocess.run([CLOUD_INIT, "schema", "--config-file", str(path)], capture_output=True, text=True)
+        result = subprocess.run(
+            [CLOUD_INIT, "schema", "--config-file", str(path)], capture_output=True, text=True
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "Valid" in result.stdout
 
@@ -100,7 +104,8 @@ def test_render_command_writes_user_data_and_node_json(cli: Cli, tmp_path: Path)
     assert "rendered 5 nodes" in result.stdout
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(
-        f"{n}.{ext}" for n in ("chief-0", "ps-0", "worker-0", "worker-1", "worker-2")
+        f"{n}.{ext}"
+        for n in ("chief-0", "ps-0", "worker-0", "worker-1", "worker-2")
         for ext in ("user-data.yaml", "json")
     )
     ud = (out / "worker-2.user-data.yaml").read_text()
@@ -113,7 +118,9 @@ def test_no_credential_lands_in_rendered_or_recorded_files(cli: Cli, tmp_path: P
     cli("render", "--out", str(out), "--target", "aws", extra_env=FAKE_CREDS, check=True)
     cli("render", "--out", str(out / "local"), extra_env=FAKE_CREDS, check=True)
     # a real (short) local run records spec.lock, manifest, user-data, node.json, logs and the store
-    result = cli("deploy", "--workers", "1", "--steps", "20", "--set", "training.log_every=10", extra_env=FAKE_CREDS)
+    result = cli(
+        "deploy", "--workers", "1", "--steps", "20", "--set", "training.log_every=10", extra_env=FAKE_CREDS
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     files = [p for root in (out, home) for p in root.rglob("*") if p.is_file()]
     assert len(files) > 20

@@ -101,7 +101,7 @@ def test_aws_plan_fits_100_workers_in_the_subnet() -> None:
 
 def test_aws_plan_refuses_a_subnet_too_small() -> None:
     spec = load_spec(None, Overrides(target="aws", workers=200))  # a /24 has room for 127 workers
-    with pytest.raises(SpecError, match="aws.subnet_cidr"):
+    with pytest.raises(SpecError, match=r"aws\.subnet_cidr"):
         plan_addresses(spec)
 
 

@@ -70,7 +70,9 @@ def _resolve_entrypoint(spec: Spec, spec_path: Path | None) -> str | None:
     if not path.is_file():
         from dlinfra.errors import SpecError
 
-        raise SpecError([f"training.entrypoint: {path} does not exist. Fix: give a path relative to the spec file"])
+        raise SpecError(
+            [f"training.entrypoint: {path} does not exist. Fix: give a path relative to the spec file"]
+        )
     return f"{path}:{func}"
 
 
@@ -119,7 +121,9 @@ def watch(
                 name, code = sorted(crashed.items())[0]
                 write_marker(store, "FAILED", node=name, error=f"node process exited with code {code}")
             elif snap.lost:
-                write_marker(store, "FAILED", node=snap.lost[0], error=f"no heartbeat for {heartbeat_timeout:.0f}s")
+                write_marker(
+                    store, "FAILED", node=snap.lost[0], error=f"no heartbeat for {heartbeat_timeout:.0f}s"
+                )
             elif codes and all(c == 0 for c in codes.values()):
                 time.sleep(poll)  # the chief's marker may land right after its exit
                 if run_marker(store) is None:
@@ -149,7 +153,9 @@ def _snapshot(store: Store, names: list[str], heartbeat_timeout: float, started:
     lost = [
         name
         for name, st in nodes.items()
-        if st and st.get("state") not in ("done", "failed", "stopped") and now - st["heartbeat"] > heartbeat_timeout
+        if st
+        and st.get("state") not in ("done", "failed", "stopped")
+        and now - st["heartbeat"] > heartbeat_timeout
     ]
     return Snapshot(nodes, run_marker(store), lost, now - started)
 

@@ -4,7 +4,9 @@ change, so every estimate names this table's date and source, and unknown types 
 from __future__ import annotations
 
 PRICE_TABLE_DATE = "2025-06"
-PRICE_SOURCE = "AWS EC2 On-Demand pricing page, Linux, us-east-1 (https://aws.amazon.com/ec2/pricing/on-demand/)"
+PRICE_SOURCE = (
+    "AWS EC2 On-Demand pricing page, Linux, us-east-1 (https://aws.amazon.com/ec2/pricing/on-demand/)"
+)
 
 # USD per instance-hour, on-demand, us-east-1, Linux.
 ON_DEMAND_USD_PER_HOUR: dict[str, float] = {

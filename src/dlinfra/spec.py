@@ -54,7 +54,9 @@ class ClusterSpec(StrictModel):
     chief: ChiefSpec = ChiefSpec()
     workers: WorkersSpec = WorkersSpec()
     ps: PsSpec = PsSpec()
-    port: int = Field(2222, ge=1024, le=65535, description="TF gRPC port on aws nodes (local picks free ports).")
+    port: int = Field(
+        2222, ge=1024, le=65535, description="TF gRPC port on aws nodes (local picks free ports)."
+    )
     startup_timeout: float = Field(180, gt=0, description="Seconds a node waits for its peers.")
     heartbeat_timeout: float = Field(60, gt=0, description="Seconds without heartbeat before a node is lost.")
     max_runtime: float = Field(3600, gt=0, description="Watchdog: every node stops after this many seconds.")
@@ -164,7 +166,9 @@ class TrainingSpec(StrictModel):
 
 
 class StorageSpec(StrictModel):
-    url: str | None = Field(None, description="Results store: file:///path or s3://bucket/prefix. Default: the run dir.")
+    url: str | None = Field(
+        None, description="Results store: file:///path or s3://bucket/prefix. Default: the run dir."
+    )
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, moto, LocalStack).")
 
     @field_validator("url")
@@ -194,14 +198,22 @@ def _http_url(v: str | None) -> str | None:
 
 class AwsSpec(StrictModel):
     region: str = Field("us-east-1", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
-    endpoint_url: str | None = Field(None, description="Emulator endpoint for every AWS service (moto, LocalStack).")
-    ami: str | None = Field(None, pattern=r"^ami-[0-9a-f]{8,17}$", description="AMI id; default: the Deep Learning AMI.")
+    endpoint_url: str | None = Field(
+        None, description="Emulator endpoint for every AWS service (moto, LocalStack)."
+    )
+    ami: str | None = Field(
+        None, pattern=r"^ami-[0-9a-f]{8,17}$", description="AMI id; default: the Deep Learning AMI."
+    )
     vpc_cidr: str = "10.42.0.0/16"
     subnet_cidr: str = "10.42.1.0/24"
     egress: Literal["nat", "public_ip", "none"] = Field("nat", description="How nodes reach package mirrors.")
-    state_bucket: str | None = Field(None, description="S3 bucket for Terraform state (default: local in the run dir).")
+    state_bucket: str | None = Field(
+        None, description="S3 bucket for Terraform state (default: local in the run dir)."
+    )
     root_volume_gb: int = Field(100, ge=8, le=16384)
-    ssm_access: bool = Field(True, description="Attach AmazonSSMManagedInstanceCore: Session Manager instead of SSH.")
+    ssm_access: bool = Field(
+        True, description="Attach AmazonSSMManagedInstanceCore: Session Manager instead of SSH."
+    )
     tags: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("endpoint_url")
@@ -233,7 +245,11 @@ class AwsSpec(StrictModel):
 class Spec(StrictModel):
     """One experiment: what to train, on what cluster, where results go."""
 
-    name: str = Field("digits-cnn", pattern=NAME_RE, description="Up to 27 lowercase letters, digits, dashes; starts with a letter.")
+    name: str = Field(
+        "digits-cnn",
+        pattern=NAME_RE,
+        description="Up to 27 lowercase letters, digits, dashes; starts with a letter.",
+    )
     target: Literal["local", "aws"] = "local"
     strategy: Literal["parameter_server", "multi_worker_mirrored"] = Field(
         "parameter_server", description="parameter_server: async; multi_worker_mirrored: sync all-reduce."
@@ -246,7 +262,9 @@ class Spec(StrictModel):
     @model_validator(mode="after")
     def _strategy_fits_cluster(self) -> Spec:
         if self.strategy == "parameter_server" and self.cluster.ps.count < 1:
-            raise ValueError("strategy parameter_server needs cluster.ps.count >= 1 (or use multi_worker_mirrored)")
+            raise ValueError(
+                "strategy parameter_server needs cluster.ps.count >= 1 (or use multi_worker_mirrored)"
+            )
         return self
 
     @property
@@ -287,7 +305,9 @@ class Overrides(BaseModel):
         for item in self.sets:
             path, sep, raw = item.partition("=")
             if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", path.strip()):
-                raise SpecError([f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set training.batch_size=256"])
+                raise SpecError(
+                    [f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set training.batch_size=256"]
+                )
             try:
                 value = yaml.safe_load(raw) if raw.strip() else ""
             except yaml.YAMLError:
@@ -326,12 +346,17 @@ def _parse_yaml(text: str, source: str) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError([f"{where}: YAML syntax error: {problem}. Fix: check indentation and quoting"]) from None
+        raise SpecError(
+            [f"{where}: YAML syntax error: {problem}. Fix: check indentation and quoting"]
+        ) from None
     if data is None:
         raise SpecError([f"{source}: the file is empty. Fix: start from `dlinfra init`"])
     if not isinstance(data, dict):
         raise SpecError(
-            [f"{source}:1: (top level): expected a mapping of keys (name:, cluster:, …), got {type(data).__name__}"]
+            [
+                f"{source}:1: (top level): expected a mapping of keys (name:, cluster:, ...), "
+                f"got {type(data).__name__}"
+            ]
         )
     return data
 
@@ -409,7 +434,7 @@ def _fix(error: dict[str, Any], loc: tuple[Any, ...]) -> str:
         return "use one of the listed values"
     if kind == "string_pattern_mismatch":
         field = _field_of(loc)
-        return (field.description if field and field.description else "use the form the pattern describes")
+        return field.description if field and field.description else "use the form the pattern describes"
     return "see `dlinfra schema` for the allowed values"
 
 

@@ -136,7 +136,9 @@ class FileStore(Store):
 class S3Store(Store):
     """boto3 with adaptive retries; `endpoint_url` reaches S3-compatible servers (MinIO, moto)."""
 
-    def __init__(self, url: str, endpoint_url: str | None = None, region: str | None = None, retry_for: float = 60):
+    def __init__(
+        self, url: str, endpoint_url: str | None = None, region: str | None = None, retry_for: float = 60
+    ):
         self.url = url.rstrip("/")
         bucket, _, prefix = url[len("s3://") :].partition("/")
         self.bucket, self.prefix = bucket, prefix.strip("/")
@@ -178,7 +180,9 @@ class S3Store(Store):
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "")
                 if code in ("AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-                    raise StoreError(f"{what} {self.url}: {code}. Fix: check the bucket and credentials") from None
+                    raise StoreError(
+                        f"{what} {self.url}: {code}. Fix: check the bucket and credentials"
+                    ) from None
                 if time.monotonic() > deadline:
                     raise StoreError(f"{what} {self.url}: {exc}") from None
             except BotoCoreError as exc:
@@ -188,7 +192,9 @@ class S3Store(Store):
             delay = min(delay * 2, 5)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._retrying(lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data), "write")
+        self._retrying(
+            lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data), "write"
+        )
 
     def get_bytes(self, key: str) -> bytes | None:
         from botocore.exceptions import ClientError

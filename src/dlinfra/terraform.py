@@ -33,7 +33,9 @@ def find_terraform() -> tuple[str, tuple[int, ...]]:
     try:
         raw = json.loads(out.stdout)["terraform_version"]
     except (json.JSONDecodeError, KeyError):
-        raise TerraformError(f"could not read `terraform version` from {binary}: {out.stderr.strip()}") from None
+        raise TerraformError(
+            f"could not read `terraform version` from {binary}: {out.stderr.strip()}"
+        ) from None
     version = tuple(int(p) for p in re.findall(r"\d+", raw)[:3])
     if version < MIN_VERSION:
         need = ".".join(map(str, MIN_VERSION))
@@ -84,8 +86,13 @@ class Terraform:
         with open(self.workdir / "terraform.log", "a", encoding="utf-8") as logfile:
             logfile.write(f"$ terraform {' '.join(args)}\n")
             proc = subprocess.Popen(
-                [self.binary, *args], cwd=self.workdir, env=self.env, text=True,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [self.binary, *args],
+                cwd=self.workdir,
+                env=self.env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
             assert proc.stdout is not None
             for line in proc.stdout:

@@ -10,7 +10,7 @@ from sklearn.datasets import load_digits
 from dlinfra.training import Program, Shard
 
 
-def build(training):  # noqa: ANN001, ANN201 - the contract: TrainingSpec in, Program out
+def build(training):
     digits = load_digits()
     x = (digits.data / 16.0).astype("float32")
     y = digits.target.astype("int64")

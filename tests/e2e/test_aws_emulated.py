@@ -23,28 +23,42 @@ NODES = ["chief-0", "ps-0", "worker-0", "worker-1", "worker-2"]
 
 def _client(endpoint: str, service: str) -> Any:
     return boto3.client(
-        service, endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id=FAKE_CREDS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=FAKE_CREDS["AWS_SECRET_ACCESS_KEY"],
+        service,
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=FAKE_CREDS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=FAKE_CREDS["AWS_SECRET_ACCESS_KEY"],
     )
 
 
 @pytest.fixture(scope="module")
-def aws_env(moto_endpoint: str, tf_cli_config: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def aws_env(
+    moto_endpoint: str, tf_cli_config: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     s3 = _client(moto_endpoint, "s3")
     if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
         s3.create_bucket(Bucket=BUCKET)
     ami = _client(moto_endpoint, "ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     home = tmp_path_factory.mktemp("aws-home")
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("AWS_")
-    } | FAKE_CREDS | {
-        "DLINFRA_HOME": str(home),
-        "TF_CLI_CONFIG_FILE": str(tf_cli_config),
-        "AWS_CONFIG_FILE": os.devnull,
-        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    args = ["--endpoint-url", moto_endpoint, "--set", f"storage.url=s3://{BUCKET}/runs", "--set", f"aws.ami={ami}"]
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        | FAKE_CREDS
+        | {
+            "DLINFRA_HOME": str(home),
+            "TF_CLI_CONFIG_FILE": str(tf_cli_config),
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
+    args = [
+        "--endpoint-url",
+        moto_endpoint,
+        "--set",
+        f"storage.url=s3://{BUCKET}/runs",
+        "--set",
+        f"aws.ami={ami}",
+    ]
     return {"env": env, "home": home, "args": args, "endpoint": moto_endpoint, "cwd": home}
 
 
@@ -52,8 +66,18 @@ def aws_env(moto_endpoint: str, tf_cli_config: Path, tmp_path_factory: pytest.Te
 def kept_run(aws_env: dict[str, Any]) -> dict[str, Any]:
     """`deploy --target aws --workers 3 --yes --emulate-instances --keep`: trained, stack still up."""
     result = run_cli(
-        "deploy", "--target", "aws", "--workers", "3", "--yes", "--emulate-instances", "--keep", *aws_env["args"],
-        env=aws_env["env"], cwd=aws_env["cwd"], timeout=900,
+        "deploy",
+        "--target",
+        "aws",
+        "--workers",
+        "3",
+        "--yes",
+        "--emulate-instances",
+        "--keep",
+        *aws_env["args"],
+        env=aws_env["env"],
+        cwd=aws_env["cwd"],
+        timeout=900,
     )
     runs = sorted((aws_env["home"] / "runs").iterdir())
     assert runs, result.stdout + result.stderr
@@ -63,12 +87,21 @@ def kept_run(aws_env: dict[str, Any]) -> dict[str, Any]:
 def test_plan_prints_the_summary_and_writes_markdown(aws_env: dict[str, Any], tmp_path: Path) -> None:
     md = tmp_path / "plan.md"
     result = run_cli(
-        "plan", "--workers", "3", "--markdown", str(md), "--set", "cluster.ps.instance_type=x9.unpriced",
-        *aws_env["args"], env=aws_env["env"], cwd=aws_env["cwd"], timeout=600,
+        "plan",
+        "--workers",
+        "3",
+        "--markdown",
+        str(md),
+        "--set",
+        "cluster.ps.instance_type=x9.unpriced",
+        *aws_env["args"],
+        env=aws_env["env"],
+        cwd=aws_env["cwd"],
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "to add, 0 to change, 0 to destroy" in result.stdout
-    assert "worker    3 × g4dn.xlarge" in result.stdout
+    assert "worker    3 x g4dn.xlarge" in result.stdout
     assert "no price for x9.unpriced" in result.stdout, "an unpriced type is a warning, not a failure"
     text = md.read_text()
     assert text.startswith("### dlinfra plan") and "| worker | 3 | `g4dn.xlarge` |" in text
@@ -83,8 +116,12 @@ def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(
     run_dir, run_id = kept_run["run_dir"], kept_run["run_id"]
     ec2 = _client(aws_env["endpoint"], "ec2")
     reservations = ec2.describe_instances(
-        Filters=[{"Name": "tag:dlinfra:run-id", "Values": [run_id]}, {"Name": "instance-state-name", "Values": ["running"]}]
+        Filters=[
+            {"Name": "tag:dlinfra:run-id", "Values": [run_id]},
+            {"Name": "instance-state-name", "Values": ["running"]},
+        ]
     )["Reservations"]
+
     def tag(inst: dict[str, Any], key: str) -> str:
         return next(t["Value"] for t in inst["Tags"] if t["Key"] == key)
 
@@ -98,7 +135,10 @@ def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(
         assert f"{inst['PrivateIpAddress']}:2222" == planned[role][int(index)]
         assert inst["MetadataOptions"]["HttpTokens"] == "required"
         attr = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
-        assert base64.b64decode(attr["UserData"]["Value"]) == (run_dir / "user-data" / f"{name}.yaml").read_bytes()
+        assert (
+            base64.b64decode(attr["UserData"]["Value"])
+            == (run_dir / "user-data" / f"{name}.yaml").read_bytes()
+        )
     s3 = _client(aws_env["endpoint"], "s3")
     prefix = f"runs/{run_id}/"
     metrics = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "metrics.json")["Body"].read())
@@ -111,10 +151,14 @@ def test_no_credential_reaches_tfvars_user_data_plan_outputs_logs_or_store(
     kept_run: dict[str, Any], aws_env: dict[str, Any]
 ) -> None:
     run_dir = kept_run["run_dir"]
-    secrets = [FAKE_CREDS[k].encode() for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")]
+    secrets = [
+        FAKE_CREDS[k].encode() for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    ]
     files = [p for p in run_dir.rglob("*") if p.is_file() and ".terraform/" not in str(p)]
     assert any(p.name == "tfvars.json" for p in files) and any(p.name == "terraform.tfstate" for p in files)
-    show = run_cli("show", kept_run["run_id"], "--json", env=aws_env["env"], cwd=aws_env["cwd"]).stdout.encode()
+    show = run_cli(
+        "show", kept_run["run_id"], "--json", env=aws_env["env"], cwd=aws_env["cwd"]
+    ).stdout.encode()
     s3 = _client(aws_env["endpoint"], "s3")
     objects = [
         s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
@@ -136,7 +180,9 @@ def test_destroy_removes_the_cluster_and_leaves_the_results_bucket(
     ec2, iam = _client(aws_env["endpoint"], "ec2"), _client(aws_env["endpoint"], "iam")
     tagged = [{"Name": "tag:dlinfra:run-id", "Values": [run_id]}]
     alive = [
-        i for r in ec2.describe_instances(Filters=tagged)["Reservations"] for i in r["Instances"]
+        i
+        for r in ec2.describe_instances(Filters=tagged)["Reservations"]
+        for i in r["Instances"]
         if i["State"]["Name"] not in ("terminated", "shutting-down")
     ]
     assert alive == []
@@ -151,17 +197,35 @@ def test_destroy_removes_the_cluster_and_leaves_the_results_bucket(
     ("case", "extra_args", "env_change", "expected"),
     [
         ("terraform-missing", [], {"PATH": "/nonexistent"}, "terraform not found on PATH"),
-        ("no-credentials", [], {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None},
-         "no AWS credentials found"),
+        (
+            "no-credentials",
+            [],
+            {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None},
+            "no AWS credentials found",
+        ),
         ("unknown-region", ["--set", "aws.region=us-fake-9"], {}, "aws.region"),
-        ("unreachable-endpoint", ["--endpoint-url", "http://127.0.0.1:9"], {}, "cannot reach http://127.0.0.1:9"),
+        (
+            "unreachable-endpoint",
+            ["--endpoint-url", "http://127.0.0.1:9"],
+            {},
+            "cannot reach http://127.0.0.1:9",
+        ),
         ("zero-workers", ["--workers", "0"], {}, "cluster.workers.count"),
         ("no-s3-store", ["--set", "storage.url=file:///tmp/x"], {}, "storage.url"),
-        ("missing-bucket", ["--set", "storage.url=s3://no-such-bucket/runs"], {}, "dlinfra setup --bucket no-such-bucket"),
+        (
+            "missing-bucket",
+            ["--set", "storage.url=s3://no-such-bucket/runs"],
+            {},
+            "dlinfra setup --bucket no-such-bucket",
+        ),
     ],
 )
 def test_bad_aws_input_exits_2_and_applies_nothing(
-    aws_env: dict[str, Any], case: str, extra_args: list[str], env_change: dict[str, str | None], expected: str
+    aws_env: dict[str, Any],
+    case: str,
+    extra_args: list[str],
+    env_change: dict[str, str | None],
+    expected: str,
 ) -> None:
     env = dict(aws_env["env"])
     for key, value in env_change.items():
@@ -171,8 +235,17 @@ def test_bad_aws_input_exits_2_and_applies_nothing(
             env[key] = value
     home = aws_env["home"] / f"bad-{case}"
     env["DLINFRA_HOME"] = str(home)
-    result = run_cli("deploy", "--target", "aws", "--yes", *aws_env["args"], *extra_args, env=env,
-                     cwd=aws_env["cwd"], timeout=300)
+    result = run_cli(
+        "deploy",
+        "--target",
+        "aws",
+        "--yes",
+        *aws_env["args"],
+        *extra_args,
+        env=env,
+        cwd=aws_env["cwd"],
+        timeout=300,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert expected in result.stderr
     assert "Traceback" not in result.stderr

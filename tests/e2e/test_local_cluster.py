@@ -45,12 +45,21 @@ def test_deploy_trains_to_accuracy_and_exits_0(run_name: str, request: pytest.Fi
     assert (run.store / "DONE").is_file()
     assert run.manifest["status"] == "DONE"
     # the result table: the thesis' columns
-    for column in ("global steps/s", "examples/s", "total time", "eval accuracy", "command to first step", "model"):
+    for column in (
+        "global steps/s",
+        "examples/s",
+        "total time",
+        "eval accuracy",
+        "command to first step",
+        "model",
+    ):
         assert column in run.result.stdout
 
 
 @pytest.mark.parametrize("run_name", ["ps_run", "mirrored_run"])
-def test_exported_model_reproduces_accuracy_in_a_fresh_process(run_name: str, request: pytest.FixtureRequest) -> None:
+def test_exported_model_reproduces_accuracy_in_a_fresh_process(
+    run_name: str, request: pytest.FixtureRequest
+) -> None:
     run: Deployed = request.getfixturevalue(run_name)
     accuracy = _fresh_process_accuracy(str(run.store / "model" / "saved_model"))
     assert abs(accuracy - run.metrics["eval_accuracy"]) <= 0.01

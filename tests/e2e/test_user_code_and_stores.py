@@ -58,7 +58,9 @@ def test_s3_store_receives_model_metrics_checkpoints_and_logs(tmp_path: Path, mo
     assert {"DONE", "metrics.json", "model/model.keras", "model/saved_model/saved_model.pb"} <= keys
     assert {f"logs/{n}.log" for n in ("chief-0", "ps-0", "worker-0", "worker-1")} <= keys
     assert {f"status/{n}.json" for n in ("chief-0", "ps-0", "worker-0", "worker-1")} <= keys
-    pointer = json.loads(s3.get_object(Bucket="dlinfra-results", Key=prefix + "checkpoints/latest.json")["Body"].read())
+    pointer = json.loads(
+        s3.get_object(Bucket="dlinfra-results", Key=prefix + "checkpoints/latest.json")["Body"].read()
+    )
     assert pointer["step"] == 300
     assert {f"checkpoints/{f}" for f in pointer["files"]} <= keys
     assert any(k.startswith("tensorboard/events.out.tfevents") for k in keys)
@@ -88,7 +90,11 @@ def test_ctrl_c_stops_the_run_and_every_node(tmp_path: Path) -> None:
     env = dict(os.environ, DLINFRA_HOME=str(home))
     proc = subprocess.Popen(
         [sys.executable, "-m", "dlinfra", "deploy", "--workers", "2", "--steps", "100000"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 180

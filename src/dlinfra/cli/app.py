@@ -30,13 +30,19 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Options shared by every command that takes a spec.
-SpecArg = Annotated[Path | None, typer.Argument(help="Experiment YAML (default: the built-in digits example).")]
+SpecArg = Annotated[
+    Path | None, typer.Argument(help="Experiment YAML (default: the built-in digits example).")
+]
 WorkersOpt = Annotated[int | None, typer.Option("--workers", help="cluster.workers.count")]
 PsOpt = Annotated[int | None, typer.Option("--ps", help="cluster.ps.count")]
-StrategyOpt = Annotated[str | None, typer.Option("--strategy", help="parameter_server | multi_worker_mirrored")]
+StrategyOpt = Annotated[
+    str | None, typer.Option("--strategy", help="parameter_server | multi_worker_mirrored")
+]
 StepsOpt = Annotated[int | None, typer.Option("--steps", help="training.steps")]
 TargetOpt = Annotated[str | None, typer.Option("--target", help="local | aws")]
-EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="aws.endpoint_url (moto, LocalStack)")]
+EndpointOpt = Annotated[
+    str | None, typer.Option("--endpoint-url", help="aws.endpoint_url (moto, LocalStack)")
+]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Any field: --set training.batch_size=256")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 RunArg = Annotated[str | None, typer.Argument(help="Run id (default: the newest run).")]
@@ -53,7 +59,12 @@ def _spec(
     sets: list[str] | None = None,
 ) -> Spec:
     overrides = Overrides(
-        workers=workers, ps=ps, strategy=strategy, steps=steps, target=target, endpoint_url=endpoint_url,
+        workers=workers,
+        ps=ps,
+        strategy=strategy,
+        steps=steps,
+        target=target,
+        endpoint_url=endpoint_url,
         sets=sets or [],
     )
     return load_spec(spec, overrides)
@@ -73,7 +84,9 @@ _state: dict[str, Any] = {"debug": False}
 
 
 @app.command()
-def init(path: Annotated[Path, typer.Argument(help="Where to write the example.")] = Path("experiment.yaml")) -> None:
+def init(
+    path: Annotated[Path, typer.Argument(help="Where to write the example.")] = Path("experiment.yaml"),
+) -> None:
     """Write a commented example experiment file."""
     from dlinfra.spec import example_text
 
@@ -85,16 +98,24 @@ def init(path: Annotated[Path, typer.Argument(help="Where to write the example."
 
 @app.command()
 def validate(
-    spec: SpecArg = None, workers: WorkersOpt = None, ps: PsOpt = None, strategy: StrategyOpt = None,
-    steps: StepsOpt = None, target: TargetOpt = None, endpoint_url: EndpointOpt = None, sets: SetOpt = None,
+    spec: SpecArg = None,
+    workers: WorkersOpt = None,
+    ps: PsOpt = None,
+    strategy: StrategyOpt = None,
+    steps: StepsOpt = None,
+    target: TargetOpt = None,
+    endpoint_url: EndpointOpt = None,
+    sets: SetOpt = None,
 ) -> None:
     """Check an experiment file (and overrides) without running anything."""
     from dlinfra.render import plan_addresses
 
     resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
     plan = plan_addresses(resolved)
-    out.print(f"{spec or '<built-in default>'}: valid · {resolved.target} · {resolved.strategy} · "
-              f"{len(plan.nodes)} nodes ({', '.join(f'{k} {len(v)}' for k, v in plan.cluster().items())})")
+    out.print(
+        f"{spec or '<built-in default>'}: valid · {resolved.target} · {resolved.strategy} · "
+        f"{len(plan.nodes)} nodes ({', '.join(f'{k} {len(v)}' for k, v in plan.cluster().items())})"
+    )
 
 
 @app.command()
@@ -108,11 +129,16 @@ def schema() -> None:
 @app.command()
 def render(
     spec: SpecArg = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory for <node>.user-data.yaml and <node>.json")] = Path(
-        "rendered"
-    ),
-    workers: WorkersOpt = None, ps: PsOpt = None, strategy: StrategyOpt = None, steps: StepsOpt = None,
-    target: TargetOpt = None, endpoint_url: EndpointOpt = None, sets: SetOpt = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Directory for <node>.user-data.yaml and <node>.json")
+    ] = Path("rendered"),
+    workers: WorkersOpt = None,
+    ps: PsOpt = None,
+    strategy: StrategyOpt = None,
+    steps: StepsOpt = None,
+    target: TargetOpt = None,
+    endpoint_url: EndpointOpt = None,
+    sets: SetOpt = None,
 ) -> None:
     """Render every node's cloud-init user-data and node.json, without running anything."""
     from dlinfra.render import build_node_configs, plan_addresses, render_cluster
@@ -126,7 +152,9 @@ def render(
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in render_cluster(configs, install).items():
         (out_dir / f"{name}.user-data.yaml").write_text(text, encoding="utf-8")
-        (out_dir / f"{name}.json").write_text(configs[name].model_dump_json(indent=2) + "\n", encoding="utf-8")
+        (out_dir / f"{name}.json").write_text(
+            configs[name].model_dump_json(indent=2) + "\n", encoding="utf-8"
+        )
     out.print(f"rendered {len(configs)} nodes into {out_dir}/")
 
 
@@ -135,12 +163,21 @@ def render(
 
 @app.command()
 def deploy(
-    spec: SpecArg = None, workers: WorkersOpt = None, ps: PsOpt = None, strategy: StrategyOpt = None,
-    steps: StepsOpt = None, target: TargetOpt = None, endpoint_url: EndpointOpt = None, sets: SetOpt = None,
+    spec: SpecArg = None,
+    workers: WorkersOpt = None,
+    ps: PsOpt = None,
+    strategy: StrategyOpt = None,
+    steps: StepsOpt = None,
+    target: TargetOpt = None,
+    endpoint_url: EndpointOpt = None,
+    sets: SetOpt = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")] = False,
     keep: Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")] = False,
     emulate_instances: Annotated[
-        bool, typer.Option("--emulate-instances", help="aws + endpoint: boot instances' user-data as local processes.")
+        bool,
+        typer.Option(
+            "--emulate-instances", help="aws + endpoint: boot instances' user-data as local processes."
+        ),
     ] = False,
 ) -> None:
     """Provision a cluster for the experiment, train, collect results, tear down."""
@@ -162,15 +199,25 @@ def _deploy(resolved: Spec, spec: Path | None, started: float, yes: bool, keep: 
         from dlinfra.targets import aws
 
         return aws.deploy(
-            resolved, spec, sys.argv, approve=_approver(yes), keep=keep, emulate=emulate,
-            on_update=_progress_printer(), started=started, log=out.print,
+            resolved,
+            spec,
+            sys.argv,
+            approve=_approver(yes),
+            keep=keep,
+            emulate=emulate,
+            on_update=_progress_printer(),
+            started=started,
+            log=out.print,
         )
     else:
         from dlinfra.deploy import prepare, watch
         from dlinfra.targets.local import LocalCluster
 
         prepared = prepare(resolved, spec, sys.argv)
-        out.print(f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, store {prepared.run.manifest()['store_url']}")
+        out.print(
+            f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, "
+            f"store {prepared.run.manifest()['store_url']}"
+        )
         cluster = LocalCluster(prepared.run.dir)
         try:
             cluster.start(prepared.user_data)
@@ -178,7 +225,9 @@ def _deploy(resolved: Spec, spec: Path | None, started: float, yes: bool, keep: 
             cluster.stop()
             raise
         prepared.run.update_manifest(pids=cluster.pids())
-        return watch(prepared, cluster, _progress_printer(), resolved.cluster.heartbeat_timeout, started=started)
+        return watch(
+            prepared, cluster, _progress_printer(), resolved.cluster.heartbeat_timeout, started=started
+        )
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -191,7 +240,9 @@ def _approver(yes: bool) -> Any:
         if yes:
             return True
         if not sys.stdin.isatty():
-            raise DlinfraError("no terminal to confirm the apply. Fix: review `dlinfra plan`, then pass --yes")
+            raise DlinfraError(
+                "no terminal to confirm the apply. Fix: review `dlinfra plan`, then pass --yes"
+            )
         return typer.confirm("Apply this plan?", default=False)
 
     return approve
@@ -227,9 +278,16 @@ def _finish(outcome: Any) -> None:
 
 @app.command()
 def plan(
-    spec: SpecArg = None, workers: WorkersOpt = None, ps: PsOpt = None, strategy: StrategyOpt = None,
-    steps: StepsOpt = None, endpoint_url: EndpointOpt = None, sets: SetOpt = None,
-    markdown: Annotated[Path | None, typer.Option("--markdown", help="Also write the PR-comment summary here.")] = None,
+    spec: SpecArg = None,
+    workers: WorkersOpt = None,
+    ps: PsOpt = None,
+    strategy: StrategyOpt = None,
+    steps: StepsOpt = None,
+    endpoint_url: EndpointOpt = None,
+    sets: SetOpt = None,
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", help="Also write the PR-comment summary here.")
+    ] = None,
 ) -> None:
     """terraform plan of an experiment on AWS: resources, instances by role, estimated $/hour."""
     from dlinfra.targets import aws
@@ -274,8 +332,12 @@ def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
 @app.command()
 def logs(
     run_id: Annotated[str, typer.Argument(help="Run id.")],
-    node: Annotated[str | None, typer.Option("--node", help="Node name, e.g. worker-0 (default: all).")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")] = False,
+    node: Annotated[
+        str | None, typer.Option("--node", help="Node name, e.g. worker-0 (default: all).")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")
+    ] = False,
 ) -> None:
     """Print node logs of a run."""
     from dlinfra.reports import follow_logs
@@ -334,8 +396,12 @@ def destroy(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
 @node_app.command("run")
 def node_run(
     node_json: Annotated[Path, typer.Argument(help="The NodeConfig, e.g. /etc/dlinfra/node.json.")],
-    log_file: Annotated[Path | None, typer.Option("--log-file", help="Append this node's output here.")] = None,
-    work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Local scratch (checkpoints, model).")] = None,
+    log_file: Annotated[
+        Path | None, typer.Option("--log-file", help="Append this node's output here.")
+    ] = None,
+    work_dir: Annotated[
+        Path | None, typer.Option("--work-dir", help="Local scratch (checkpoints, model).")
+    ] = None,
 ) -> None:
     """Run this machine's part of the cluster (what cloud-init starts on every node)."""
     import os

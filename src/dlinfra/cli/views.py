@@ -51,9 +51,7 @@ def progress_table(run_id: str, snap: Snapshot) -> Table:
 def progress_line(snap: Snapshot) -> str:
     """One line for logs and CI, where a live table cannot redraw."""
     up = sum(1 for s in snap.nodes.values() if s is not None)
-    trainer = next(
-        (s for s in snap.nodes.values() if s and s.get("total_steps")), None
-    )
+    trainer = next((s for s in snap.nodes.values() if s and s.get("total_steps")), None)
     step = f"step {trainer.get('step')}/{trainer.get('total_steps')}" if trainer else "starting"
     loss = f" loss {trainer['loss']:.4f}" if trainer and trainer.get("loss") is not None else ""
     return f"[{snap.elapsed:5.0f}s] nodes up {up}/{len(snap.nodes)} · {step}{loss}"
@@ -82,8 +80,12 @@ def result_table(outcome: Outcome) -> Table:
 
 
 def print_failure(console: Console, outcome: Outcome) -> None:
-    console.print(f"[bold red]run {outcome.run.id} {outcome.state}[/]: node {outcome.failed_node}: {outcome.error}")
+    console.print(
+        f"[bold red]run {outcome.run.id} {outcome.state}[/]: node {outcome.failed_node}: {outcome.error}"
+    )
     if outcome.log_tail:
-        console.print(f"--- last {len(outcome.log_tail)} lines of {outcome.failed_node}'s log ---", markup=False)
+        console.print(
+            f"--- last {len(outcome.log_tail)} lines of {outcome.failed_node}'s log ---", markup=False
+        )
         for line in outcome.log_tail:
             console.print(line, markup=False, highlight=False)

@@ -61,7 +61,11 @@ def _serve(cfg: NodeConfig, store: Store, status: NodeStatus) -> int:
     import tensorflow as tf
 
     tf.distribute.Server(
-        tf.train.ClusterSpec(cfg.cluster), job_name=cfg.role, task_index=cfg.index, protocol="grpc", start=True
+        tf.train.ClusterSpec(cfg.cluster),
+        job_name=cfg.role,
+        task_index=cfg.index,
+        protocol="grpc",
+        start=True,
     )
     status.update(state="serving")
     print(f"serving {cfg.role} {cfg.index} at {cfg.cluster[cfg.role][cfg.index]}", flush=True)
@@ -132,7 +136,9 @@ def _train(cfg: NodeConfig, store: Store, status: NodeStatus, work: Path) -> int
     store.put_json("metrics.json", metrics)
     write_marker(store, "DONE", node=cfg.name, step=outcome.step, eval_accuracy=accuracy)
     status.stop(state="done", step=outcome.step)
-    print(f"done: step {outcome.step}, eval accuracy {accuracy:.4f}, model at {store.uri('model')}", flush=True)
+    print(
+        f"done: step {outcome.step}, eval accuracy {accuracy:.4f}, model at {store.uri('model')}", flush=True
+    )
     return 0
 
 
@@ -162,7 +168,10 @@ class Progress:
         self.last_loss = loss
         self.series.append((now, step, examples_per_sec))
         self.status.update(step=step, loss=loss, examples_per_sec=examples_per_sec)
-        print(f"step {step}/{self.cfg.training.steps} loss {loss:.4f} {examples_per_sec:.0f} examples/s", flush=True)
+        print(
+            f"step {step}/{self.cfg.training.steps} loss {loss:.4f} {examples_per_sec:.0f} examples/s",
+            flush=True,
+        )
         if self.writer is not None:
             self._scalars(step, loss=loss, examples_per_sec=examples_per_sec)
             if now - self._synced > TENSORBOARD_SYNC_SECONDS:

@@ -34,7 +34,9 @@ class NodeStatus:
     """Publishes status/<node>.json every `interval` seconds from a daemon thread, and the node's
     log file to logs/<node>.log, so a watcher sees progress and a dead node goes quiet."""
 
-    def __init__(self, store: Store, node: str, role: str, index: int, interval: float, log_file: Path | None):
+    def __init__(
+        self, store: Store, node: str, role: str, index: int, interval: float, log_file: Path | None
+    ):
         self.store, self.node, self.interval, self.log_file = store, node, interval, log_file
         self._lock = threading.Lock()
         self._stop = threading.Event()

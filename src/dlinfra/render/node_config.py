@@ -61,14 +61,19 @@ def tf_config(cluster: dict[str, list[str]], role: str, index: int) -> dict[str,
         raise ValueError(f"role {role!r} is not in the cluster ({', '.join(cluster)})")
     if not 0 <= index < len(cluster[role]):
         raise ValueError(f"{role} index {index} out of range 0..{len(cluster[role]) - 1}")
-    return {"cluster": {job: list(addrs) for job, addrs in cluster.items()}, "task": {"type": role, "index": index}}
+    return {
+        "cluster": {job: list(addrs) for job, addrs in cluster.items()},
+        "task": {"type": role, "index": index},
+    }
 
 
 def store_config(spec: Spec, url: str) -> StoreConfig:
     """S3 stores use the spec's S3 endpoint, else the AWS emulator endpoint, and the AWS region."""
     if not url.startswith("s3://"):
         return StoreConfig(url=url)
-    return StoreConfig(url=url, endpoint_url=spec.storage.endpoint_url or spec.aws.endpoint_url, region=spec.aws.region)
+    return StoreConfig(
+        url=url, endpoint_url=spec.storage.endpoint_url or spec.aws.endpoint_url, region=spec.aws.region
+    )
 
 
 def build_node_configs(

@@ -61,30 +61,40 @@ def preflight(spec: Spec) -> str:
     for partition in ("aws-us-gov", "aws-cn"):
         known |= set(_session(spec).get_available_regions("ec2", partition_name=partition))
     if spec.aws.region not in known:
-        raise SpecError([f"aws.region: {spec.aws.region!r} is not an AWS region. Fix: use one like us-east-1"])
+        raise SpecError(
+            [f"aws.region: {spec.aws.region!r} is not an AWS region. Fix: use one like us-east-1"]
+        )
     if spec.aws.endpoint_url and not spec.aws.ami:
         raise SpecError(
-            ["aws.ami: an emulator endpoint has no Deep Learning AMI parameter. "
-             "Fix: set aws.ami to an image id the endpoint lists (describe-images --owners amazon)"]
+            [
+                "aws.ami: an emulator endpoint has no Deep Learning AMI parameter. "
+                "Fix: set aws.ami to an image id the endpoint lists (describe-images --owners amazon)"
+            ]
         )
     try:
         identity = _client(spec, "sts").get_caller_identity()
         _client(spec, "s3").head_bucket(Bucket=bucket)
     except bx.NoCredentialsError:
         raise CredentialsError(
-            "no AWS credentials found. Fix: set AWS_PROFILE (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), "
+            "no AWS credentials found. Fix: set AWS_PROFILE (or AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY), "
             "or run `aws sso login`"
         ) from None
     except bx.EndpointConnectionError:
         where = spec.aws.endpoint_url or f"AWS in {spec.aws.region}"
-        raise DlinfraError(f"cannot reach {where}. Fix: check the network, or start the emulator / correct aws.endpoint_url") from None
+        raise DlinfraError(
+            f"cannot reach {where}. Fix: check the network, or start the emulator / correct aws.endpoint_url"
+        ) from None
     except bx.ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code in ("404", "NoSuchBucket", "NotFound"):
             raise DlinfraError(
-                f"storage.url: bucket {bucket!r} does not exist. Fix: `dlinfra setup --bucket {bucket}` creates it once"
+                f"storage.url: bucket {bucket!r} does not exist. "
+                f"Fix: `dlinfra setup --bucket {bucket}` creates it once"
             ) from None
-        raise CredentialsError(f"AWS refused the credentials ({code}). Fix: refresh them (`aws sso login`)") from None
+        raise CredentialsError(
+            f"AWS refused the credentials ({code}). Fix: refresh them (`aws sso login`)"
+        ) from None
     return str(identity.get("Account", ""))
 
 
@@ -92,8 +102,10 @@ def _bucket_of(spec: Spec) -> str:
     url = spec.storage.url or ""
     if not url.startswith("s3://"):
         raise SpecError(
-            ["storage.url: the aws target needs an s3:// store that outlives the cluster. "
-             "Fix: `dlinfra setup --bucket NAME`, then set storage.url: s3://NAME/runs"]
+            [
+                "storage.url: the aws target needs an s3:// store that outlives the cluster. "
+                "Fix: `dlinfra setup --bucket NAME`, then set storage.url: s3://NAME/runs"
+            ]
         )
     return url[len("s3://") :].split("/", 1)[0]
 
@@ -106,8 +118,11 @@ def tfvars(spec: Spec, prepared: Prepared) -> dict[str, Any]:
     run_id = prepared.run.id
     store_url = prepared.run.manifest()["store_url"]
     bucket, _, prefix = store_url[len("s3://") :].partition("/")
-    types = {"chief": spec.cluster.chief.instance_type, "ps": spec.cluster.ps.instance_type,
-             "worker": spec.cluster.workers.instance_type}
+    types = {
+        "chief": spec.cluster.chief.instance_type,
+        "ps": spec.cluster.ps.instance_type,
+        "worker": spec.cluster.workers.instance_type,
+    }
     roles: dict[str, Any] = {}
     for node in prepared.plan:
         group = roles.setdefault(
@@ -128,7 +143,11 @@ def tfvars(spec: Spec, prepared: Prepared) -> dict[str, Any]:
         "region": spec.aws.region,
         "endpoint_url": spec.aws.endpoint_url,
         "ami_id": spec.aws.ami,
-        "network": {"vpc_cidr": spec.aws.vpc_cidr, "subnet_cidr": spec.aws.subnet_cidr, "egress": spec.aws.egress},
+        "network": {
+            "vpc_cidr": spec.aws.vpc_cidr,
+            "subnet_cidr": spec.aws.subnet_cidr,
+            "egress": spec.aws.egress,
+        },
         "tf_ports": {"from": spec.cluster.port, "to": spec.cluster.port},
         "bucket": bucket,
         "prefix": prefix,
@@ -142,8 +161,12 @@ def _stack(run: Run, spec: Spec, log: Log) -> tuple[Terraform, Path]:
     """The run's own copy of the HCL (stack + modules), initialised."""
     root = run.dir / "terraform"
     if not root.exists():
-        shutil.copytree(INFRA / "stack", root / "stack", ignore=shutil.ignore_patterns("tests", ".terraform*"))
-        shutil.copytree(INFRA / "modules", root / "modules", ignore=shutil.ignore_patterns("tests", ".terraform*"))
+        shutil.copytree(
+            INFRA / "stack", root / "stack", ignore=shutil.ignore_patterns("tests", ".terraform*")
+        )
+        shutil.copytree(
+            INFRA / "modules", root / "modules", ignore=shutil.ignore_patterns("tests", ".terraform*")
+        )
         if spec.aws.state_bucket:
             backend: dict[str, Any] = {
                 "bucket": spec.aws.state_bucket,
@@ -152,8 +175,12 @@ def _stack(run: Run, spec: Spec, log: Log) -> tuple[Terraform, Path]:
                 "use_lockfile": True,
             }
             if spec.aws.endpoint_url:
-                backend |= {"endpoints": {"s3": spec.aws.endpoint_url}, "use_path_style": True,
-                            "skip_credentials_validation": True, "skip_requesting_account_id": True}
+                backend |= {
+                    "endpoints": {"s3": spec.aws.endpoint_url},
+                    "use_path_style": True,
+                    "skip_credentials_validation": True,
+                    "skip_requesting_account_id": True,
+                }
             (root / "stack" / "backend.tf.json").write_text(
                 json.dumps({"terraform": {"backend": {"s3": backend}}}, indent=2)
             )
@@ -177,10 +204,12 @@ class PlanSummary:
     nat_gateway: bool
 
     def text(self, run_id: str) -> str:
-        lines = [f"Plan for run {run_id}: {self.add} to add, {self.change} to change, {self.destroy} to destroy."]
+        lines = [
+            f"Plan for run {run_id}: {self.add} to add, {self.change} to change, {self.destroy} to destroy."
+        ]
         for r in self.roles:
             price = "?" if r["usd_per_hour"] is None else f"${r['usd_per_hour']:.3f}/h"
-            lines.append(f"  {r['role']:<7} {r['nodes']:>3} × {r['instance_type']:<14} {price}")
+            lines.append(f"  {r['role']:<7} {r['nodes']:>3} x {r['instance_type']:<14} {price}")
         lines.append(self._cost_line())
         return "\n".join(lines)
 
@@ -223,10 +252,23 @@ def summarize(plan_json: dict[str, Any], variables: dict[str, Any]) -> PlanSumma
             unknown.append(group["instance_type"])
         else:
             total += price * n
-        roles.append({"role": role, "nodes": n, "instance_type": group["instance_type"],
-                      "usd_per_hour": None if price is None else price * n})
-    return PlanSummary(counts["create"], counts["update"], counts["delete"], roles, total, unknown,
-                       variables["network"]["egress"] == "nat")
+        roles.append(
+            {
+                "role": role,
+                "nodes": n,
+                "instance_type": group["instance_type"],
+                "usd_per_hour": None if price is None else price * n,
+            }
+        )
+    return PlanSummary(
+        counts["create"],
+        counts["update"],
+        counts["delete"],
+        roles,
+        total,
+        unknown,
+        variables["network"]["egress"] == "nat",
+    )
 
 
 @dataclass
@@ -251,8 +293,15 @@ def plan(spec: Spec, spec_path: Path | None, argv: list[str], log: Log) -> Plann
     summary = summarize(tf.show_json(plan_file), variables)
     markdown = run.dir / "plan.md"
     markdown.write_text(summary.markdown(run.id, spec.name), encoding="utf-8")
-    run.update_manifest(status="PLANNED", plan={"add": summary.add, "change": summary.change,
-                                                "destroy": summary.destroy, "usd_per_hour": summary.usd_per_hour})
+    run.update_manifest(
+        status="PLANNED",
+        plan={
+            "add": summary.add,
+            "change": summary.change,
+            "destroy": summary.destroy,
+            "usd_per_hour": summary.usd_per_hour,
+        },
+    )
     return Planned(prepared, tf, plan_file, summary, markdown)
 
 
@@ -281,7 +330,9 @@ def deploy(
     log: Log,
 ) -> Outcome:
     if emulate and not spec.aws.endpoint_url:
-        raise SpecError(["--emulate-instances: only with an emulator. Fix: add --endpoint-url http://HOST:PORT"])
+        raise SpecError(
+            ["--emulate-instances: only with an emulator. Fix: add --endpoint-url http://HOST:PORT"]
+        )
     planned = plan(spec, spec_path, argv, log)
     run = planned.prepared.run
     if not approve(planned.summary.text(run.id)):
@@ -291,8 +342,11 @@ def deploy(
     try:
         planned.terraform.apply(planned.plan_file)
         outputs = planned.terraform.output()
-        run.update_manifest(status="APPLIED", apply_seconds=round(time.time() - t0, 1),
-                            instances={k: v["id"] for k, v in outputs["instances"].items()})
+        run.update_manifest(
+            status="APPLIED",
+            apply_seconds=round(time.time() - t0, 1),
+            instances={k: v["id"] for k, v in outputs["instances"].items()},
+        )
         log(f"applied in {time.time() - t0:.0f}s: {len(outputs['instances'])} instances")
         cluster: Any = InstanceCluster()
         if emulate:
@@ -333,11 +387,24 @@ def setup_bucket(bucket: str, region: str, endpoint_url: str | None, log: Log) -
 
     root = home() / "setup" / bucket
     if not root.exists():
-        shutil.copytree(INFRA / "bucket", root / "bucket", ignore=shutil.ignore_patterns("tests", ".terraform*"))
-        shutil.copytree(INFRA / "modules", root / "modules", ignore=shutil.ignore_patterns("tests", ".terraform*"))
+        shutil.copytree(
+            INFRA / "bucket", root / "bucket", ignore=shutil.ignore_patterns("tests", ".terraform*")
+        )
+        shutil.copytree(
+            INFRA / "modules", root / "modules", ignore=shutil.ignore_patterns("tests", ".terraform*")
+        )
     var_file = root / "bucket.tfvars.json"
-    var_file.write_text(json.dumps({"bucket": bucket, "region": region, "endpoint_url": endpoint_url,
-                                    "tags": {"dlinfra:purpose": "results"}}, indent=2))
+    var_file.write_text(
+        json.dumps(
+            {
+                "bucket": bucket,
+                "region": region,
+                "endpoint_url": endpoint_url,
+                "tags": {"dlinfra:purpose": "results"},
+            },
+            indent=2,
+        )
+    )
     tf = Terraform(root / "bucket", log=log)
     tf.init()
     tf.plan(var_file, root / "bucket.tfplan")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,8 +49,18 @@ class LocalCluster:
             log = logs_dir / f"{name}.log"
             with open(log, "ab") as out:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "dlinfra", "node", "run", str(config_path), "--log-file", str(log),
-                     "--work-dir", str(self.run_dir / "work" / name)],
+                    [
+                        sys.executable,
+                        "-m",
+                        "dlinfra",
+                        "node",
+                        "run",
+                        str(config_path),
+                        "--log-file",
+                        str(log),
+                        "--work-dir",
+                        str(self.run_dir / "work" / name),
+                    ],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -70,19 +81,15 @@ class LocalCluster:
             _signal_group(node.process, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for node in self.nodes.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 node.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             _signal_group(node.process, signal.SIGKILL)
             node.process.wait()
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _to_loopback(configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:

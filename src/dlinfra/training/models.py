@@ -73,7 +73,11 @@ def _layer(spec: LayerSpec) -> Any:
             return layers.Dense(spec.units, activation=spec.activation)
         case "conv2d":
             return layers.Conv2D(
-                spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding, activation=spec.activation
+                spec.filters,
+                spec.kernel_size,
+                strides=spec.strides,
+                padding=spec.padding,
+                activation=spec.activation,
             )
         case "max_pool2d":
             return layers.MaxPooling2D(spec.pool_size, padding=spec.padding)

@@ -84,5 +84,7 @@ def load_entrypoint(entrypoint: str, training: TrainingSpec) -> Program:
         raise AttributeError(f"training.entrypoint: {path} has no function {func_name!r}")
     program = func(training)
     if not isinstance(program, Program):
-        raise TypeError(f"training.entrypoint: {func_name}() returned {type(program).__name__}, not a Program")
+        raise TypeError(
+            f"training.entrypoint: {func_name}() returned {type(program).__name__}, not a Program"
+        )
     return program
