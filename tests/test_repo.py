@@ -1,0 +1,142 @@
+"""Repository promises: workflows are valid, the README opens with the two commands, the
+example spec is the defaults, the CLI lists its commands, HCL ships in the wheel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlinfra.spec import Spec, example_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("workflow", ["ci.yml", "plan.yml"])
+def test_workflow_is_valid_for_github_actions(workflow: str) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-workflows",
+            str(ROOT / ".github" / "workflows" / workflow),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_plan_workflow_uses_oidc_and_no_stored_keys() -> None:
+    text = (ROOT / ".github" / "workflows" / "plan.yml").read_text()
+    doc = yaml.safe_load(text)
+    assert doc["permissions"]["id-token"] == "write"
+    assert "role-to-assume" in text
+    assert "AWS_SECRET_ACCESS_KEY" not in text and "secrets." not in text
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_second() -> None:
+    readme = (ROOT / "README.md").read_text().splitlines()
+    block = readme[readme.index("```bash") + 1 : readme.index("```bash") + 3]
+    assert block[0].endswith("dlinfra deploy --workers 3")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert block[1] in ci
+
+
+def test_commented_example_equals_the_defaults() -> None:
+    assert Spec.model_validate(yaml.safe_load(example_text())) == Spec()
+
+
+def test_help_lists_every_command_with_a_one_line_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "dlinfra", "--help"], capture_output=True, text=True).stdout
+    for command in (
+        "init",
+        "validate",
+        "schema",
+        "render",
+        "deploy",
+        "plan",
+        "setup",
+        "status",
+        "logs",
+        "runs",
+        "show",
+        "destroy",
+        "node",
+    ):
+        line = next((ln for ln in out.splitlines() if ln.strip().startswith(command + " ")), "")
+        assert len(line.split(None, 1)) == 2, f"{command} has no help line"
+
+
+def test_help_does_not_import_tensorflow() -> None:
+    code = (
+        "import sys, runpy; sys.argv=['dlinfra','--help']\n"
+        "try: runpy.run_module('dlinfra', run_name='__main__')\n"
+        "except SystemExit: pass\n"
+        "print('tensorflow' in sys.modules, 'boto3' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert out.strip().splitlines()[-1] == "False False"
+
+
+def test_schema_command_prints_json_schema() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "dlinfra", "schema"], capture_output=True, text=True, check=True
+    )
+    schema = json.loads(out.stdout)
+    assert schema["title"] == "dlinfra experiment"
+    assert "cluster" in schema["properties"] and "additionalProperties" in json.dumps(schema)
+
+
+def test_init_writes_an_example_that_validates(tmp_path: Path) -> None:
+    target = tmp_path / "exp.yaml"
+    run = [sys.executable, "-m", "dlinfra"]
+    subprocess.run([*run, "init", str(target)], check=True, capture_output=True)
+    again = subprocess.run([*run, "init", str(target)], capture_output=True, text=True)
+    assert again.returncode == 2 and "already exists" in again.stderr
+    ok = subprocess.run([*run, "validate", str(target)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "valid" in ok.stdout
+
+
+def test_wheel_ships_the_terraform(tmp_path: Path) -> None:
+    """`pip install dlinfra` users have no checkout: `dlinfra plan` must find its HCL in the package."""
+    import zipfile
+
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if build.returncode != 0 and "hatchling" in build.stderr:
+        build = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+            capture_output=True,
+            text=True,
+        )
+    assert build.returncode == 0, build.stderr[-2000:]
+    names = zipfile.ZipFile(next(tmp_path.glob("dlinfra-*.whl"))).namelist()
+    for required in (
+        "dlinfra/infra/stack/main.tf",
+        "dlinfra/infra/modules/instance_group/main.tf",
+        "dlinfra/infra/bucket/main.tf",
+        "dlinfra/render/templates/user-data.yaml.j2",
+        "dlinfra/examples/experiment.yaml",
+    ):
+        assert required in names
+    assert not any(".terraform/" in n or n.endswith(".tfstate") for n in names)
