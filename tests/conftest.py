@@ -1,52 +1,17 @@
-"""Shared fixtures: a private DLINFRA_HOME, the real CLI as a subprocess, a moto S3/EC2/IAM server."""
+"""Shared fixtures: a private DLINFRA_HOME, the real CLI as a subprocess, a moto S3/EC2/IAM server,
+a terraform CLI config that installs the AWS provider offline."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# Fake credentials for the emulator; tests also check these values never land in any file.
-FAKE_CREDS = {
-    "AWS_ACCESS_KEY_ID": "AKIAFAKETESTING00001",
-    "AWS_SECRET_ACCESS_KEY": "fakeSecretForTestsOnly/dlinfra0000000000000",
-    "AWS_SESSION_TOKEN": "fakeSessionTokenForTestsOnly-dlinfra-123456789",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-# Where this machine keeps the AWS provider for offline `terraform init` (a test setting only).
-PROVIDER_MIRROR = Path(os.environ.get("DLINFRA_TF_PROVIDER_MIRROR", "/opt/tf-plugins"))
-
-Cli = Callable[..., subprocess.CompletedProcess[str]]
-
-
-def run_cli(
-    *args: str,
-    env: dict[str, str] | None = None,
-    cwd: Path | None = None,
-    timeout: float = 900,
-    check: bool = False,
-) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "dlinfra", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"dlinfra {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
-        )
-    return result
+from support import PROVIDER_MIRROR, Cli, free_port, run_cli
 
 
 @pytest.fixture
@@ -67,12 +32,6 @@ def cli(home: Path, tmp_path: Path) -> Cli:
     return call
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """A real moto server (S3, EC2, IAM, STS, SSM over HTTP) on a loopback port."""
@@ -85,34 +44,6 @@ def moto_endpoint() -> Iterator[str]:
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()
-
-
-def s3_client(endpoint: str):
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=FAKE_CREDS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=FAKE_CREDS["AWS_SECRET_ACCESS_KEY"],
-    )
-
-
-def alive_node_pids(marker: str) -> list[int]:
-    """PIDs of running `dlinfra node run` processes whose command line mentions `marker`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        if "dlinfra node run" in cmd and marker in cmd and state != "Z":
-            found.append(int(proc.name))
-    return found
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import FAKE_CREDS, Cli
 from dlinfra.render import build_node_configs, node_config_from_user_data, plan_addresses, render_cluster
 from dlinfra.spec import Overrides, load_spec
 from dlinfra.targets.aws import install_requirement
+from support import FAKE_CREDS, Cli
 
 CLOUD_INIT = shutil.which("cloud-init")
 needs_cloud_init = pytest.mark.skipif(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Cli
+from support import Cli
 
 # (case id, experiment file text or None for no file, extra CLI args, text the error must contain)
 CASES: list[tuple[str, str | None, list[str], str]] = [

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import run_cli
+from support import run_cli
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 import pytest
 
-from conftest import FAKE_CREDS, alive_node_pids, run_cli
+from support import FAKE_CREDS, alive_node_pids, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
 BUCKET = "dlinfra-results"

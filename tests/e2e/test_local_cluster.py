@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from conftest import alive_node_pids, run_cli
 from dlinfra.render import node_config_from_user_data
+from support import alive_node_pids, run_cli
 
 from .conftest import Deployed
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAKE_CREDS, alive_node_pids, s3_client
+from support import FAKE_CREDS, alive_node_pids, s3_client
 
 from .conftest import deploy
 
