@@ -25,10 +25,24 @@ def main() -> None:
     out = tempfile.mkdtemp()
     cases = [
         ("dlinfra --help", ["--help"], 0.3),
-        ("dlinfra render (3 workers, aws)", ["render", "--out", out, "--workers", "3", "--target", "aws"], 0.5),
+        (
+            "dlinfra render (3 workers, aws)",
+            ["render", "--out", out, "--workers", "3", "--target", "aws"],
+            0.5,
+        ),
         (
             "dlinfra render (100 workers, aws)",
-            ["render", "--out", out, "--workers", "100", "--target", "aws", "--set", "aws.subnet_cidr=10.42.0.0/23"],
+            [
+                "render",
+                "--out",
+                out,
+                "--workers",
+                "100",
+                "--target",
+                "aws",
+                "--set",
+                "aws.subnet_cidr=10.42.0.0/23",
+            ],
             2.0,
         ),
     ]

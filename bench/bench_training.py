@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 STEPS = 1500
 BATCH = 64
@@ -33,7 +34,7 @@ def plain_examples_per_sec() -> float:
     it = iter(ds.prefetch(tf.data.AUTOTUNE))
 
     @tf.function
-    def step(x, y):  # noqa: ANN001, ANN202
+    def step(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
@@ -57,9 +58,23 @@ def cluster(*args: str) -> tuple[dict, float]:
     env = dict(os.environ, DLINFRA_HOME=home)
     started = time.time()
     subprocess.run(
-        [sys.executable, "-m", "dlinfra", "deploy", "--steps", str(STEPS), "--set", f"training.batch_size={BATCH}",
-         "--set", "training.log_every=50", *args],
-        check=True, capture_output=True, env=env, cwd=home,
+        [
+            sys.executable,
+            "-m",
+            "dlinfra",
+            "deploy",
+            "--steps",
+            str(STEPS),
+            "--set",
+            f"training.batch_size={BATCH}",
+            "--set",
+            "training.log_every=50",
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=home,
     )
     run_dir = next((Path(home) / "runs").iterdir())
     metrics = json.loads((run_dir / "store" / "metrics.json").read_text())

@@ -186,15 +186,20 @@ def deploy(
     started = time.time()
     resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` and CI timeouts tear the cluster down too
+    progress = _LiveTable() if out.is_terminal else _ProgressLines()
     try:
-        outcome = _deploy(resolved, spec, started, yes, keep, emulate_instances)
+        outcome = _deploy(resolved, spec, started, yes, keep, emulate_instances, progress)
     except KeyboardInterrupt:
+        progress.close()
         err.print("interrupted: the run is marked STOPPED and its nodes were torn down")
         raise typer.Exit(130) from None
+    progress.close()
     _finish(outcome)
 
 
-def _deploy(resolved: Spec, spec: Path | None, started: float, yes: bool, keep: bool, emulate: bool) -> Any:
+def _deploy(
+    resolved: Spec, spec: Path | None, started: float, yes: bool, keep: bool, emulate: bool, progress: Any
+) -> Any:
     if resolved.target == "aws":
         from dlinfra.targets import aws
 
@@ -205,7 +210,7 @@ def _deploy(resolved: Spec, spec: Path | None, started: float, yes: bool, keep: 
             approve=_approver(yes),
             keep=keep,
             emulate=emulate,
-            on_update=_progress_printer(),
+            on_update=progress,
             started=started,
             log=out.print,
         )
@@ -225,9 +230,7 @@ def _deploy(resolved: Spec, spec: Path | None, started: float, yes: bool, keep: 
             cluster.stop()
             raise
         prepared.run.update_manifest(pids=cluster.pids())
-        return watch(
-            prepared, cluster, _progress_printer(), resolved.cluster.heartbeat_timeout, started=started
-        )
+        return watch(prepared, cluster, progress, resolved.cluster.heartbeat_timeout, started=started)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -248,19 +251,44 @@ def _approver(yes: bool) -> Any:
     return approve
 
 
-def _progress_printer() -> Any:
-    from dlinfra.cli.views import progress_line
+class _ProgressLines:
+    """Logs and CI: a line when progress changes (or every 15 s), never a redraw."""
 
-    last = {"line": "", "t": 0.0}
+    def __init__(self) -> None:
+        self.last, self.t = "", 0.0
 
-    def show(snap: Any) -> None:
+    def __call__(self, snap: Any) -> None:
+        from dlinfra.cli.views import progress_line
+
         line = progress_line(snap)
         core = line.split("]", 1)[1]
-        if core != last["line"] or time.time() - last["t"] > 15:
+        if core != self.last or time.time() - self.t > 15:
             out.print(line, markup=False)
-            last.update(line=core, t=time.time())
+            self.last, self.t = core, time.time()
 
-    return show
+    def close(self) -> None:
+        pass
+
+
+class _LiveTable:
+    """A terminal: one live table of nodes (state, step/total, loss, examples/s, heartbeat)."""
+
+    def __init__(self) -> None:
+        self.live: Any = None
+
+    def __call__(self, snap: Any) -> None:
+        from rich.live import Live
+
+        from dlinfra.cli.views import nodes_table, progress_line
+
+        if self.live is None:
+            self.live = Live(console=out, refresh_per_second=4)
+            self.live.start()
+        self.live.update(nodes_table(snap.nodes, title=progress_line(snap)))
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
 
 
 def _finish(outcome: Any) -> None:
