@@ -151,7 +151,9 @@ class TrainingSpec(StrictModel):
     seed: int = Field(42, ge=0)
     checkpoint_every: int = Field(200, ge=1, description="Steps between checkpoints.")
     log_every: int = Field(20, ge=1, description="Steps between progress reports.")
-    steps_per_execution: int = Field(1, ge=1, le=1000, description="Steps per remote call (ps strategy).")
+    steps_per_execution: int = Field(
+        10, ge=1, le=1000, description="Steps per remote call (ps strategy): fewer round trips per step."
+    )
     deterministic: bool = Field(False, description="TF op determinism and fixed seeds.")
 
     @field_validator("entrypoint")
