@@ -114,6 +114,7 @@ def watch(
             on_update(snap)
             if snap.marker is not None:
                 _let_nodes_finish(cluster, seconds=3 * poll + 5)
+                on_update(_snapshot(store, list(prepared.user_data), heartbeat_timeout, started))
                 break
             codes = cluster.exit_codes()
             crashed = {n: c for n, c in codes.items() if c not in (None, 0)}

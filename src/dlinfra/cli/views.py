@@ -61,7 +61,7 @@ def result_table(outcome: Outcome) -> Table:
     m = outcome.metrics or {}
     table = Table(title=f"run {outcome.run.id}: {outcome.state}", title_justify="left", show_header=False)
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", overflow="fold")
     rows = [
         ("strategy", m.get("strategy", "-")),
         ("workers / ps", f"{m.get('workers', '-')} / {m.get('ps', '-')}"),
