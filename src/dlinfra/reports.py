@@ -7,6 +7,7 @@ import signal
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from dlinfra.deploy import node_log, run_store
@@ -103,9 +104,19 @@ def destroy_run(run_id: str) -> str:
         return destroy(run)
     killed = 0
     for pid in manifest.get("pids", []):
+        if not _is_node_of(pid, run.id):
+            continue  # exited long ago; the pid may belong to someone else now
         try:
             os.killpg(pid, signal.SIGKILL)
             killed += 1
         except (ProcessLookupError, PermissionError):
             pass
     return f"run {run.id}: {killed} leftover node process groups stopped"
+
+
+def _is_node_of(pid: int, run_id: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return "node run" in cmdline and run_id in cmdline

@@ -131,5 +131,7 @@ def test_status_show_runs_and_logs_read_the_run(ps_run: Deployed) -> None:
     assert runs[0]["run_id"] == ps_run.run_id and runs[0]["status"] == "DONE"
     logs = run_cli("logs", ps_run.run_id, "--node", "chief-0", env=env, check=True).stdout
     assert "done: step 600" in logs
+    destroyed = run_cli("destroy", ps_run.run_id, env=env, check=True).stdout
+    assert "0 leftover node process groups stopped" in destroyed
     missing = run_cli("show", "no-such-run", env=env)
     assert missing.returncode == 2 and "not found" in missing.stderr
