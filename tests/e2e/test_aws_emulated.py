@@ -251,3 +251,28 @@ def test_bad_aws_input_exits_2_and_applies_nothing(
     assert "Traceback" not in result.stderr
     assert not (home / "runs").exists(), "nothing may be planned or applied"
     assert sys.executable  # the CLI ran under this interpreter even with PATH emptied
+
+
+def test_state_bucket_puts_each_runs_state_under_its_own_key_with_a_lockfile(aws_env: dict[str, Any]) -> None:
+    s3 = _client(aws_env["endpoint"], "s3")
+    s3.create_bucket(Bucket="dlinfra-tfstate")
+    home = aws_env["home"] / "state-bucket"
+    env = dict(aws_env["env"], DLINFRA_HOME=str(home))
+    result = run_cli(
+        "plan",
+        *aws_env["args"],
+        "--set",
+        "aws.state_bucket=dlinfra-tfstate",
+        env=env,
+        cwd=aws_env["cwd"],
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = next((home / "runs").iterdir())
+    backend = json.loads((run_dir / "terraform" / "stack" / ".terraform" / "terraform.tfstate").read_text())[
+        "backend"
+    ]
+    assert backend["type"] == "s3"
+    assert backend["config"]["key"] == f"dlinfra/{run_dir.name}/terraform.tfstate"
+    assert backend["config"]["use_lockfile"] is True
+    assert not (run_dir / "terraform" / "stack" / "terraform.tfstate").exists()
