@@ -333,6 +333,14 @@ def deploy(
         raise SpecError(
             ["--emulate-instances: only with an emulator. Fix: add --endpoint-url http://HOST:PORT"]
         )
+    if spec.training.entrypoint and not emulate:
+        # The entrypoint is a path on this machine; instances would boot without the code and fail.
+        raise SpecError(
+            [
+                "training.entrypoint: user code is not shipped to EC2 instances yet (no code bundle in the "
+                "store). Fix: use a built-in model for aws runs, or --target local"
+            ]
+        )
     planned = plan(spec, spec_path, argv, log)
     run = planned.prepared.run
     if not approve(planned.summary.text(run.id)):
