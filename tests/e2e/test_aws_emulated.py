@@ -211,7 +211,12 @@ def test_destroy_removes_the_cluster_and_leaves_the_results_bucket(
             "cannot reach http://127.0.0.1:9",
         ),
         ("zero-workers", ["--workers", "0"], {}, "cluster.workers.count"),
-        ("entrypoint-not-shipped", ["--set", "training.entrypoint=train.py:build"], {}, "training.entrypoint"),
+        (
+            "entrypoint-not-shipped",
+            ["--set", "training.entrypoint=train.py:build"],
+            {},
+            "training.entrypoint",
+        ),
         ("no-s3-store", ["--set", "storage.url=file:///tmp/x"], {}, "storage.url"),
         (
             "missing-bucket",
