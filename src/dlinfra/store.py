@@ -53,9 +53,6 @@ class Store:
         path.write_bytes(data)
         return True
 
-    def delete(self, key: str) -> None:
-        raise NotImplementedError
-
     # -- built on the primitives
     def uri(self, key: str = "") -> str:
         return f"{self.url}/{key}" if key else self.url
@@ -82,13 +79,6 @@ class Store:
             self.put_file(key, path)
             keys.append(key)
         return keys
-
-    def download_dir(self, prefix: str, local: Path) -> int:
-        count = 0
-        for key in self.list(prefix + "/"):
-            if self.get_file(key, local / key[len(prefix) + 1 :]):
-                count += 1
-        return count
 
 
 class FileStore(Store):
@@ -128,9 +118,6 @@ class FileStore(Store):
             return []
         keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
         return sorted(k for k in keys if k.startswith(prefix) and not Path(k).name.startswith(".tmp-"))
-
-    def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
 
 
 class S3Store(Store):
@@ -227,6 +214,3 @@ class S3Store(Store):
                     yield obj["Key"][strip:]
 
         return self._retrying(lambda: sorted(keys()), "list")
-
-    def delete(self, key: str) -> None:
-        self._retrying(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)), "delete")

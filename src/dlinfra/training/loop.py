@@ -32,7 +32,6 @@ class Hooks:
     work_dir: Path
     on_progress: Callable[[int, float, float], None] = lambda step, loss, eps: None
     on_checkpoint: Callable[[int, Path], None] = lambda step, directory: None
-    should_stop: Callable[[], bool] = lambda: False
     restore_from: Path | None = None  # a local checkpoint prefix (…/ckpt-N) to resume from
 
 
@@ -42,7 +41,6 @@ class Outcome:
     step: int
     examples_per_sec: list[float] = field(default_factory=list)
     steps_per_sec: list[float] = field(default_factory=list)
-    stopped_early: bool = False
 
 
 def make_optimizer(cfg: NodeConfig) -> Any:
@@ -165,7 +163,6 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
     scheduled = step
     in_flight: collections.deque[tuple[int, Any]] = collections.deque()
     last_ckpt = step
-    stopped = False
     while step < t.steps:
         # Keep one chunk queued behind the one we wait on, so workers never idle on our polling.
         while scheduled < t.steps and len(in_flight) < 2:
@@ -192,11 +189,8 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
             manager.save(checkpoint_number=step)
             hooks.on_checkpoint(step, hooks.work_dir / "checkpoints")
             last_ckpt = step
-        if hooks.should_stop():
-            stopped = True
-            break
     coordinator.join()
-    return Outcome(model, global_step(), meter.examples_per_sec, meter.steps_per_sec, stopped)
+    return Outcome(model, global_step(), meter.examples_per_sec, meter.steps_per_sec)
 
 
 # ---------------------------------------------------------------- multi-worker mirrored (sync)
@@ -251,7 +245,6 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     step = int(optimizer.iterations.numpy())
     meter = _Meter(step, global_batch)
     last_ckpt = step
-    stopped = False
     while step < t.steps:
         n = min(t.log_every, t.steps - step)
         loss = float(train_steps(iterator, tf.constant(n)))
@@ -262,9 +255,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             if cfg.is_chief:
                 hooks.on_checkpoint(step, ckpt_dir)
             last_ckpt = step
-        # A sync run must stop on every worker at the same step, or the others hang in all-reduce:
-        # only the watchdog's hard exit stops a mirrored run early.
-    return Outcome(model, step, meter.examples_per_sec, meter.steps_per_sec, stopped)
+    return Outcome(model, step, meter.examples_per_sec, meter.steps_per_sec)
 
 
 # ---------------------------------------------------------------- evaluation and export
