@@ -31,16 +31,3 @@ ON_DEMAND_USD_PER_HOUR: dict[str, float] = {
     "p4d.24xlarge": 32.7726,
 }
 NAT_GATEWAY_USD_PER_HOUR = 0.045
-
-
-def hourly_cost(counts: dict[str, int]) -> tuple[float, list[str]]:
-    """Estimated $/hour of `instance_type → count`, and the types the table does not know."""
-    total = 0.0
-    unknown = []
-    for instance_type, count in counts.items():
-        price = ON_DEMAND_USD_PER_HOUR.get(instance_type)
-        if price is None:
-            unknown.append(instance_type)
-        else:
-            total += price * count
-    return total, unknown

@@ -157,16 +157,17 @@ def tfvars(spec: Spec, prepared: Prepared) -> dict[str, Any]:
     }
 
 
+def _copy_hcl(stack: str, root: Path) -> None:
+    """A root stack and the modules it references, side by side as in the package (no tests)."""
+    for part in (stack, "modules"):
+        shutil.copytree(INFRA / part, root / part, ignore=shutil.ignore_patterns("tests", ".terraform*"))
+
+
 def _stack(run: Run, spec: Spec, log: Log) -> tuple[Terraform, Path]:
     """The run's own copy of the HCL (stack + modules), initialised."""
     root = run.dir / "terraform"
     if not root.exists():
-        shutil.copytree(
-            INFRA / "stack", root / "stack", ignore=shutil.ignore_patterns("tests", ".terraform*")
-        )
-        shutil.copytree(
-            INFRA / "modules", root / "modules", ignore=shutil.ignore_patterns("tests", ".terraform*")
-        )
+        _copy_hcl("stack", root)
         if spec.aws.state_bucket:
             backend: dict[str, Any] = {
                 "bucket": spec.aws.state_bucket,
@@ -395,12 +396,7 @@ def setup_bucket(bucket: str, region: str, endpoint_url: str | None, log: Log) -
 
     root = home() / "setup" / bucket
     if not root.exists():
-        shutil.copytree(
-            INFRA / "bucket", root / "bucket", ignore=shutil.ignore_patterns("tests", ".terraform*")
-        )
-        shutil.copytree(
-            INFRA / "modules", root / "modules", ignore=shutil.ignore_patterns("tests", ".terraform*")
-        )
+        _copy_hcl("bucket", root)
     var_file = root / "bucket.tfvars.json"
     var_file.write_text(
         json.dumps(
