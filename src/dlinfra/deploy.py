@@ -22,6 +22,13 @@ LOG_TAIL_LINES = 30
 
 
 class Cluster(Protocol):
+    """How a target's nodes are supervised; the store tells everything else."""
+
+    def poll(self) -> dict[str, int | None]:
+        """Heal what the target can heal (restart a process, replace an instance); return the exit
+        codes of nodes it knows have ended for good (None: still running)."""
+        ...
+
     def exit_codes(self) -> dict[str, int | None]: ...
 
     def stop(self) -> None: ...
@@ -116,7 +123,7 @@ def watch(
                 _let_nodes_finish(cluster, seconds=3 * poll + 5)
                 on_update(_snapshot(store, list(prepared.user_data), heartbeat_timeout, started))
                 break
-            codes = cluster.exit_codes()
+            codes = cluster.poll()
             crashed = {n: c for n, c in codes.items() if c not in (None, 0)}
             if crashed:
                 name, code = sorted(crashed.items())[0]

@@ -60,6 +60,9 @@ class ClusterSpec(StrictModel):
     startup_timeout: float = Field(180, gt=0, description="Seconds a node waits for its peers.")
     heartbeat_timeout: float = Field(60, gt=0, description="Seconds without heartbeat before a node is lost.")
     max_runtime: float = Field(3600, gt=0, description="Watchdog: every node stops after this many seconds.")
+    max_restarts: int = Field(
+        5, ge=0, description="Restarts of one node (crash, lost peer) before the run is marked FAILED."
+    )
 
 
 # ---------------------------------------------------------------- training

@@ -223,7 +223,7 @@ def _deploy(
             f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, "
             f"store {prepared.run.manifest()['store_url']}"
         )
-        cluster = LocalCluster(prepared.run.dir)
+        cluster = LocalCluster(prepared.run.dir, restart_together=resolved.strategy == "multi_worker_mirrored")
         try:
             cluster.start(prepared.user_data)
         except BaseException:

@@ -17,6 +17,14 @@ from typing import Any, TypeVar
 
 from dlinfra.errors import DlinfraError
 from dlinfra.node.status import NodeStatus, run_marker, write_marker
+from dlinfra.node.supervision import (
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_RETRY,
+    EXIT_STOPPED,
+    backoff_seconds,
+    is_transient,
+)
 from dlinfra.render.node_config import NodeConfig, tf_config
 from dlinfra.store import Store
 
@@ -30,6 +38,7 @@ class PeersUnreachable(DlinfraError):
 
 
 def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None = None) -> int:
+    """One life of a node; the exit code tells its supervisor what to do next (see supervision)."""
     if log_file is not None:
         _redirect_output(log_file)
     cfg = NodeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
@@ -39,8 +48,19 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     status = NodeStatus(store, cfg.name, cfg.role, cfg.index, cfg.heartbeat_interval, log_file).start()
     os.environ["TF_CONFIG"] = json.dumps(tf_config(cfg.cluster, cfg.role, cfg.index))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    life = f"life {status.restarts + 1}" if status.restarts else "first life"
+    print(
+        f"dlinfra node {cfg.name} of run {cfg.run_id}: {cfg.strategy}, pid {os.getpid()}, {life}", flush=True
+    )
+    if (marker := run_marker(store)) is not None:  # restarted after the run ended: nothing to rejoin
+        status.stop(state=marker[0].lower())
+        return EXIT_DONE
+    if status.restarts > cfg.max_restarts:
+        return _give_up(cfg, store, status, f"restarted {status.restarts} times (max_restarts)", "")
     _start_watchdog(cfg, store, status)
-    print(f"dlinfra node {cfg.name} of run {cfg.run_id}: {cfg.strategy}, pid {os.getpid()}", flush=True)
+    if delay := backoff_seconds(status.restarts):
+        status.update(state=f"restarting in {delay:.0f}s")
+        time.sleep(delay)
     try:
         if cfg.strategy == "parameter_server" and cfg.role != "chief":
             return _serve(cfg, store, status)
@@ -49,9 +69,18 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         trace = traceback.format_exc()
         print(trace, file=sys.stderr, flush=True)
         error = f"{type(exc).__name__}: {exc}"
-        status.stop(state="failed", error=error)
-        write_marker(store, "FAILED", node=cfg.name, error=error, traceback=trace[-4000:])
-        return 1
+        if is_transient(exc):
+            print("a peer was lost: exiting for a restart from the latest checkpoint", flush=True)
+            status.stop(state="lost peer", error=error[:500])
+            return EXIT_RETRY
+        return _give_up(cfg, store, status, error, trace)
+
+
+def _give_up(cfg: NodeConfig, store: Store, status: NodeStatus, error: str, trace: str) -> int:
+    print(f"node {cfg.name} failed: {error}", file=sys.stderr, flush=True)
+    status.stop(state="failed", error=error)
+    write_marker(store, "FAILED", node=cfg.name, error=error, traceback=trace[-4000:])
+    return EXIT_FAILED
 
 
 # ---------------------------------------------------------------- ps and workers of the ps strategy
@@ -72,7 +101,7 @@ def _serve(cfg: NodeConfig, store: Store, status: NodeStatus) -> int:
     while (marker := run_marker(store)) is None:
         time.sleep(POLL_SECONDS)
     status.stop(state=marker[0].lower())
-    return 0
+    return EXIT_DONE
 
 
 # ---------------------------------------------------------------- trainers
@@ -110,7 +139,7 @@ def _train(cfg: NodeConfig, store: Store, status: NodeStatus, work: Path) -> int
     train_seconds = time.time() - started
     if not cfg.is_chief:
         status.stop(state="done", step=outcome.step)
-        return 0
+        return EXIT_DONE
     status.update(state="exporting", step=outcome.step)
     accuracy, _ = loop.export(outcome.model, program, work / "model")
     progress.final(accuracy, outcome.step)
@@ -129,6 +158,7 @@ def _train(cfg: NodeConfig, store: Store, status: NodeStatus, work: Path) -> int
         "global_steps_per_sec": _mean_sd(outcome.steps_per_sec),
         "examples_per_sec": _mean_sd(outcome.examples_per_sec),
         "examples_per_sec_series": progress.series,
+        "loss_series": progress.losses,
         "final_loss": progress.last_loss,
         "model_uri": store.uri("model"),
         "checkpoint": checkpoints.latest_key,
@@ -139,7 +169,7 @@ def _train(cfg: NodeConfig, store: Store, status: NodeStatus, work: Path) -> int
     print(
         f"done: step {outcome.step}, eval accuracy {accuracy:.4f}, model at {store.uri('model')}", flush=True
     )
-    return 0
+    return EXIT_DONE
 
 
 class Progress:
@@ -150,6 +180,7 @@ class Progress:
         self.first_step_at: float | None = None
         self.last_loss: float | None = None
         self.series: list[tuple[float, int, float]] = []  # (time, step, examples/s)
+        self.losses: list[tuple[int, float]] = []  # (step, loss): what a deterministic rerun must repeat
         self.tb_dir = work / "tensorboard"
         self._writer: Any = None
         self._synced = 0.0
@@ -167,6 +198,7 @@ class Progress:
         self.first_step_at = self.first_step_at or now
         self.last_loss = loss
         self.series.append((now, step, examples_per_sec))
+        self.losses.append((step, loss))
         self.status.update(step=step, loss=loss, examples_per_sec=examples_per_sec)
         print(
             f"step {step}/{self.cfg.training.steps} loss {loss:.4f} {examples_per_sec:.0f} examples/s",
@@ -286,7 +318,8 @@ def _mean_sd(values: list[float]) -> dict[str, float] | None:
 
 
 def _start_watchdog(cfg: NodeConfig, store: Store, status: NodeStatus) -> None:
-    """After max_runtime, stop this node whatever it is doing: a forgotten cluster must not burn money."""
+    """After max_runtime, stop this node whatever it is doing: a forgotten cluster must not burn money.
+    The clock starts at the node's first life, so restarts do not extend it."""
 
     def fire() -> None:
         pointer = store.get_json("checkpoints/latest.json") or {}
@@ -297,9 +330,9 @@ def _start_watchdog(cfg: NodeConfig, store: Store, status: NodeStatus) -> None:
         status.stop(state="stopped")
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(3)
+        os._exit(EXIT_STOPPED)
 
-    timer = threading.Timer(cfg.max_runtime, fire)
+    timer = threading.Timer(max(0.0, status.first_started + cfg.max_runtime - time.time()), fire)
     timer.daemon = True
     timer.start()
 

@@ -53,11 +53,20 @@ class NodeStatus:
             "examples_per_sec": None,
             "restarts": previous.get("restarts", -1) + 1,  # a status left by an earlier life = a restart
             "started": time.time(),
+            "first_started": previous.get("first_started") or time.time(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "error": None,
         }
         self._thread = threading.Thread(target=self._beat, name="dlinfra-heartbeat", daemon=True)
+
+    @property
+    def restarts(self) -> int:
+        return int(self.fields["restarts"])
+
+    @property
+    def first_started(self) -> float:
+        return float(self.fields["first_started"])
 
     def start(self) -> NodeStatus:
         self.publish()

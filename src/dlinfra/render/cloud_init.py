@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from dlinfra.node.supervision import FINAL_EXIT_CODES
 from dlinfra.render.node_config import NodeConfig
 
 NODE_JSON_PATH = "/etc/dlinfra/node.json"
@@ -38,6 +39,7 @@ def render_user_data(config: NodeConfig, install: str | None = None) -> str:
         venv=VENV,
         # the agent's own watchdog fires first; the OS one is the backstop a hung agent cannot skip
         shutdown_minutes=math.ceil(config.max_runtime / 60) + 5,
+        final_exit_codes=FINAL_EXIT_CODES,
     )
 
 

@@ -38,6 +38,7 @@ class NodeConfig(BaseModel):
     startup_timeout: float
     heartbeat_interval: float
     max_runtime: float
+    max_restarts: int = 5
 
     @property
     def name(self) -> str:
@@ -96,6 +97,7 @@ def build_node_configs(
             startup_timeout=spec.cluster.startup_timeout,
             heartbeat_interval=heartbeat,
             max_runtime=spec.cluster.max_runtime,
+            max_restarts=spec.cluster.max_restarts,
         )
         for node in plan
     }

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlinfra.node.supervision import should_restart
 from dlinfra.render import node_config_from_user_data
 from dlinfra.render.addresses import free_ports
 from dlinfra.render.node_config import NodeConfig
@@ -25,52 +26,85 @@ class NodeProcess:
 
 @dataclass
 class LocalCluster:
-    """Starts, watches and tears down one process group per node.
+    """Starts, supervises and tears down one process group per node.
 
+    The launcher is the local stand-in for systemd on EC2: a node that died of a signal or exited
+    asking for a retry is started again (see node.supervision; the agent backs off and gives up).
+    `restart_together`: sync all-reduce cannot go on without any one member, so under
+    multi_worker_mirrored every node restarts when one does (TF's documented recovery).
     `remap` rewrites cluster addresses (e.g. EC2 private IPs → loopback ports) so the same
     user-data that boots an instance can boot a local process (the aws target's emulation)."""
 
     run_dir: Path
     remap: bool = False
+    restart_together: bool = False
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    _loopback: dict[str, str] = field(default_factory=dict)
 
     def start(self, user_data: dict[str, str]) -> None:
         configs = {name: node_config_from_user_data(text) for name, text in user_data.items()}
         if self.remap:
-            configs = _to_loopback(configs)
-        nodes_dir, logs_dir = self.run_dir / "nodes", self.run_dir / "logs"
-        nodes_dir.mkdir(parents=True, exist_ok=True)
-        logs_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+            configs = self._to_loopback(configs)
+        (self.run_dir / "nodes").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         # Servers first, so the chief's peer check passes as early as possible.
         for name in sorted(configs, key=lambda n: n.startswith("chief")):
-            config_path = nodes_dir / f"{name}.json"
+            config_path = self.run_dir / "nodes" / f"{name}.json"
             config_path.write_text(configs[name].model_dump_json(indent=2), encoding="utf-8")
-            log = logs_dir / f"{name}.log"
-            with open(log, "ab") as out:
-                process = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "dlinfra",
-                        "node",
-                        "run",
-                        str(config_path),
-                        "--log-file",
-                        str(log),
-                        "--work-dir",
-                        str(self.run_dir / "work" / name),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,  # own process group: teardown reaches TF's children too
-                )
-            self.nodes[name] = NodeProcess(name, process, log)
+            self._launch(name)
+
+    def replace(self, name: str, user_data: str) -> None:
+        """Boot a node again from (new) user-data: what a replaced instance does."""
+        self.kill(name)
+        self.start({name: user_data})
+
+    def kill(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is not None and node.process.poll() is None:
+            _signal_group(node.process, signal.SIGKILL)
+            node.process.wait()
+
+    def _launch(self, name: str) -> None:
+        log = self.run_dir / "logs" / f"{name}.log"
+        with open(log, "ab") as out:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dlinfra",
+                    "node",
+                    "run",
+                    str(self.run_dir / "nodes" / f"{name}.json"),
+                    "--log-file",
+                    str(log),
+                    "--work-dir",
+                    str(self.run_dir / "work" / name),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                start_new_session=True,  # own process group: teardown reaches TF's children too
+            )
+        self.nodes[name] = NodeProcess(name, process, log)
 
     def exit_codes(self) -> dict[str, int | None]:
         return {name: node.process.poll() for name, node in self.nodes.items()}
+
+    def poll(self) -> dict[str, int | None]:
+        """Restart what should be restarted; report the exit codes of the rest (None: running)."""
+        codes = self.exit_codes()
+        broken = sorted(name for name, code in codes.items() if should_restart(code))
+        if not broken:
+            return codes
+        again = [n for n, c in codes.items() if c is None or n in broken] if self.restart_together else broken
+        for name in again:
+            self.kill(name)
+        for name in sorted(again, key=lambda n: n.startswith("chief")):
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            self._launch(name)
+        return self.exit_codes()
 
     def pids(self) -> list[int]:
         return [node.process.pid for node in self.nodes.values()]
@@ -86,19 +120,22 @@ class LocalCluster:
             _signal_group(node.process, signal.SIGKILL)
             node.process.wait()
 
+    def _to_loopback(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
+        """Same private IP, same loopback port: a replaced instance rejoins at its old address."""
+        addresses = sorted({a for cfg in configs.values() for addrs in cfg.cluster.values() for a in addrs})
+        new = [a for a in addresses if a not in self._loopback]
+        ports = free_ports(len(new))
+        self._loopback.update({addr: f"127.0.0.1:{next(ports)}" for addr in new})
+        return {
+            name: cfg.model_copy(
+                update={
+                    "cluster": {job: [self._loopback[a] for a in addrs] for job, addrs in cfg.cluster.items()}
+                }
+            )
+            for name, cfg in configs.items()
+        }
+
 
 def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-
-
-def _to_loopback(configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
-    addresses = sorted({a for cfg in configs.values() for addrs in cfg.cluster.values() for a in addrs})
-    ports = free_ports(len(addresses))
-    mapping = {addr: f"127.0.0.1:{next(ports)}" for addr in addresses}
-    return {
-        name: cfg.model_copy(
-            update={"cluster": {job: [mapping[a] for a in addrs] for job, addrs in cfg.cluster.items()}}
-        )
-        for name, cfg in configs.items()
-    }

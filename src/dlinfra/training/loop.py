@@ -64,13 +64,16 @@ def seed_everything(cfg: NodeConfig) -> None:
         tf.config.experimental.enable_op_determinism()
 
 
-def _batched(ds: Any, batch: int, shuffle_seed: int | None) -> Any:
+def _batched(ds: Any, batch: int, shuffle_seed: int | None, skip_batches: int = 0) -> Any:
+    """Seeded input streams are a pure function of the seed, so skipping the batches already trained
+    on restores the data position after a restart (cheap for these pipelines, no iterator state)."""
     import tensorflow as tf
 
     return (
         ds.shuffle(SHUFFLE_BUFFER, seed=shuffle_seed, reshuffle_each_iteration=True)
         .repeat()
         .batch(batch, drop_remainder=True)
+        .skip(skip_batches)
         .prefetch(tf.data.AUTOTUNE)
     )
 
@@ -218,11 +221,14 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     ckpt, manager = _checkpoint(model, optimizer, ckpt_dir)
     _restore(ckpt, hooks)
     loss_fn = _loss_fn()
+    resumed_at = int(optimizer.iterations.numpy())  # each step took one batch from every pipeline
 
     def dataset_fn(ctx: Any) -> Any:
         shard = Shard(ctx.input_pipeline_id, ctx.num_input_pipelines)
         per_replica = ctx.get_per_replica_batch_size(global_batch)
-        return _batched(program.train_data(shard), per_replica, shuffle_seed=t.seed + shard.index)
+        return _batched(
+            program.train_data(shard), per_replica, shuffle_seed=t.seed + shard.index, skip_batches=resumed_at
+        )
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 

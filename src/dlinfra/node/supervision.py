@@ -1,0 +1,49 @@
+"""How a node agent ends, and whether its supervisor starts it again.
+
+One contract for both supervisors: systemd on EC2 (`Restart=on-failure` with
+`RestartPreventExitStatus` built from FINAL_EXIT_CODES) and the local launcher (`should_restart`).
+The agent itself counts its restarts in the store, backs off, and gives up after `max_restarts`,
+so both supervisors can simply restart whatever did not end for good.
+"""
+
+from __future__ import annotations
+
+import sys
+
+EXIT_DONE = 0
+EXIT_FAILED = 1  # the run failed (user code, data, too many restarts): restarting cannot help
+EXIT_USAGE = 2  # bad node config or flags
+EXIT_STOPPED = 3  # the max_runtime watchdog fired
+EXIT_RETRY = 75  # EX_TEMPFAIL: a peer went away; start me again and I resume from the checkpoint
+FINAL_EXIT_CODES = (EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED)
+
+# TensorFlow's errors for a peer that vanished or restarted (a killed ps, a lost all-reduce member).
+# Everything else — a bug in user code, bad data, an OOM — fails the run instead of looping.
+TRANSIENT_TF_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError", "CancelledError")
+
+MAX_BACKOFF_SECONDS = 30.0
+
+
+def should_restart(exit_code: int | None) -> bool:
+    """A process that died of a signal (negative code) or asked to be retried is started again."""
+    return exit_code is not None and exit_code not in FINAL_EXIT_CODES
+
+
+def backoff_seconds(restarts: int) -> float:
+    """1, 2, 4, … seconds before the n-th restart trains again: a crash loop must not spin."""
+    return 0.0 if restarts <= 0 else min(2.0 ** (restarts - 1), MAX_BACKOFF_SECONDS)
+
+
+def is_transient(exc: BaseException) -> bool:
+    tf = sys.modules.get("tensorflow")
+    if tf is None:  # TensorFlow never loaded: the error cannot have come from a peer
+        return False
+    transient = tuple(getattr(tf.errors, name) for name in TRANSIENT_TF_ERRORS)
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:  # the coordinator wraps remote errors
+        if isinstance(current, transient):
+            return True
+        seen.add(id(current))
+        current = current.__cause__
+    return False
