@@ -173,7 +173,10 @@ def _outcome(prepared: Prepared, store: Store, started: float) -> Outcome:
     marker = run_marker(store)
     state, body = marker if marker else ("STOPPED", {})
     metrics = store.get_json("metrics.json") if state == "DONE" else None
-    outcome = Outcome(run, state, metrics, body.get("node"), body.get("error") or body.get("reason"))
+    error = body.get("error") or body.get("reason")
+    if body.get("last_checkpoint"):  # what a STOPPED run can be resumed or inspected from
+        error = f"{error}; last checkpoint {store.uri('checkpoints/' + body['last_checkpoint'])}"
+    outcome = Outcome(run, state, metrics, body.get("node"), error)
     outcome.wall_seconds = time.time() - started
     if metrics and metrics.get("first_step_at"):
         outcome.seconds_to_first_step = metrics["first_step_at"] - started

@@ -157,6 +157,7 @@ class S3Store(Store):
 
     def _retrying(self, action: Callable[[], T], what: str) -> T:
         """Outlast an outage of the store (botocore's own retries give up after seconds)."""
+        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
         deadline = time.monotonic() + self.retry_for
@@ -172,7 +173,7 @@ class S3Store(Store):
                     ) from None
                 if time.monotonic() > deadline:
                     raise StoreError(f"{what} {self.url}: {exc}") from None
-            except BotoCoreError as exc:
+            except (BotoCoreError, S3UploadFailedError) as exc:  # upload_file wraps a 5xx in the latter
                 if time.monotonic() > deadline:
                     raise StoreError(f"{what} {self.url}: {exc}") from None
             time.sleep(delay)

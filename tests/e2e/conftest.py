@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +49,79 @@ def deploy(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Deployed
     runs = sorted((home / "runs").iterdir()) if (home / "runs").exists() else []
     assert runs, result.stdout + result.stderr
     return Deployed(result, home, runs[-1])
+
+
+class Live:
+    """A `dlinfra deploy` running in the background, watched through its run dir and file store
+    (what a fault-injection test needs: node pids, steps, logs while the run goes on)."""
+
+    def __init__(self, tmp: Path, args: tuple[str, ...], env: dict[str, str] | None):
+        self.home = tmp / "home"
+        full_env = dict(os.environ, DLINFRA_HOME=str(self.home), **(env or {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dlinfra", "deploy", *args],
+            cwd=tmp,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    @property
+    def run_dir(self) -> Path:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            runs = sorted((self.home / "runs").glob("*/manifest.json"))
+            if runs:
+                return runs[-1].parent
+            assert self.proc.poll() is None, self.proc.communicate()
+            time.sleep(0.2)
+        raise AssertionError("no run dir after 60 s")
+
+    @property
+    def store(self) -> Path:
+        return self.run_dir / "store"
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted(p.stem for p in (self.store / "status").glob("*.json"))
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return json.loads((self.store / "metrics.json").read_text())
+
+    def status(self, node: str) -> dict[str, Any]:
+        return json.loads((self.store / "status" / f"{node}.json").read_text())
+
+    def log(self, node: str) -> Path:
+        return self.run_dir / "logs" / f"{node}.log"
+
+    def wait_for_step(self, node: str, step: int, timeout: float = 300) -> None:
+        """Until `node` logged a progress line at or past `step` (its log is line-buffered)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.communicate()
+            log = self.log(node)
+            if log.exists():
+                steps = re.findall(r" step (\d+)/", log.read_text(errors="replace"))
+                if steps and int(steps[-1]) >= step:
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"{node} did not reach step {step} in {timeout:.0f}s")
+
+    def finish(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGINT)  # the CLI tears its cluster down on Ctrl-C
+            out, err = self.proc.communicate(timeout=60)
+            raise AssertionError(f"deploy still running after {timeout:.0f}s:\n{out}\n{err}") from None
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+
+def start_deploy(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Live:
+    return Live(tmp, args, env)
 
 
 @pytest.fixture(scope="session")

@@ -223,7 +223,8 @@ def _deploy(
             f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, "
             f"store {prepared.run.manifest()['store_url']}"
         )
-        cluster = LocalCluster(prepared.run.dir, restart_together=resolved.strategy == "multi_worker_mirrored")
+        mirrored = resolved.strategy == "multi_worker_mirrored"
+        cluster = LocalCluster(prepared.run.dir, restart_together=mirrored)
         try:
             cluster.start(prepared.user_data)
         except BaseException:

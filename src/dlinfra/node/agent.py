@@ -124,11 +124,13 @@ def _train(cfg: NodeConfig, store: Store, status: NodeStatus, work: Path) -> int
     program = load_entrypoint(cfg.entrypoint, t) if cfg.entrypoint else builtin_program(t, work / "data")
     checkpoints = CheckpointSync(store, work)
     progress = Progress(cfg, store, status, work)
+    restore_from = checkpoints.download_latest()
+    status.update(resumed_from=checkpoints.restored_step)
     hooks = loop.Hooks(
         work_dir=work,
         on_progress=progress.report,
         on_checkpoint=checkpoints.upload if cfg.is_chief else (lambda step, d: None),
-        restore_from=checkpoints.download_latest(),
+        restore_from=restore_from,
     )
     status.update(state="training")
     started = time.time()
@@ -201,7 +203,8 @@ class Progress:
         self.losses.append((step, loss))
         self.status.update(step=step, loss=loss, examples_per_sec=examples_per_sec)
         print(
-            f"step {step}/{self.cfg.training.steps} loss {loss:.4f} {examples_per_sec:.0f} examples/s",
+            f"{_clock(now)} step {step}/{self.cfg.training.steps} loss {loss:.4f} "
+            f"{examples_per_sec:.0f} examples/s",
             flush=True,
         )
         if self.writer is not None:
@@ -234,6 +237,7 @@ class CheckpointSync:
     def __init__(self, store: Store, work: Path):
         self.store, self.work = store, work
         self.latest_key: str | None = None
+        self.restored_step: int | None = None
 
     def upload(self, step: int, directory: Path) -> None:
         prefix = f"ckpt-{step}"
@@ -249,11 +253,15 @@ class CheckpointSync:
         pointer = self.store.get_json("checkpoints/latest.json")
         if not pointer:
             return None
-        local = self.work / "restore"
+        local = self.work / "restore" / pointer["prefix"]  # one dir per checkpoint: no stale files
         for name in pointer["files"]:
             if not self.store.get_file(f"checkpoints/{name}", local / name):
                 return None
-        print(f"resuming from checkpoint {pointer['prefix']} (step {pointer['step']})", flush=True)
+        self.restored_step = int(pointer["step"])
+        print(
+            f"{_clock(time.time())} resuming from checkpoint {pointer['prefix']} (step {pointer['step']})",
+            flush=True,
+        )
         return local / pointer["prefix"]
 
 
@@ -307,6 +315,11 @@ def _bounded(fn: Callable[[], T], timeout: float, peers: list[str]) -> T:
             "Fix: check those nodes' logs (`dlinfra logs RUN --node NAME`)"
         )
     return result[0]
+
+
+def _clock(t: float) -> str:
+    """UTC wall time with milliseconds: log lines of different nodes and lives line up."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
 def _mean_sd(values: list[float]) -> dict[str, float] | None:

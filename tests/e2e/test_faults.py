@@ -1,0 +1,209 @@
+"""Fault injection on real local clusters: kill -9 nodes mid-run, user code that raises, a
+watchdog that fires. Every test deploys its own run (the faults are destructive) and reports its
+figures (steps lost, seconds to recover) on stdout: `pytest -m faults -s` prints the README table."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from e2e.conftest import Live, start_deploy
+from support import FAKE_CREDS, alive_node_pids, free_port, s3_client
+
+pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
+
+STEPS = 1000
+CHECKPOINT_EVERY = 100
+COMMON = ("--steps", str(STEPS), "--set", f"training.checkpoint_every={CHECKPOINT_EVERY}")
+STEP_LINE = re.compile(r"^(\S+Z) step (\d+)/\d+ ")
+RESUME_LINE = re.compile(r"^(\S+Z) resuming from checkpoint ckpt-\d+ \(step (\d+)\)")
+
+
+def _when(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=None).timestamp() - time.timezone
+
+
+def recovery(log: Path) -> tuple[int, float]:
+    """(steps lost, seconds from the last step before the fault to the first step after resuming),
+    read from the trainer's log, which every life of the node appends to."""
+    last_step, last_at = 0, 0.0
+    lines = log.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if m := STEP_LINE.match(line):
+            last_step, last_at = int(m[2]), _when(m[1])
+        elif m := RESUME_LINE.match(line):
+            resumed = int(m[2])
+            after = next(_when(s[1]) for s in map(STEP_LINE.match, lines[i:]) if s)
+            return last_step - resumed, after - last_at
+    raise AssertionError(f"{log} shows no resume from a checkpoint:\n" + "\n".join(lines[-40:]))
+
+
+def report(name: str, **figures: object) -> None:
+    print(f"\nFAULT {name}: " + json.dumps(figures))
+
+
+def kill_at(live: Live, node: str, fraction: float, trainer: str = "chief-0") -> int:
+    """SIGKILL `node`'s whole process group once the trainer logged `fraction` of the steps."""
+    live.wait_for_step(trainer, int(STEPS * fraction))
+    pid = live.status(node)["pid"]
+    os.killpg(pid, signal.SIGKILL)
+    return pid
+
+
+def test_killed_ps_worker_rejoins_and_accuracy_holds(tmp_path: Path, ps_run) -> None:
+    # Same shape and steps as the undisturbed ps_run, so the accuracies compare.
+    live = start_deploy(tmp_path, "--workers", "3", "--set", f"training.checkpoint_every={CHECKPOINT_EVERY}")
+    steps = ps_run.metrics["total_steps"]
+    live.wait_for_step("chief-0", int(steps * 0.4))
+    pid = live.status("worker-1")["pid"]
+    os.killpg(pid, signal.SIGKILL)
+    killed_at = time.time()
+    done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    worker = live.status("worker-1")
+    assert worker["restarts"] == 1 and worker["pid"] != pid
+    metrics = live.metrics
+    assert metrics["steps"] == steps
+    assert (live.store / "model" / "saved_model" / "saved_model.pb").is_file()
+    assert abs(metrics["eval_accuracy"] - ps_run.metrics["eval_accuracy"]) <= 0.02
+    report(
+        "ps worker killed",
+        steps_lost=0,
+        restarted_after_seconds=round(worker["started"] - killed_at, 1),
+        accuracy=metrics["eval_accuracy"],
+        undisturbed_accuracy=ps_run.metrics["eval_accuracy"],
+    )
+
+
+@pytest.mark.parametrize("victim", ["ps-0", "chief-0"])
+def test_killed_ps_or_chief_resumes_from_checkpoint(tmp_path: Path, victim: str) -> None:
+    live = start_deploy(tmp_path, "--workers", "2", *COMMON)
+    kill_at(live, victim, 0.45)
+    done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert live.status(victim)["restarts"] == 1
+    assert live.metrics["steps"] == STEPS
+    assert (live.store / "model" / "saved_model" / "saved_model.pb").is_file()
+    lost, seconds = recovery(live.log("chief-0"))
+    assert 0 <= lost <= CHECKPOINT_EVERY
+    report(f"{victim} killed", steps_lost=lost, recover_seconds=round(seconds, 1))
+
+
+def test_killed_mirrored_worker_restarts_all_from_checkpoint(tmp_path: Path) -> None:
+    live = start_deploy(tmp_path, "--strategy", "multi_worker_mirrored", "--workers", "2", *COMMON)
+    kill_at(live, "worker-1", 0.45, trainer="worker-0")
+    done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert live.status("worker-0")["restarts"] == 1 and live.status("worker-1")["restarts"] == 1
+    assert live.metrics["steps"] == STEPS
+    lost, seconds = recovery(live.log("worker-0"))
+    assert 0 <= lost <= CHECKPOINT_EVERY
+    report("mirrored worker killed", steps_lost=lost, recover_seconds=round(seconds, 1))
+
+
+def test_user_code_error_fails_fast(tmp_path: Path) -> None:
+    spec = tmp_path / "experiment.yaml"
+    spec.write_text(
+        "name: raises\n"
+        "strategy: multi_worker_mirrored\n"
+        "cluster: {workers: {count: 2}}\n"
+        f"training: {{entrypoint: {Path(__file__).parent.parent / 'data' / 'raising_program.py'}:program, "
+        "steps: 400, log_every: 5}\n"
+    )
+    raised_at = tmp_path / "raised_at"
+    live = start_deploy(tmp_path, str(spec), env={"RAISE_AT_FILE": str(raised_at)})
+    done = live.finish()
+    finished = time.time()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert raised_at.exists(), done.stdout
+    seconds = finished - float(raised_at.read_text())
+    assert seconds < 30
+    assert "FAILED" in done.stderr and "worker-1" in done.stderr
+    assert "Traceback" in done.stderr and "bad record at step 5" in done.stderr
+    assert json.loads((live.store / "FAILED").read_text())["node"] == "worker-1"
+    assert alive_node_pids(str(live.run_dir)) == []
+    report("user code raises at step 5", seconds_to_failed_and_torn_down=round(seconds, 1))
+
+
+def test_max_runtime_stops_every_node(tmp_path: Path) -> None:
+    live = start_deploy(
+        tmp_path,
+        "--workers",
+        "1",
+        "--steps",
+        "1000000",
+        "--set",
+        "cluster.max_runtime=20",
+        "--set",
+        "training.checkpoint_every=20",
+    )
+    done = live.finish()
+    assert done.returncode == 1, done.stdout + done.stderr
+    marker = json.loads((live.store / "STOPPED").read_text())
+    assert marker["reason"] == "max_runtime"
+    assert marker["last_checkpoint"], marker
+    assert (live.store / "checkpoints" / f"{marker['last_checkpoint']}.index").is_file()
+    assert marker["last_checkpoint"] in done.stderr
+    first = min(live.status(n)["first_started"] for n in live.nodes)
+    ended = max(live.status(n)["heartbeat"] for n in live.nodes)
+    assert ended - first < 30, {n: live.status(n) for n in live.nodes}
+    assert alive_node_pids(str(live.run_dir)) == []
+    report("max_runtime 20 s", nodes_stopped_after_seconds=round(ended - first, 1))
+
+
+def test_store_outage_of_10s_loses_nothing(tmp_path: Path) -> None:
+    """The S3 endpoint goes away for 10 s right after the first checkpoint: later uploads, heartbeats
+    and the watcher's reads retry with backoff, and every checkpoint and the model land."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        s3 = s3_client(endpoint)
+        s3.create_bucket(Bucket="outage-results")
+        spec = tmp_path / "experiment.yaml"
+        spec.write_text(
+            f"name: outage\nstorage: {{url: 's3://outage-results/runs', endpoint_url: '{endpoint}'}}\n"
+        )
+        live = start_deploy(tmp_path, str(spec), "--workers", "2", *COMMON, env=FAKE_CREDS)
+        prefix = f"runs/{live.run_dir.name}/"
+
+        def keys() -> set[str]:
+            pages = s3.get_paginator("list_objects_v2").paginate(Bucket="outage-results", Prefix=prefix)
+            return {o["Key"][len(prefix) :] for page in pages for o in page.get("Contents", [])}
+
+        deadline = time.monotonic() + 300
+        while "checkpoints/latest.json" not in keys():
+            assert time.monotonic() < deadline and live.proc.poll() is None, live.proc.communicate()
+            time.sleep(0.2)
+        server.stop()
+        down_at = time.time()
+        time.sleep(10)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        done = live.finish()
+        assert done.returncode == 0, done.stdout + done.stderr
+        stored = keys()
+        expected = {
+            f"checkpoints/ckpt-{s}.index" for s in range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY)
+        }
+        assert expected <= stored, sorted(expected - stored)
+        assert {"model/saved_model/saved_model.pb", "model/model.keras", "metrics.json", "DONE"} <= stored
+        metrics = json.loads(
+            s3.get_object(Bucket="outage-results", Key=prefix + "metrics.json")["Body"].read()
+        )
+        assert metrics["steps"] == STEPS
+        report(
+            "S3 endpoint down 10 s", checkpoints_lost=0, run_seconds_after_outage=round(time.time() - down_at)
+        )
+    finally:
+        server.stop()
