@@ -19,6 +19,7 @@ from dlinfra.spec import Spec
 from dlinfra.store import Store
 
 LOG_TAIL_LINES = 30
+REPLACE_GRACE = 900.0  # a replacement instance boots and installs TensorFlow before its first beat
 
 
 class Cluster(Protocol):
@@ -163,7 +164,8 @@ def _snapshot(store: Store, names: list[str], heartbeat_timeout: float, started:
         for name, st in nodes.items()
         if st
         and st.get("state") not in ("done", "failed", "stopped")
-        and now - st["heartbeat"] > heartbeat_timeout
+        and now - st["heartbeat"]
+        > heartbeat_timeout + (REPLACE_GRACE if st.get("state") == "replacing" else 0)
     ]
     return Snapshot(nodes, run_marker(store), lost, now - started)
 

@@ -62,8 +62,9 @@ class Terraform:
         args += [f"-backend-config={k}={v}" for k, v in (backend_config or {}).items()]
         self.run(args, json_events=False)
 
-    def plan(self, var_file: Path, out: Path, destroy: bool = False) -> None:
+    def plan(self, var_file: Path, out: Path, destroy: bool = False, targets: tuple[str, ...] = ()) -> None:
         args = ["plan", "-input=false", "-json", f"-var-file={var_file}", f"-out={out}"]
+        args += [f"-target={address}" for address in targets]
         self.run([*args, "-destroy"] if destroy else args)
 
     def show_json(self, plan_file: Path) -> dict[str, Any]:

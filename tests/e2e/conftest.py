@@ -57,7 +57,7 @@ class Live:
 
     def __init__(self, tmp: Path, args: tuple[str, ...], env: dict[str, str] | None):
         self.home = tmp / "home"
-        full_env = dict(os.environ, DLINFRA_HOME=str(self.home), **(env or {}))
+        full_env = {**os.environ, **(env or {}), "DLINFRA_HOME": str(self.home)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dlinfra", "deploy", *args],
             cwd=tmp,

@@ -7,12 +7,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
+from e2e.conftest import start_deploy
 from support import FAKE_CREDS, alive_node_pids, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
@@ -280,3 +282,56 @@ def test_state_bucket_puts_each_runs_state_under_its_own_key_with_a_lockfile(aws
     assert backend["config"]["key"] == f"dlinfra/{run_dir.name}/terraform.tfstate"
     assert backend["config"]["use_lockfile"] is True
     assert not (run_dir / "terraform" / "stack" / "terraform.tfstate").exists()
+
+
+def test_terminated_instance_is_replaced_by_reapply_and_the_run_completes(aws_env: dict[str, Any]) -> None:
+    """A spot reclaim, emulated: moto terminates worker-1's instance mid-run; the watcher re-applies
+    the run's tfvars, a new instance boots at the same private IP from the same user-data, rejoins,
+    and the run finishes. Only that instance is replaced."""
+    here = aws_env["home"] / "healing"
+    here.mkdir()
+    args = ("--target", "aws", "--workers", "2", "--steps", "3000", "--yes", "--emulate-instances")
+    live = start_deploy(here, *args, *aws_env["args"], env=aws_env["env"])
+    ec2 = _client(aws_env["endpoint"], "ec2")
+    live.wait_for_step("chief-0", 300)
+    before = json.loads((live.run_dir / "manifest.json").read_text())["instances"]
+    old = ec2.describe_instances(InstanceIds=[before["worker-1"]])["Reservations"][0]["Instances"][0]
+    ec2.terminate_instances(InstanceIds=[before["worker-1"]])
+    _release_private_ip_as_aws_does(old)
+    terminated_at = time.time()
+    done = live.finish(timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = json.loads((live.run_dir / "manifest.json").read_text())
+    assert [h["node"] for h in manifest["heals"]] == ["worker-1"]
+    after = manifest["instances"]
+    assert after["worker-1"] != before["worker-1"]
+    assert {k: v for k, v in after.items() if k != "worker-1"} == {
+        k: v for k, v in before.items() if k != "worker-1"
+    }, "only the vanished instance is replaced"
+    new = ec2.describe_instances(InstanceIds=[after["worker-1"]])["Reservations"][0]["Instances"][0]
+    assert new["PrivateIpAddress"] == old["PrivateIpAddress"]
+    user_data = [
+        ec2.describe_instance_attribute(InstanceId=i, Attribute="userData")["UserData"]["Value"]
+        for i in (old["InstanceId"], new["InstanceId"])
+    ]
+    assert user_data[0] == user_data[1]
+    s3 = _client(aws_env["endpoint"], "s3")
+    prefix = f"runs/{live.run_dir.name}/"
+    status = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "status/worker-1.json")["Body"].read())
+    assert status["restarts"] == 1
+    metrics = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "metrics.json")["Body"].read())
+    assert metrics["steps"] == 3000
+    healed = next(line for line in done.stdout.splitlines() if "worker-1: replaced by" in line)
+    print(f"\nFAULT instance terminated: heal finished {manifest['heals'][0]['time']}; {healed}")
+    print(f"FAULT instance terminated: run ended {time.time() - terminated_at:.0f}s after termination")
+
+
+def _release_private_ip_as_aws_does(instance: dict[str, Any]) -> None:
+    """Stand-in for AWS behaviour moto lacks: terminating an instance deletes its primary network
+    interface and frees its private IP; moto keeps the IP taken until the instance object is
+    garbage-collected. The moto server runs in this process, so free it where moto keeps it."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+
+    subnet = ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_subnet(instance["SubnetId"])
+    subnet.del_subnet_ip(instance["PrivateIpAddress"])

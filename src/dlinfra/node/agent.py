@@ -248,6 +248,7 @@ class CheckpointSync:
             "checkpoints/latest.json", {"step": step, "prefix": prefix, "files": [p.name for p in files]}
         )
         self.latest_key = f"checkpoints/{prefix}"
+        print(f"{_clock(time.time())} checkpoint {prefix} stored ({len(files)} files)", flush=True)
 
     def download_latest(self) -> Path | None:
         pointer = self.store.get_json("checkpoints/latest.json")

@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra import __version__
-from dlinfra.deploy import Outcome, Prepared, Snapshot, prepare, watch
-from dlinfra.errors import CredentialsError, DlinfraError, SpecError
+from dlinfra.deploy import Outcome, Prepared, Snapshot, prepare, run_store, watch
+from dlinfra.errors import CredentialsError, DlinfraError, SpecError, TerraformError
+from dlinfra.node.status import run_marker
 from dlinfra.pricing import NAT_GATEWAY_USD_PER_HOUR, ON_DEMAND_USD_PER_HOUR, PRICE_SOURCE, PRICE_TABLE_DATE
-from dlinfra.run import Run
+from dlinfra.run import Run, utc_now
 from dlinfra.spec import Spec
+from dlinfra.targets.local import LocalCluster
 from dlinfra.terraform import Terraform, find_terraform
 
+MAX_HEAL_ATTEMPTS = 3
 INFRA = Path(__file__).resolve().parent.parent / "infra"
 Log = Callable[[str], None]
 
@@ -309,14 +312,112 @@ def plan(spec: Spec, spec_path: Path | None, argv: list[str], log: Log) -> Plann
 # ---------------------------------------------------------------- deploy and destroy
 
 
+@dataclass
 class InstanceCluster:
-    """Real instances: nothing to poll locally (the store's heartbeats tell), destroy stops them."""
+    """The run's EC2 instances. Each supervises its own agent (systemd); the watcher adds healing:
+    an instance that vanished while its node was still working (spot reclaim, manual termination)
+    is replaced by re-applying the run's own Terraform inputs, so it comes back at the same private
+    IP with the same user-data, and only that instance changes. `emulated` boots each instance's
+    user-data as a local process instead (an emulator has no machines)."""
+
+    spec: Spec
+    run: Run
+    terraform: Terraform
+    instances: dict[str, str]  # node → instance id
+    log: Log
+    emulated: LocalCluster | None = None
+    check_every: float = 5.0
+    _checked: float = 0.0
+    _failed_heals: int = 0
+
+    def poll(self) -> dict[str, int | None]:
+        if time.monotonic() - self._checked >= self.check_every:
+            if gone := self._vanished():
+                try:
+                    self._heal(gone)
+                    self._failed_heals = 0
+                except TerraformError as exc:  # e.g. the old IP not yet released: try at the next check
+                    self._failed_heals += 1
+                    if self._failed_heals >= MAX_HEAL_ATTEMPTS:
+                        raise
+                    self.log(f"heal attempt {self._failed_heals} failed, retrying: {exc}")
+            self._checked = time.monotonic()
+        return self.emulated.poll() if self.emulated else {}
 
     def exit_codes(self) -> dict[str, int | None]:
-        return {}
+        return self.emulated.exit_codes() if self.emulated else {}
 
     def stop(self) -> None:
-        pass
+        if self.emulated:
+            self.emulated.stop()
+
+    def _vanished(self) -> list[str]:
+        store = run_store(self.run)
+        if run_marker(store) is not None:
+            return []
+        reservations = _client(self.spec, "ec2").describe_instances(
+            Filters=[{"Name": "instance-id", "Values": list(self.instances.values())}]
+        )["Reservations"]
+        states = {i["InstanceId"]: i["State"]["Name"] for r in reservations for i in r["Instances"]}
+        gone = []
+        for name, instance_id in sorted(self.instances.items()):
+            # Only once terminated: a shutting-down instance still holds the private IP its
+            # replacement needs.
+            if states.get(instance_id, "terminated") != "terminated":
+                continue
+            status = store.get_json(f"status/{name}.json") or {}
+            if status.get("state") in ("done", "failed", "stopped"):
+                continue  # the node ended its own life and powered off
+            gone.append(name)
+            # A fresh instance needs minutes to boot before its first heartbeat: not a lost node.
+            store.put_json(f"status/{name}.json", {**status, "state": "replacing", "heartbeat": time.time()})
+        return gone
+
+    def _heal(self, gone: list[str]) -> None:
+        for name in gone:
+            self.log(
+                f"instance {self.instances[name]} of {name} is gone: re-applying the run's Terraform inputs"
+            )
+            if self.emulated:
+                self.emulated.kill(name)  # its process was that instance
+        plan_file = self.run.dir / "heal.tfplan"
+        # Targeted: drift elsewhere (an emulator's, or a console edit) must not ride along with a heal.
+        targets = tuple(instance_address(name) for name in gone)
+        self.terraform.plan(self.run.dir / "tfvars.json", plan_file, targets=targets)
+        _check_heal_plan(self.terraform.show_json(plan_file), gone)
+        self.terraform.apply(plan_file)
+        outputs = self.terraform.output()["instances"]
+        user_data = instance_user_data(self.spec, {name: outputs[name] for name in gone})
+        heals = self.run.manifest().get("heals", [])
+        for name in gone:
+            new_id = outputs[name]["id"]
+            heals.append({"node": name, "old": self.instances[name], "new": new_id, "time": utc_now()})
+            self.log(f"{name}: replaced by {new_id} at {outputs[name]['private_ip']}")
+            self.instances[name] = new_id
+            if self.emulated:
+                self.emulated.replace(name, user_data[name])
+        self.run.update_manifest(heals=heals, instances=dict(self.instances))
+
+
+def instance_address(node: str) -> str:
+    """The Terraform address of a node's instance in the root stack (module per role, one per node)."""
+    role = node.rsplit("-", 1)[0]
+    return f'module.role["{role}"].aws_instance.this["{node}"]'
+
+
+def _check_heal_plan(plan_json: dict[str, Any], gone: list[str]) -> None:
+    """Healing may create the vanished instances and nothing else may be destroyed: a plan that
+    would touch other resources means the inputs or the cloud drifted, and a human must look."""
+    for change in plan_json.get("resource_changes", []):
+        actions = change["change"]["actions"]
+        if actions in (["no-op"], ["read"], ["update"]):
+            continue
+        if change["type"] == "aws_instance" and change.get("index") in gone and actions == ["create"]:
+            continue
+        raise DlinfraError(
+            f"healing stopped: re-applying would {'/'.join(actions)} {change['address']}, not only replace "
+            f"{', '.join(gone)}. Fix: inspect with `terraform plan` in the run's terraform/stack dir"
+        )
 
 
 def deploy(
@@ -357,13 +458,15 @@ def deploy(
             instances={k: v["id"] for k, v in outputs["instances"].items()},
         )
         log(f"applied in {time.time() - t0:.0f}s: {len(outputs['instances'])} instances")
-        cluster: Any = InstanceCluster()
+        cluster = InstanceCluster(
+            spec, run, planned.terraform, {k: v["id"] for k, v in outputs["instances"].items()}, log
+        )
         if emulate:
-            from dlinfra.targets.local import LocalCluster
-
-            cluster = LocalCluster(run.dir, remap=True)
-            cluster.start(instance_user_data(spec, outputs["instances"]))
-            run.update_manifest(pids=cluster.pids())
+            cluster.emulated = LocalCluster(
+                run.dir, remap=True, restart_together=spec.strategy == "multi_worker_mirrored"
+            )
+            cluster.emulated.start(instance_user_data(spec, outputs["instances"]))
+            run.update_manifest(pids=cluster.emulated.pids())
         return watch(planned.prepared, cluster, on_update, spec.cluster.heartbeat_timeout, started=started)
     finally:
         if not keep:

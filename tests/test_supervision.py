@@ -1,0 +1,119 @@
+"""The restart contract shared by systemd on EC2 and the local launcher, on real processes and real
+TensorFlow errors (no cluster needed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlinfra.node.supervision import (
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_RETRY,
+    FINAL_EXIT_CODES,
+    backoff_seconds,
+    is_transient,
+    should_restart,
+)
+from dlinfra.render import build_node_configs, plan_addresses, render_cluster
+from dlinfra.spec import Spec
+
+
+def test_signals_and_retry_restart_final_codes_do_not() -> None:
+    assert should_restart(-9) and should_restart(EXIT_RETRY) and should_restart(137)
+    assert not any(should_restart(code) for code in FINAL_EXIT_CODES)
+    assert not should_restart(None)
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    assert [backoff_seconds(n) for n in range(7)] == [0, 1, 2, 4, 8, 16, 30]
+
+
+def test_lost_peers_are_transient_and_user_errors_are_not() -> None:
+    import tensorflow as tf
+
+    assert is_transient(tf.errors.UnavailableError(None, None, "ps-0 unreachable"))
+    assert is_transient(tf.errors.AbortedError(None, None, "collective aborted"))
+    wrapped = RuntimeError("closure failed")
+    wrapped.__cause__ = tf.errors.UnavailableError(None, None, "worker gone")
+    assert is_transient(wrapped)
+    assert not is_transient(tf.errors.InvalidArgumentError(None, None, "bad shape"))
+    assert not is_transient(ValueError("user bug"))
+
+
+def test_systemd_unit_restarts_exactly_what_the_launcher_restarts() -> None:
+    spec = Spec.model_validate({"target": "aws"})
+    configs = build_node_configs(spec, "r-1", "s3://bucket/runs/r-1", plan_addresses(spec, "aws"))
+    text = render_cluster(configs, "dlinfra==0")["worker-0"]
+    doc = yaml.safe_load(text)
+    unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
+    prevented = re.search(r"^RestartPreventExitStatus=(.*)$", unit, re.M)
+    assert prevented is not None
+    assert {int(c) for c in prevented[1].split()} == set(FINAL_EXIT_CODES) - {0}
+    assert "Restart=on-failure" in unit
+    poweroff = re.search(r'case "\$EXIT_STATUS" in ([\d|]+)\)', unit)
+    assert poweroff is not None and {int(c) for c in poweroff[1].split("|")} == set(FINAL_EXIT_CODES)
+
+
+def _node(tmp_path: Path, max_restarts: int, status: dict | None = None, marker: str | None = None) -> Path:
+    spec = Spec.model_validate({"cluster": {"max_restarts": max_restarts}})
+    store = tmp_path / "store"
+    configs = build_node_configs(spec, "r-1", store.as_uri(), plan_addresses(spec, "local"))
+    config = tmp_path / "chief-0.json"
+    config.write_text(configs["chief-0"].model_dump_json())
+    (store / "status").mkdir(parents=True)
+    if status is not None:
+        (store / "status" / "chief-0.json").write_text(json.dumps(status))
+    if marker is not None:
+        (store / marker).write_text(json.dumps({"marker": marker}))
+    return config
+
+
+def _run_node(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dlinfra", "node", "run", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=config.parent,
+    )
+
+
+def test_node_gives_up_after_max_restarts_and_fails_the_run(tmp_path: Path) -> None:
+    config = _node(tmp_path, max_restarts=2, status={"restarts": 2, "first_started": 1.0, "step": 40})
+    result = _run_node(config)
+    assert result.returncode == EXIT_FAILED, result.stdout + result.stderr
+    store = tmp_path / "store"
+    failed = json.loads((store / "FAILED").read_text())
+    assert failed["node"] == "chief-0" and "restarted 3 times (max_restarts)" in failed["error"]
+    status = json.loads((store / "status" / "chief-0.json").read_text())
+    assert status["restarts"] == 3 and status["state"] == "failed" and status["step"] == 40
+
+
+def test_node_restarted_after_the_run_ended_exits_cleanly(tmp_path: Path) -> None:
+    config = _node(tmp_path, max_restarts=5, status={"restarts": 0, "first_started": 1.0}, marker="DONE")
+    result = _run_node(config)
+    assert result.returncode == EXIT_DONE, result.stdout + result.stderr
+    status = json.loads((tmp_path / "store" / "status" / "chief-0.json").read_text())
+    assert status["state"] == "done" and status["restarts"] == 1
+    assert not (tmp_path / "store" / "FAILED").exists()
+
+
+@pytest.mark.parametrize("resumed_at", [0, 3, 40])
+def test_skipping_trained_batches_restores_the_data_position(resumed_at: int) -> None:
+    """A seeded stream resumed at step k yields exactly what the uninterrupted stream yields from k."""
+    import numpy as np
+    import tensorflow as tf
+
+    from dlinfra.training.loop import _batched
+
+    ds = tf.data.Dataset.from_tensor_slices(np.arange(1000, dtype=np.int64))
+    whole = [b.numpy() for b in _batched(ds, 32, shuffle_seed=7).take(resumed_at + 5)]
+    resumed = [b.numpy() for b in _batched(ds, 32, shuffle_seed=7, skip_batches=resumed_at).take(5)]
+    assert all(np.array_equal(a, b) for a, b in zip(whole[resumed_at:], resumed, strict=True))
