@@ -26,7 +26,8 @@ from dlinfra.spec import Spec
 
 
 def test_signals_and_retry_restart_final_codes_do_not() -> None:
-    assert should_restart(-9) and should_restart(EXIT_RETRY) and should_restart(137)
+    assert should_restart(-9) and should_restart(EXIT_RETRY) and should_restart(137) and should_restart(-11)
+    assert not should_restart(-15) and not should_restart(-2), "told to stop, as systemd sees it"
     assert not any(should_restart(code) for code in FINAL_EXIT_CODES)
     assert not should_restart(None)
 

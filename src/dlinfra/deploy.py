@@ -130,8 +130,13 @@ def watch(
                 name, code = sorted(crashed.items())[0]
                 write_marker(store, "FAILED", node=name, error=f"node process exited with code {code}")
             elif snap.lost:
+                # A node blocked on a frozen peer inside TensorFlow goes quiet too: name every silent one.
+                silent = ", ".join(snap.lost)
                 write_marker(
-                    store, "FAILED", node=snap.lost[0], error=f"no heartbeat for {heartbeat_timeout:.0f}s"
+                    store,
+                    "FAILED",
+                    node=snap.lost[0],
+                    error=f"no heartbeat for {heartbeat_timeout:.0f}s from {silent} (hung or unreachable)",
                 )
             elif codes and all(c == 0 for c in codes.values()):
                 time.sleep(poll)  # the chief's marker may land right after its exit
@@ -159,14 +164,17 @@ def _let_nodes_finish(cluster: Cluster, seconds: float) -> None:
 def _snapshot(store: Store, names: list[str], heartbeat_timeout: float, started: float) -> Snapshot:
     now = time.time()
     nodes = {name: store.get_json(f"status/{name}.json") for name in names}
-    lost = [
-        name
-        for name, st in nodes.items()
-        if st
-        and st.get("state") not in ("done", "failed", "stopped")
-        and now - st["heartbeat"]
-        > heartbeat_timeout + (REPLACE_GRACE if st.get("state") == "replacing" else 0)
-    ]
+    lost = sorted(  # the longest silent first
+        (
+            name
+            for name, st in nodes.items()
+            if st
+            and st.get("state") not in ("done", "failed", "stopped")
+            and now - st["heartbeat"]
+            > heartbeat_timeout + (REPLACE_GRACE if st.get("state") == "replacing" else 0)
+        ),
+        key=lambda name: nodes[name]["heartbeat"],  # type: ignore[index]
+    )
     return Snapshot(nodes, run_marker(store), lost, now - started)
 
 

@@ -209,3 +209,27 @@ def test_store_outage_of_10s_loses_nothing(tmp_path: Path) -> None:
         )
     finally:
         server.stop()
+
+
+def test_frozen_node_is_reported_lost_and_the_run_fails(tmp_path: Path) -> None:
+    """A node that hangs (SIGSTOP: alive, silent) is neither done nor crashed; only its missing
+    heartbeat can tell. The run must fail after heartbeat_timeout instead of waiting forever."""
+    timeout = 8
+    live = start_deploy(tmp_path, "--workers", "1", *COMMON, "--set", f"cluster.heartbeat_timeout={timeout}")
+    live.wait_for_step("chief-0", 100)
+    os.killpg(live.status("worker-0")["pid"], signal.SIGSTOP)
+    frozen_at = time.time()
+    done = live.finish()
+    seconds = time.time() - frozen_at
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = json.loads((live.store / "FAILED").read_text())
+    # The chief may go quiet too (blocked in TensorFlow on the frozen worker): both are named.
+    assert f"no heartbeat for {timeout}s from" in failed["error"] and "worker-0" in failed["error"]
+    assert "no heartbeat" in done.stderr and "worker-0" in done.stderr
+    assert timeout - 2.5 <= seconds < timeout + 30  # the last beat may predate the freeze by 2 s
+    assert alive_node_pids(str(live.run_dir)) == []
+    report(
+        "worker frozen (SIGSTOP)",
+        heartbeat_timeout=timeout,
+        failed_and_torn_down_after_seconds=round(seconds, 1),
+    )

@@ -8,6 +8,7 @@ so both supervisors can simply restart whatever did not end for good.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 EXIT_DONE = 0
@@ -24,9 +25,16 @@ TRANSIENT_TF_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededErro
 MAX_BACKOFF_SECONDS = 30.0
 
 
+# As systemd's Restart=on-failure: being told to stop (TERM, INT, HUP, PIPE) is a clean end.
+CLEAN_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE)
+
+
 def should_restart(exit_code: int | None) -> bool:
-    """A process that died of a signal (negative code) or asked to be retried is started again."""
-    return exit_code is not None and exit_code not in FINAL_EXIT_CODES
+    """A process killed by any other signal (negative code: KILL, SEGV, ABRT…) or asking for a retry
+    is started again."""
+    if exit_code is None or exit_code in FINAL_EXIT_CODES:
+        return False
+    return exit_code > 0 or -exit_code not in CLEAN_STOP_SIGNALS
 
 
 def backoff_seconds(restarts: int) -> float:

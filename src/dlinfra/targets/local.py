@@ -113,6 +113,7 @@ class LocalCluster:
         """SIGTERM every process group, then SIGKILL what is left after `grace` seconds."""
         for node in self.nodes.values():
             _signal_group(node.process, signal.SIGTERM)
+            _signal_group(node.process, signal.SIGCONT)  # a stopped (frozen) process must see the TERM
         deadline = time.monotonic() + grace
         for node in self.nodes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -161,38 +161,39 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
     def global_step() -> int:
         return int(optimizer.iterations.numpy())
 
-    step = global_step()
+    step = last_ckpt = scheduled = global_step()
     meter = _Meter(step, t.batch_size)
-    scheduled = step
-    in_flight: collections.deque[tuple[int, Any]] = collections.deque()
-    last_ckpt = step
-    while step < t.steps:
-        # Keep one chunk queued behind the one we wait on, so workers never idle on our polling.
-        while scheduled < t.steps and len(in_flight) < 2:
-            chunk = min(t.log_every, t.steps - scheduled)
-            last = None
-            for start in range(0, chunk, t.steps_per_execution):
-                n = min(t.steps_per_execution, chunk - start)
-                last = coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
+    in_flight: collections.deque[list[Any]] = collections.deque()
+    spe = t.steps_per_execution
+    while True:
+        # Keep one chunk queued behind the one we wait on, so workers never idle on our polling, but
+        # never schedule past the next checkpoint: a fault then loses at most checkpoint_every steps.
+        limit = min(t.steps, last_ckpt + t.checkpoint_every)
+        while scheduled < limit and len(in_flight) < 2:
+            chunk = min(t.log_every, limit - scheduled)
+            calls = [
+                coordinator.schedule(train_steps, args=(iterator, tf.constant(min(spe, chunk - start))))
+                for start in range(0, chunk, spe)
+            ]
             scheduled += chunk
-            in_flight.append((scheduled, last))
-        if not in_flight:
-            coordinator.join()
+            in_flight.append(calls)
+        if in_flight:
+            # Waiting on each result (a Python wait) rather than in join() keeps the GIL free, so
+            # heartbeats go on while a frozen worker holds a step: the watcher then blames that worker.
+            loss = float([call.fetch() for call in in_flight.popleft()][-1])
             step = global_step()
-            scheduled = step  # closures were lost and not retried: schedule the difference
+            hooks.on_progress(step, loss, meter.tick(step))
             continue
-        _, remote = in_flight.popleft()
-        loss = float(remote.fetch())
+        coordinator.join()
         step = global_step()
-        hooks.on_progress(step, loss, meter.tick(step))
-        if step - last_ckpt >= t.checkpoint_every or step >= t.steps:
-            coordinator.join()
-            in_flight.clear()
-            step = global_step()
+        if step > last_ckpt:
             manager.save(checkpoint_number=step)
             hooks.on_checkpoint(step, hooks.work_dir / "checkpoints")
             last_ckpt = step
-    coordinator.join()
+        if step >= t.steps:
+            break
+        # Async updates may race on the step counter: schedule what the counter still lacks.
+        scheduled = step
     return Outcome(model, global_step(), meter.examples_per_sec, meter.steps_per_sec)
 
 
@@ -252,7 +253,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     meter = _Meter(step, global_batch)
     last_ckpt = step
     while step < t.steps:
-        n = min(t.log_every, t.steps - step)
+        n = min(t.log_every, t.steps - step, last_ckpt + t.checkpoint_every - step)
         loss = float(train_steps(iterator, tf.constant(n)))
         step = int(optimizer.iterations.numpy())
         hooks.on_progress(step, loss, meter.tick(step))
