@@ -5,16 +5,18 @@ One flow for every target; a target only starts and stops nodes (see `Cluster`).
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from dlinfra.bundle import Bundle, file_sha256, pack_entrypoint
 from dlinfra.node.status import run_marker, write_marker
 from dlinfra.render import AddressPlan, NodeConfig, build_node_configs, plan_addresses, render_cluster
 from dlinfra.render.node_config import store_config
-from dlinfra.run import Run, utc_now
+from dlinfra.run import Run, package_version, utc_now
 from dlinfra.spec import Spec
 from dlinfra.store import Store
 
@@ -53,35 +55,71 @@ def prepare(
     argv: list[str] | None = None,
     install: str | None = None,
     target: str | None = None,
+    code: Bundle | None = None,
+    pins: dict[str, Any] | None = None,
+    wheel: Path | None = None,
 ) -> Prepared:
-    """Create the run record and render every node's user-data into the run dir."""
+    """Create the run record, store the code bundle, render every node's user-data into the run dir.
+    `code` (a rerun's pinned bundle) replaces packing the entrypoint's directory; `pins` are extra
+    manifest fields (e.g. `rerun_of`)."""
     plan = plan_addresses(spec, target)  # before the run exists: a bad subnet creates nothing
+    base = spec_path.absolute().parent if spec_path else Path.cwd()
+    if code is None and spec.training.entrypoint:
+        code = pack_entrypoint(spec.training.entrypoint, base)
+    dataset = dataset_pin(spec, base)
     run = Run.create(spec, spec_path, argv)
-    entrypoint = _resolve_entrypoint(spec, spec_path)
-    configs = build_node_configs(spec, run.id, run.manifest()["store_url"], plan, entrypoint)
+    store = run_store(run)
+    (run.dir / "code").mkdir()
+    if code is not None:
+        store.put_bytes(code.key, code.data)
+        (run.dir / "code" / Path(code.key).name).write_bytes(code.data)
+    wheel_pin = None
+    if wheel is not None:  # cloud nodes install exactly this wheel, from the run's store
+        store.put_file(f"code/{wheel.name}", wheel)
+        shutil.copy2(wheel, run.dir / "code" / wheel.name)
+        install = store.uri(f"code/{wheel.name}")
+        wheel_pin = {"name": wheel.name, "sha256": file_sha256(wheel), "uri": install}
+    configs = build_node_configs(spec, run.id, run.manifest()["store_url"], plan, code)
     user_data = render_cluster(configs, install)
     out = run.dir / "user-data"
     out.mkdir()
     for name, text in user_data.items():
         (out / f"{name}.yaml").write_text(text, encoding="utf-8")
-    run.update_manifest(nodes=sorted(user_data), addresses=plan.cluster())
+    run.update_manifest(
+        nodes=sorted(user_data),
+        addresses=plan.cluster(),
+        bundle=code.pin() if code else None,
+        wheel=wheel_pin,
+        install=install,
+        dataset=dataset,
+        seeds={"seed": spec.training.seed, "deterministic": spec.training.deterministic},
+        **(pins or {}),
+    )
+    publish_manifest(run, store)
     return Prepared(run, plan, configs, user_data)
 
 
-def _resolve_entrypoint(spec: Spec, spec_path: Path | None) -> str | None:
-    """Entrypoint paths are relative to the experiment file (as an editor would read them)."""
-    if not spec.training.entrypoint:
-        return None
-    file_name, _, func = spec.training.entrypoint.rpartition(":")
-    base = spec_path.absolute().parent if spec_path else Path.cwd()
-    path = (base / file_name).resolve()
-    if not path.is_file():
-        from dlinfra.errors import SpecError
+def dataset_pin(spec: Spec, base: Path) -> dict[str, Any]:
+    """What identifies the training data: built-in sets by their package version, a URI by sha256
+    (computed here for a local file the spec did not pin; None when nothing can pin it)."""
+    ds = spec.training.dataset
+    pin: dict[str, Any] = {"format": ds.format, "uri": ds.uri, "sha256": ds.sha256}
+    if ds.format == "digits":
+        pin["source"] = f"scikit-learn {package_version('scikit-learn')}"
+    elif ds.format == "synthetic":
+        pin["source"] = f"generated from training.seed {spec.training.seed}"
+    elif ds.sha256 is None and ds.uri and ds.uri.startswith("file://"):
+        local = Path(ds.uri[len("file://") :])
+        local = local if local.is_absolute() else base / local
+        if local.is_file():
+            pin["sha256"] = file_sha256(local)
+    pin["pinned"] = ds.format != "cifar10" or pin["sha256"] is not None
+    return pin
 
-        raise SpecError(
-            [f"training.entrypoint: {path} does not exist. Fix: give a path relative to the spec file"]
-        )
-    return f"{path}:{func}"
+
+def publish_manifest(run: Run, store: Store) -> None:
+    """The manifest travels with the results: a run can be rerun from its store alone."""
+    store.put_json("manifest.json", run.manifest())
 
 
 @dataclass
@@ -151,6 +189,7 @@ def watch(
         cluster.stop()
         marker = run_marker(store)
         run.update_manifest(status=marker[0] if marker else "STOPPED", finished=utc_now())
+        publish_manifest(run, store)
     return _outcome(prepared, store, started)
 
 

@@ -97,6 +97,9 @@ class Run:
                 "python": platform.python_version(),
                 "tensorflow": package_version("tensorflow-cpu", "tensorflow"),
                 "keras": package_version("keras"),
+                "tf-keras": package_version("tf-keras"),
+                "numpy": package_version("numpy"),
+                "scikit-learn": package_version("scikit-learn"),
             },
         }
         run.write_manifest(manifest)

@@ -181,14 +181,26 @@ def deploy(
     ] = False,
 ) -> None:
     """Provision a cluster for the experiment, train, collect results, tear down."""
-    import signal
-
     started = time.time()
     resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
+    _run_and_report(resolved, spec, started, yes, keep, emulate_instances)
+
+
+def _run_and_report(
+    resolved: Spec,
+    spec: Path | None,
+    started: float,
+    yes: bool,
+    keep: bool,
+    emulate: bool,
+    origin: Any = None,
+) -> None:
+    import signal
+
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` and CI timeouts tear the cluster down too
     progress = _LiveTable() if out.is_terminal else _ProgressLines()
     try:
-        outcome = _deploy(resolved, spec, started, yes, keep, emulate_instances, progress)
+        outcome = _deploy(resolved, spec, started, yes, keep, emulate, progress, origin)
     except KeyboardInterrupt:
         progress.close()
         err.print("interrupted: the run is marked STOPPED and its nodes were torn down")
@@ -197,9 +209,49 @@ def deploy(
     _finish(outcome)
 
 
+@app.command()
+def rerun(
+    run_id: Annotated[str, typer.Argument(help="The run to repeat.")],
+    target: TargetOpt = None,
+    workers: WorkersOpt = None,
+    endpoint_url: EndpointOpt = None,
+    allow_unpinned: Annotated[
+        bool,
+        typer.Option("--allow-unpinned", help="Rerun even what the manifest could not pin (dirty tree…)."),
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")] = False,
+    keep: Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")] = False,
+    emulate_instances: Annotated[
+        bool,
+        typer.Option(
+            "--emulate-instances", help="aws + endpoint: boot instances' user-data as local processes."
+        ),
+    ] = False,
+) -> None:
+    """Deploy a recorded run again: its locked spec and its code bundle from the store."""
+    from dlinfra.rerun import load_origin
+
+    started = time.time()
+    overrides = Overrides(workers=workers, target=target, endpoint_url=endpoint_url)
+    origin = load_origin(run_id, overrides, allow_unpinned)
+    for problem in origin.pins["unpinned"]:
+        err.print(f"warning (--allow-unpinned): {problem}")
+    out.print(f"rerun of {run_id}" + (f", code bundle {origin.code.sha256[:12]}" if origin.code else ""))
+    _run_and_report(origin.spec, None, started, yes, keep, emulate_instances, origin)
+
+
 def _deploy(
-    resolved: Spec, spec: Path | None, started: float, yes: bool, keep: bool, emulate: bool, progress: Any
+    resolved: Spec,
+    spec: Path | None,
+    started: float,
+    yes: bool,
+    keep: bool,
+    emulate: bool,
+    progress: Any,
+    origin: Any = None,
 ) -> Any:
+    """`origin`: a rerun's pinned code bundle and manifest fields (dlinfra.rerun.Origin)."""
+    code, pins, wheel = (origin.code, origin.pins, origin.wheel) if origin else (None, None, None)
     if resolved.target == "aws":
         from dlinfra.targets import aws
 
@@ -213,12 +265,15 @@ def _deploy(
             on_update=progress,
             started=started,
             log=out.print,
+            code=code,
+            pins=pins,
+            wheel=wheel,
         )
     else:
         from dlinfra.deploy import prepare, watch
         from dlinfra.targets.local import LocalCluster
 
-        prepared = prepare(resolved, spec, sys.argv)
+        prepared = prepare(resolved, spec, sys.argv, code=code, pins=pins)
         out.print(
             f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, "
             f"store {prepared.run.manifest()['store_url']}"

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dlinfra import bundle
 from dlinfra.errors import DlinfraError
 from dlinfra.node.status import NodeStatus, run_marker, write_marker
 from dlinfra.node.supervision import (
@@ -121,7 +122,10 @@ def _train(cfg: NodeConfig, store: Store, status: NodeStatus, work: Path) -> int
     else:
         # The mirrored constructor blocks until every worker answers; bound it ourselves.
         strategy = _bounded(loop.make_mirrored_strategy, cfg.startup_timeout, peers)
-    program = load_entrypoint(cfg.entrypoint, t) if cfg.entrypoint else builtin_program(t, work / "data")
+    if cfg.entrypoint and cfg.bundle:
+        program = load_entrypoint(bundle.materialize(store, cfg.bundle, cfg.entrypoint, work), t)
+    else:
+        program = builtin_program(t, work / "data")
     checkpoints = CheckpointSync(store, work)
     progress = Progress(cfg, store, status, work)
     restore_from = checkpoints.download_latest()

@@ -29,13 +29,15 @@ def _template() -> jinja2.Template:
 
 
 def render_user_data(config: NodeConfig, install: str | None = None) -> str:
-    """The user-data for one node. `install` is the pip requirement a cloud node installs
-    (e.g. ``dlinfra[train,aws]==0.1.0``); local nodes already have dlinfra and get none."""
+    """The user-data for one node. `install` is what a cloud node installs: the s3:// URI of this
+    run's dlinfra wheel, or a pip requirement (e.g. ``dlinfra[train,aws]==0.1.0``); local nodes
+    already have dlinfra and get none."""
     node_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
     return _template().render(
         config=config,
         node_json=node_json,
         install=install,
+        wheel=install.rsplit("/", 1)[-1] if install and install.startswith("s3://") else None,
         venv=VENV,
         # the agent's own watchdog fires first; the OS one is the backstop a hung agent cannot skip
         shutdown_minutes=math.ceil(config.max_runtime / 60) + 5,

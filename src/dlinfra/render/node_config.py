@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from dlinfra import __version__
 from dlinfra.render.addresses import AddressPlan
 from dlinfra.spec import Spec, TrainingSpec
+
+if TYPE_CHECKING:
+    from dlinfra.bundle import Bundle
 
 
 class StoreConfig(BaseModel):
@@ -34,7 +37,8 @@ class NodeConfig(BaseModel):
     cluster: dict[str, list[str]]
     store: StoreConfig
     training: TrainingSpec
-    entrypoint: str | None = None  # resolved 'file.py:function' as the node sees it
+    entrypoint: str | None = None  # 'file.py:function' inside the code bundle
+    bundle: str | None = None  # sha256 of the code bundle in the store (code/bundle-<sha256>.tar.gz)
     startup_timeout: float
     heartbeat_interval: float
     max_runtime: float
@@ -78,7 +82,7 @@ def store_config(spec: Spec, url: str) -> StoreConfig:
 
 
 def build_node_configs(
-    spec: Spec, run_id: str, store_url: str, plan: AddressPlan, entrypoint: str | None = None
+    spec: Spec, run_id: str, store_url: str, plan: AddressPlan, code: Bundle | None = None
 ) -> dict[str, NodeConfig]:
     store = store_config(spec, store_url)
     cluster = plan.cluster()
@@ -93,7 +97,8 @@ def build_node_configs(
             cluster=cluster,
             store=store,
             training=spec.training,
-            entrypoint=entrypoint,
+            entrypoint=code.entrypoint if code else None,
+            bundle=code.sha256 if code else None,
             startup_timeout=spec.cluster.startup_timeout,
             heartbeat_interval=heartbeat,
             max_runtime=spec.cluster.max_runtime,

@@ -7,6 +7,7 @@ names a state bucket), so concurrent runs never share state and a run's HCL is p
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import shutil
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra import __version__
+from dlinfra.bundle import Bundle, file_sha256
 from dlinfra.deploy import Outcome, Prepared, Snapshot, prepare, run_store, watch
 from dlinfra.errors import CredentialsError, DlinfraError, SpecError, TerraformError
 from dlinfra.node.status import run_marker
@@ -24,6 +26,7 @@ from dlinfra.run import Run, utc_now
 from dlinfra.spec import Spec
 from dlinfra.targets.local import LocalCluster
 from dlinfra.terraform import Terraform, find_terraform
+from dlinfra.wheel import node_wheel
 
 MAX_HEAL_ATTEMPTS = 3
 INFRA = Path(__file__).resolve().parent.parent / "infra"
@@ -284,14 +287,34 @@ class Planned:
     markdown_path: Path
 
 
-def plan(spec: Spec, spec_path: Path | None, argv: list[str], log: Log) -> Planned:
+def plan(
+    spec: Spec,
+    spec_path: Path | None,
+    argv: list[str],
+    log: Log,
+    code: Bundle | None = None,
+    pins: dict[str, Any] | None = None,
+    wheel: Path | None = None,
+) -> Planned:
+    """`code`, `pins`, `wheel`: what a rerun carries over from the original run."""
     preflight(spec)
-    prepared = prepare(spec, spec_path, argv, install=install_requirement())
+    wheel = wheel or node_wheel()
+    prepared = prepare(spec, spec_path, argv, install_requirement(), code=code, pins=pins, wheel=wheel)
     run = prepared.run
     variables = tfvars(spec, prepared)
     var_file = run.dir / "tfvars.json"
-    var_file.write_text(json.dumps(variables, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tf, _ = _stack(run, spec, log)
+    text = json.dumps(variables, indent=2, sort_keys=True) + "\n"
+    var_file.write_text(text, encoding="utf-8")
+    tf, root = _stack(run, spec, log)
+    # Provider versions as resolved by init: a rerun months later must see what this run used.
+    shutil.copy2(root / ".terraform.lock.hcl", run.dir / "terraform.lock.hcl")
+    store = prepared.store
+    store.put_file("terraform/.terraform.lock.hcl", root / ".terraform.lock.hcl")
+    store.put_bytes("terraform/tfvars.json", text.encode())
+    run.update_manifest(
+        tfvars_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        terraform_lock_sha256=file_sha256(root / ".terraform.lock.hcl"),
+    )
     plan_file = run.dir / "tfplan"
     tf.plan(var_file, plan_file)
     summary = summarize(tf.show_json(plan_file), variables)
@@ -430,20 +453,15 @@ def deploy(
     on_update: Callable[[Snapshot], None],
     started: float,
     log: Log,
+    code: Bundle | None = None,
+    pins: dict[str, Any] | None = None,
+    wheel: Path | None = None,
 ) -> Outcome:
     if emulate and not spec.aws.endpoint_url:
         raise SpecError(
             ["--emulate-instances: only with an emulator. Fix: add --endpoint-url http://HOST:PORT"]
         )
-    if spec.training.entrypoint and not emulate:
-        # The entrypoint is a path on this machine; instances would boot without the code and fail.
-        raise SpecError(
-            [
-                "training.entrypoint: user code is not shipped to EC2 instances yet (no code bundle in the "
-                "store). Fix: use a built-in model for aws runs, or --target local"
-            ]
-        )
-    planned = plan(spec, spec_path, argv, log)
+    planned = plan(spec, spec_path, argv, log, code, pins, wheel)
     run = planned.prepared.run
     if not approve(planned.summary.text(run.id)):
         run.update_manifest(status="CANCELLED")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlinfra.bundle import file_sha256
 from dlinfra.spec import DatasetSpec
 
 SPLIT_SEED = 20161  # fixed: the held-out split must be identical on every node and every rerun
@@ -114,11 +115,3 @@ def fetch(uri: str, cache_dir: Path, sha256: str | None = None) -> Path:
     if sha256 and file_sha256(dest) != sha256:
         raise ValueError(f"{uri}: sha256 is {file_sha256(dest)}, the spec pins {sha256}")
     return dest
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

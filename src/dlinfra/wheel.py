@@ -1,0 +1,54 @@
+"""The exact dlinfra that cloud nodes install.
+
+From a source checkout, nodes get a wheel of that very source: built here (hatchling builds are
+reproducible, so the same source gives the same sha256), uploaded to the run's store, installed by
+cloud-init. An installed release has no source to build from; its nodes install the same release
+from PyPI, and the manifest records the requirement instead of a wheel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+from dlinfra import __version__
+from dlinfra.errors import DlinfraError
+from dlinfra.run import home
+
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _source_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    files = [root / "pyproject.toml", *sorted((root / "src" / "dlinfra").rglob("*"))]
+    for path in files:
+        parts = path.relative_to(root).parts
+        if not path.is_file() or "__pycache__" in parts or any(p.startswith(".") for p in parts):
+            continue
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def node_wheel() -> Path | None:
+    """This source tree as a wheel (cached by content), or None when not running from source."""
+    if not (SOURCE_ROOT / "pyproject.toml").is_file() or not (SOURCE_ROOT / "src" / "dlinfra").is_dir():
+        return None
+    out = home() / "wheels" / _source_digest(SOURCE_ROOT)[:16]
+    wheels = sorted(out.glob(f"dlinfra-{__version__}-*.whl"))
+    if wheels:
+        return wheels[0]
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check"]
+    result = subprocess.run(
+        [*pip, "-w", str(out), str(SOURCE_ROOT)],
+        capture_output=True,
+        text=True,
+    )
+    wheels = sorted(out.glob(f"dlinfra-{__version__}-*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise DlinfraError(
+            f"could not build the dlinfra wheel for the nodes from {SOURCE_ROOT}:\n{result.stderr[-2000:]}\n"
+            "Fix: `pip wheel --no-deps .` must work in the checkout (it needs the hatchling build backend)"
+        )
+    return wheels[0]
