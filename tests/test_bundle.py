@@ -1,0 +1,73 @@
+"""Code bundles: the same code gives the same bytes; nodes unpack exactly what was packed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from dlinfra.bundle import MAX_BUNDLE_BYTES, fetch, materialize, pack, pack_entrypoint
+from dlinfra.errors import SpecError
+from dlinfra.store import Store
+
+
+def _project(root: Path) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("from pkg.layers import width\n\ndef build(training):\n    return width\n")
+    (root / "pkg" / "layers.py").write_text("width = 64\n")
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0compiled")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    return root
+
+
+def test_same_code_gives_the_same_sha_whatever_the_checkout(tmp_path: Path) -> None:
+    a = _project(tmp_path / "a")
+    b = _project(tmp_path / "b")
+    os.utime(b / "train.py", (1, 1))  # another clone: other mtimes, same content
+    (b / "pkg" / "layers.py").chmod(0o600)
+    assert pack(a) == pack(b)
+    (b / "pkg" / "layers.py").write_text("width = 65\n")
+    assert pack(a) != pack(b)
+
+
+def test_bundle_holds_the_code_and_nothing_else(tmp_path: Path) -> None:
+    bundle = pack_entrypoint("exp/train.py:build", _project(tmp_path / "exp").parent)
+    assert bundle.entrypoint == "train.py:build"
+    out = tmp_path / "bundle.tar.gz"
+    out.write_bytes(bundle.data)
+    with tarfile.open(out) as tar:
+        members = tar.getmembers()
+    assert sorted(m.name for m in members) == ["pkg/layers.py", "train.py"]
+    assert all(m.mtime == 0 and m.uid == 0 and m.mode == 0o644 for m in members)
+    assert bundle.key == f"code/bundle-{hashlib.sha256(bundle.data).hexdigest()}.tar.gz"
+
+
+def test_missing_entrypoint_and_oversized_directory_are_spec_errors(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"training\.entrypoint: .* does not exist"):
+        pack_entrypoint("nowhere/train.py:build", tmp_path)
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "train.py").write_text("def build(t): ...\n")
+    (big / "weights.bin").write_bytes(b"\0" * (MAX_BUNDLE_BYTES + 1))
+    with pytest.raises(SpecError, match="holds over 50 MB"):
+        pack_entrypoint("big/train.py:build", tmp_path)
+
+
+def test_a_node_unpacks_the_bundle_from_the_store_and_refuses_altered_bytes(tmp_path: Path) -> None:
+    bundle = pack_entrypoint("exp/train.py:build", _project(tmp_path / "exp").parent)
+    store = Store.from_url((tmp_path / "store").as_uri())
+    store.put_bytes(bundle.key, bundle.data)
+    entry = materialize(store, bundle.sha256, bundle.entrypoint, tmp_path / "node")
+    path, _, func = entry.rpartition(":")
+    assert func == "build" and Path(path).read_text() == (tmp_path / "exp" / "train.py").read_text()
+    assert (Path(path).parent / "pkg" / "layers.py").read_text() == "width = 64\n"
+    store.put_bytes(bundle.key, bundle.data[:-1] + b"x")
+    with pytest.raises(SpecError, match="does not match its sha256"):
+        fetch(store, bundle.sha256)
+    with pytest.raises(SpecError, match="is not in"):
+        fetch(store, "0" * 64)
