@@ -16,8 +16,8 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-extras="train,aws"
-[ "$profile" = dev ] && extras="train,aws,dev"
+extras="train,aws,report"
+[ "$profile" = dev ] && extras="train,aws,report,dev"
 pipq() {  # quiet unless it fails: this machine's pip config warns about every local index miss
   local log; log=$(mktemp)
   "$@" --quiet --disable-pip-version-check >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }

@@ -79,7 +79,8 @@ def run_details(run_id: str | None) -> dict[str, Any]:
     manifest = run.manifest()
     store = run_store(run)
     metrics = store.get_json("metrics.json") or {}
-    metrics.pop("examples_per_sec_series", None)
+    metrics.pop("examples_per_sec_series", None)  # long series: `compare --plot` draws them
+    metrics.pop("loss_series", None)
     return {
         "run_id": run.id,
         "status": manifest.get("status"),

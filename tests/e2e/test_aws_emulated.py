@@ -5,6 +5,7 @@ What this stands in for: real EC2 boots (no AWS here); everything Terraform does
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import time
@@ -214,7 +215,7 @@ def test_destroy_removes_the_cluster_and_leaves_the_results_bucket(
         ),
         ("zero-workers", ["--workers", "0"], {}, "cluster.workers.count"),
         (
-            "entrypoint-not-shipped",
+            "entrypoint-missing",
             ["--set", "training.entrypoint=train.py:build"],
             {},
             "training.entrypoint",
@@ -339,3 +340,35 @@ def _release_private_ip_as_aws_does(instance: dict[str, Any]) -> None:
 
     subnet = ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_subnet(instance["SubnetId"])
     subnet.del_subnet_ip(instance["PrivateIpAddress"])
+
+
+def test_rerun_of_an_aws_run_applies_the_same_tfvars_and_wheel(
+    kept_run: dict[str, Any], aws_env: dict[str, Any]
+) -> None:
+    first = kept_run["run_dir"]
+    result = run_cli(
+        "rerun",
+        kept_run["run_id"],
+        "--yes",
+        "--emulate-instances",
+        env=aws_env["env"],
+        cwd=aws_env["cwd"],
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    second = max((aws_env["home"] / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    manifest = json.loads((second / "manifest.json").read_text())
+    original = json.loads((first / "manifest.json").read_text())
+    assert manifest["rerun_of"] == kept_run["run_id"]
+    # Identical apart from the run id (which also names the store prefix and the tags).
+    expected = (first / "tfvars.json").read_text().replace(kept_run["run_id"], second.name)
+    assert (second / "tfvars.json").read_text() == expected
+    assert manifest["wheel"]["sha256"] == original["wheel"]["sha256"]
+    assert manifest["terraform_lock_sha256"] == original["terraform_lock_sha256"]
+    s3 = _client(aws_env["endpoint"], "s3")
+    wheel = s3.get_object(Bucket=BUCKET, Key=f"runs/{second.name}/code/{manifest['wheel']['name']}")[
+        "Body"
+    ].read()
+    assert hashlib.sha256(wheel).hexdigest() == original["wheel"]["sha256"]
+    user_data = (second / "user-data" / "worker-0.yaml").read_text()
+    assert f"s3://{BUCKET}/runs/{second.name}/code/{manifest['wheel']['name']}" in user_data

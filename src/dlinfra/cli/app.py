@@ -452,6 +452,35 @@ def runs(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def compare(
+    run_ids: Annotated[list[str], typer.Argument(help="Runs to compare (ids from `dlinfra runs`).")],
+    as_json: JsonOpt = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="A markdown table (for PRs, reports).")
+    ] = False,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Also draw examples/s over time per run into this PNG.")
+    ] = None,
+) -> None:
+    """Runs side by side: roles, strategy, steps/s, examples/s, time, accuracy and cost."""
+    from dlinfra import compare as comparison
+
+    rows = comparison.compare(run_ids)
+    if plot is not None:
+        comparison.plot(rows, plot)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    elif markdown:
+        sys.stdout.write(comparison.markdown(rows))
+    else:
+        from dlinfra.cli.views import compare_table
+
+        out.print(compare_table(rows))
+    if plot is not None and not as_json:
+        out.print(f"plot: {plot}")
+
+
+@app.command()
 def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
     """A run's manifest, metrics and where its model and TensorBoard logs are."""
     from dlinfra.reports import run_details

@@ -89,3 +89,15 @@ def print_failure(console: Console, outcome: Outcome) -> None:
         )
         for line in outcome.log_tail:
             console.print(line, markup=False, highlight=False)
+
+
+def compare_table(rows: list[dict[str, Any]]) -> Table:
+    from dlinfra.compare import COLUMNS, cells
+    from dlinfra.pricing import PRICE_TABLE_DATE
+
+    table = Table(caption=f"cost: instance-hours x on-demand prices of {PRICE_TABLE_DATE}; local runs cost 0")
+    for column in COLUMNS:
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(*cells(r))
+    return table

@@ -1,0 +1,37 @@
+"""Cost arithmetic of `dlinfra compare`, against hand-computed figures from the dated price table."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlinfra.compare import cost_usd, role_counts
+from dlinfra.spec import Spec
+
+
+def _aws(**cluster: object) -> Spec:
+    return Spec.model_validate({"target": "aws", "cluster": cluster})
+
+
+def test_ps_cluster_cost_is_instance_hours_times_prices() -> None:
+    spec = _aws(workers={"count": 3, "instance_type": "g4dn.xlarge"})  # chief and ps: m5.xlarge
+    assert role_counts(spec) == {
+        "chief": (1, "m5.xlarge"),
+        "worker": (3, "g4dn.xlarge"),
+        "ps": (1, "m5.xlarge"),
+    }
+    # 30 minutes of 1 x 0.192 + 3 x 0.526 + 1 x 0.192 $/h = 1.962 $/h
+    assert cost_usd(spec, "aws", 1800) == pytest.approx(0.981)
+
+
+def test_mirrored_cluster_pays_only_for_workers() -> None:
+    spec = Spec.model_validate(
+        {"target": "aws", "strategy": "multi_worker_mirrored", "cluster": {"workers": {"count": 2}}}
+    )
+    assert role_counts(spec) == {"worker": (2, "g4dn.xlarge")}
+    assert cost_usd(spec, "aws", 3600) == pytest.approx(2 * 0.526)
+
+
+def test_local_runs_are_free_and_unknown_prices_are_not_guessed() -> None:
+    assert cost_usd(Spec(), "local", 3600) == 0.0
+    assert cost_usd(_aws(ps={"instance_type": "x9.unpriced"}), "aws", 3600) is None
+    assert cost_usd(_aws(), "aws", None) is None
