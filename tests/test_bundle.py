@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.bundle import MAX_BUNDLE_BYTES, fetch, materialize, pack, pack_entrypoint
+from dlinfra.bundle import MAX_BUNDLE_BYTES, bundle_key, fetch, materialize, pack, pack_entrypoint
 from dlinfra.errors import SpecError
 from dlinfra.store import Store
 
@@ -67,7 +67,7 @@ def test_a_node_unpacks_the_bundle_from_the_store_and_refuses_altered_bytes(tmp_
     assert func == "build" and Path(path).read_text() == (tmp_path / "exp" / "train.py").read_text()
     assert (Path(path).parent / "pkg" / "layers.py").read_text() == "width = 64\n"
     store.put_bytes(bundle.key, bundle.data[:-1] + b"x")
-    with pytest.raises(SpecError, match="does not match its sha256"):
-        fetch(store, bundle.sha256)
-    with pytest.raises(SpecError, match="is not in"):
-        fetch(store, "0" * 64)
+    with pytest.raises(SpecError, match="does not match its pinned sha256"):
+        fetch(store, bundle.key, bundle.sha256)
+    with pytest.raises(SpecError, match="is missing"):
+        fetch(store, bundle_key("0" * 64), "0" * 64)

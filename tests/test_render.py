@@ -63,6 +63,25 @@ def test_every_user_data_passes_cloud_init_schema_and_round_trips(
         assert "Valid" in result.stdout
 
 
+def test_aws_user_data_installs_the_runs_wheel_from_the_store(tmp_path: Path) -> None:
+    spec = load_spec(None, Overrides(target="aws", workers=2))
+    configs = build_node_configs(spec, "r-1", "s3://bucket/runs/r-1", plan_addresses(spec))
+    wheel = "s3://bucket/runs/r-1/code/dlinfra-0.1.0-py3-none-any.whl"
+    text = render_cluster(configs, wheel)["worker-0"]
+    commands = [" ".join(map(str, c)) for c in yaml.safe_load(text)["runcmd"]]
+    fetch = commands.index(f"aws s3 cp {wheel} /opt/dlinfra-wheel/")
+    install = commands.index(
+        "/opt/dlinfra/bin/pip install --quiet /opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl[train,aws]"
+    )
+    assert fetch < install < commands.index("systemctl start --no-block dlinfra-node.service")
+    path = tmp_path / "worker-0.yaml"
+    path.write_text(text)
+    result = subprocess.run(
+        [CLOUD_INIT, "schema", "--config-file", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_cloud_init_rejects_a_broken_file(tmp_path: Path) -> None:
     """The validator used above can fail: a bad key in write_files is caught."""
     assert CLOUD_INIT, "cloud-init must be installed (the README's test command installs it)"

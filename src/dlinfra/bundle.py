@@ -34,7 +34,7 @@ class Bundle:
 
     @property
     def key(self) -> str:
-        return f"code/bundle-{self.sha256}.tar.gz"
+        return bundle_key(self.sha256)
 
     def pin(self) -> dict[str, object]:
         return {
@@ -99,18 +99,17 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(store: Store, sha256: str) -> bytes:
-    """The bundle's bytes from a store, checked against the sha256 that names them."""
-    data = store.get_bytes(f"code/bundle-{sha256}.tar.gz")
+def bundle_key(sha256: str) -> str:
+    return f"code/bundle-{sha256}.tar.gz"
+
+
+def fetch(store: Store, key: str, sha256: str) -> bytes:
+    """Bytes a manifest pinned (a code bundle, a wheel), checked against their sha256."""
+    data = store.get_bytes(key)
     if data is None:
-        raise SpecError(
-            [
-                f"code bundle {sha256[:12]}… is not in {store.uri('code')}. "
-                "Fix: rerun a run whose store still holds it"
-            ]
-        )
+        raise SpecError([f"{store.uri(key)} is missing. Fix: rerun a run whose store still holds it"])
     if hashlib.sha256(data).hexdigest() != sha256:
-        raise SpecError([f"code bundle in {store.uri('code')} does not match its sha256 {sha256[:12]}…"])
+        raise SpecError([f"{store.uri(key)} does not match its pinned sha256 {sha256[:12]}…"])
     return data
 
 
@@ -120,7 +119,7 @@ def materialize(store: Store, sha256: str, entrypoint: str, work: Path) -> str:
     if not target.exists():
         partial = work / f".code-{sha256[:12]}.partial"
         partial.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(fetch(store, sha256)), mode="r:gz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(fetch(store, bundle_key(sha256), sha256)), mode="r:gz") as tar:
             tar.extractall(partial, filter="data")  # refuses absolute paths and '..'
         partial.replace(target)
     file_name, _, func = entrypoint.rpartition(":")

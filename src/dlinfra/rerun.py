@@ -7,12 +7,11 @@ gap, unless the user accepts it with --allow-unpinned; the new run records what 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlinfra.bundle import Bundle, fetch
+from dlinfra.bundle import Bundle, bundle_key, fetch
 from dlinfra.deploy import run_store
 from dlinfra.errors import SpecError
 from dlinfra.run import Run, home
@@ -59,7 +58,7 @@ def load_origin(run_id: str, overrides: Overrides, allow_unpinned: bool) -> Orig
     spec = load_spec(run.dir / "spec.lock.yaml", overrides)
     code = None
     if pin := manifest.get("bundle"):
-        code = Bundle(fetch(run_store(run), pin["sha256"]), pin["entrypoint"])
+        code = Bundle(fetch(run_store(run), bundle_key(pin["sha256"]), pin["sha256"]), pin["entrypoint"])
     elif spec.training.entrypoint:
         raise SpecError([f"rerun {run_id}: the run used training.entrypoint but recorded no code bundle"])
     wheel = _original_wheel(run, manifest["wheel"]) if manifest.get("wheel") else None
@@ -76,11 +75,7 @@ def _original_wheel(run: Run, pin: dict[str, Any]) -> Path:
     """The original run's wheel, checked against its pin, in the local wheel cache."""
     path = home() / "wheels" / f"pinned-{pin['sha256'][:16]}" / pin["name"]
     if not path.is_file():
-        data = run_store(run).get_bytes(f"code/{pin['name']}")
-        if data is None or hashlib.sha256(data).hexdigest() != pin["sha256"]:
-            raise SpecError(
-                [f"rerun {run.id}: its dlinfra wheel {pin['name']} is missing or altered in the store"]
-            )
+        data = fetch(run_store(run), f"code/{pin['name']}", pin["sha256"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return path

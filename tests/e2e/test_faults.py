@@ -49,9 +49,9 @@ def report(name: str, **figures: object) -> None:
     print(f"\nFAULT {name}: " + json.dumps(figures))
 
 
-def kill_at(live: Live, node: str, fraction: float, trainer: str = "chief-0") -> int:
+def kill_at(live: Live, node: str, fraction: float, trainer: str = "chief-0", steps: int = STEPS) -> int:
     """SIGKILL `node`'s whole process group once the trainer logged `fraction` of the steps."""
-    live.wait_for_step(trainer, int(STEPS * fraction))
+    live.wait_for_step(trainer, int(steps * fraction))
     pid = live.status(node)["pid"]
     os.killpg(pid, signal.SIGKILL)
     return pid
@@ -61,9 +61,7 @@ def test_killed_ps_worker_rejoins_and_accuracy_holds(tmp_path: Path, ps_run) -> 
     # Same shape and steps as the undisturbed ps_run, so the accuracies compare.
     live = start_deploy(tmp_path, "--workers", "3", "--set", f"training.checkpoint_every={CHECKPOINT_EVERY}")
     steps = ps_run.metrics["total_steps"]
-    live.wait_for_step("chief-0", int(steps * 0.4))
-    pid = live.status("worker-1")["pid"]
-    os.killpg(pid, signal.SIGKILL)
+    pid = kill_at(live, "worker-1", 0.4, steps=steps)
     killed_at = time.time()
     done = live.finish()
     assert done.returncode == 0, done.stdout + done.stderr

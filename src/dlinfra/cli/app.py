@@ -45,6 +45,12 @@ EndpointOpt = Annotated[
 ]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Any field: --set training.batch_size=256")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")]
+KeepOpt = Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")]
+EmulateOpt = Annotated[
+    bool,
+    typer.Option("--emulate-instances", help="aws + endpoint: boot instances' user-data as local processes."),
+]
 RunArg = Annotated[str | None, typer.Argument(help="Run id (default: the newest run).")]
 
 
@@ -171,14 +177,9 @@ def deploy(
     target: TargetOpt = None,
     endpoint_url: EndpointOpt = None,
     sets: SetOpt = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")] = False,
-    keep: Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")] = False,
-    emulate_instances: Annotated[
-        bool,
-        typer.Option(
-            "--emulate-instances", help="aws + endpoint: boot instances' user-data as local processes."
-        ),
-    ] = False,
+    yes: YesOpt = False,
+    keep: KeepOpt = False,
+    emulate_instances: EmulateOpt = False,
 ) -> None:
     """Provision a cluster for the experiment, train, collect results, tear down."""
     started = time.time()
@@ -219,14 +220,9 @@ def rerun(
         bool,
         typer.Option("--allow-unpinned", help="Rerun even what the manifest could not pin (dirty tree…)."),
     ] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")] = False,
-    keep: Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")] = False,
-    emulate_instances: Annotated[
-        bool,
-        typer.Option(
-            "--emulate-instances", help="aws + endpoint: boot instances' user-data as local processes."
-        ),
-    ] = False,
+    yes: YesOpt = False,
+    keep: KeepOpt = False,
+    emulate_instances: EmulateOpt = False,
 ) -> None:
     """Deploy a recorded run again: its locked spec and its code bundle from the store."""
     from dlinfra.rerun import load_origin

@@ -13,6 +13,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from dlinfra.node.status import run_marker
 from dlinfra.pricing import NAT_GATEWAY_USD_PER_HOUR, ON_DEMAND_USD_PER_HOUR, PRICE_SOURCE, PRICE_TABLE_DATE
 from dlinfra.run import Run, utc_now
 from dlinfra.spec import Spec
+from dlinfra.store import Store
 from dlinfra.targets.local import LocalCluster
 from dlinfra.terraform import Terraform, find_terraform
 from dlinfra.wheel import node_wheel
@@ -374,11 +376,19 @@ class InstanceCluster:
         if self.emulated:
             self.emulated.stop()
 
+    @cached_property
+    def _store(self) -> Store:
+        return run_store(self.run)
+
+    @cached_property
+    def _ec2(self) -> Any:
+        return _client(self.spec, "ec2")
+
     def _vanished(self) -> list[str]:
-        store = run_store(self.run)
+        store = self._store
         if run_marker(store) is not None:
             return []
-        reservations = _client(self.spec, "ec2").describe_instances(
+        reservations = self._ec2.describe_instances(
             Filters=[{"Name": "instance-id", "Values": list(self.instances.values())}]
         )["Reservations"]
         states = {i["InstanceId"]: i["State"]["Name"] for r in reservations for i in r["Instances"]}

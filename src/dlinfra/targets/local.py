@@ -39,7 +39,6 @@ class LocalCluster:
     remap: bool = False
     restart_together: bool = False
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
-    restarts: dict[str, int] = field(default_factory=dict)
     _loopback: dict[str, str] = field(default_factory=dict)
 
     def start(self, user_data: dict[str, str]) -> None:
@@ -102,7 +101,6 @@ class LocalCluster:
         for name in again:
             self.kill(name)
         for name in sorted(again, key=lambda n: n.startswith("chief")):
-            self.restarts[name] = self.restarts.get(name, 0) + 1
             self._launch(name)
         return self.exit_codes()
 
