@@ -78,3 +78,16 @@ def alive_node_pids(marker: str) -> list[int]:
         if "dlinfra node run" in cmd and marker in cmd and state != "Z":
             found.append(int(proc.name))
     return found
+
+
+def addresses(spec, target: str | None = None):
+    """The address plan the spec's target (or `target`) would use."""
+    from dlinfra.targets import target_for
+
+    return target_for(target or spec.target).addresses(spec)
+
+
+def store_config(spec, url: str):
+    from dlinfra.node.config import StoreConfig
+
+    return StoreConfig.for_run(spec, url)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.bundle import MAX_BUNDLE_BYTES, bundle_key, fetch, materialize, pack, pack_entrypoint
-from dlinfra.errors import SpecError
+from dlinfra.bundle import MAX_BUNDLE_BYTES, materialize, pack, pack_entrypoint
+from dlinfra.errors import SpecError, StoreError
+from dlinfra.layout import RunStore
 from dlinfra.store import Store
 
 
@@ -44,7 +45,7 @@ def test_bundle_holds_the_code_and_nothing_else(tmp_path: Path) -> None:
         members = tar.getmembers()
     assert sorted(m.name for m in members) == ["pkg/layers.py", "train.py"]
     assert all(m.mtime == 0 and m.uid == 0 and m.mode == 0o644 for m in members)
-    assert bundle.key == f"code/bundle-{hashlib.sha256(bundle.data).hexdigest()}.tar.gz"
+    assert bundle.pin().sha256 == hashlib.sha256(bundle.data).hexdigest()
 
 
 def test_missing_entrypoint_and_oversized_directory_are_spec_errors(tmp_path: Path) -> None:
@@ -60,14 +61,14 @@ def test_missing_entrypoint_and_oversized_directory_are_spec_errors(tmp_path: Pa
 
 def test_a_node_unpacks_the_bundle_from_the_store_and_refuses_altered_bytes(tmp_path: Path) -> None:
     bundle = pack_entrypoint("exp/train.py:build", _project(tmp_path / "exp").parent)
-    store = Store.from_url((tmp_path / "store").as_uri())
-    store.put_bytes(bundle.key, bundle.data)
+    store = RunStore(Store.from_url((tmp_path / "store").as_uri()))
+    store.put_bundle(bundle.sha256, bundle.data)
     entry = materialize(store, bundle.sha256, bundle.entrypoint, tmp_path / "node")
     path, _, func = entry.rpartition(":")
     assert func == "build" and Path(path).read_text() == (tmp_path / "exp" / "train.py").read_text()
     assert (Path(path).parent / "pkg" / "layers.py").read_text() == "width = 64\n"
-    store.put_bytes(bundle.key, bundle.data[:-1] + b"x")
-    with pytest.raises(SpecError, match="does not match its pinned sha256"):
-        fetch(store, bundle.key, bundle.sha256)
-    with pytest.raises(SpecError, match="is missing"):
-        fetch(store, bundle_key("0" * 64), "0" * 64)
+    store.put_bundle(bundle.sha256, bundle.data[:-1] + b"x")
+    with pytest.raises(StoreError, match="does not match its pinned sha256"):
+        store.bundle(bundle.sha256)
+    with pytest.raises(StoreError, match="is missing"):
+        store.bundle("0" * 64)

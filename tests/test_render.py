@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlinfra.render import build_node_configs, node_config_from_user_data, plan_addresses, render_cluster
+from dlinfra.render import build_node_configs, node_config_from_user_data, render_cluster
 from dlinfra.spec import Overrides, load_spec
 from dlinfra.targets.aws import install_requirement
-from support import FAKE_CREDS, Cli
+from support import FAKE_CREDS, Cli, addresses, store_config
 
 CLOUD_INIT = shutil.which("cloud-init")
 
@@ -22,7 +22,7 @@ def _render(target: str, strategy: str, workers: int) -> dict[str, tuple[str, ob
     sets = ["aws.subnet_cidr=10.42.0.0/23"] if workers > 100 else []
     spec = load_spec(None, Overrides(target=target, strategy=strategy, workers=workers, sets=sets))
     configs = build_node_configs(
-        spec, "digits-cnn-20261122-000000-abcd", "s3://bucket/runs/x", plan_addresses(spec)
+        spec, "digits-cnn-20261122-000000-abcd", store_config(spec, "s3://bucket/runs/x"), addresses(spec)
     )
     install = install_requirement() if target == "aws" else None
     rendered = render_cluster(configs, install)
@@ -65,7 +65,7 @@ def test_every_user_data_passes_cloud_init_schema_and_round_trips(
 
 def test_aws_user_data_installs_the_runs_wheel_from_the_store(tmp_path: Path) -> None:
     spec = load_spec(None, Overrides(target="aws", workers=2))
-    configs = build_node_configs(spec, "r-1", "s3://bucket/runs/r-1", plan_addresses(spec))
+    configs = build_node_configs(spec, "r-1", store_config(spec, "s3://bucket/runs/r-1"), addresses(spec))
     wheel = "s3://bucket/runs/r-1/code/dlinfra-0.1.0-py3-none-any.whl"
     text = render_cluster(configs, wheel)["worker-0"]
     commands = [" ".join(map(str, c)) for c in yaml.safe_load(text)["runcmd"]]

@@ -12,17 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlinfra.node.supervision import (
-    EXIT_DONE,
-    EXIT_FAILED,
-    EXIT_RETRY,
-    FINAL_EXIT_CODES,
-    backoff_seconds,
-    is_transient,
-    should_restart,
-)
-from dlinfra.render import build_node_configs, plan_addresses, render_cluster
+from dlinfra.layout import RunStore
+from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, FINAL_EXIT_CODES
+from dlinfra.node.supervision import backoff_seconds, is_transient, should_restart
+from dlinfra.records import NodeState
+from dlinfra.render import build_node_configs, render_cluster
 from dlinfra.spec import Spec
+from dlinfra.store import Store
+from support import addresses, store_config
 
 
 def test_signals_and_retry_restart_final_codes_do_not() -> None:
@@ -50,7 +47,9 @@ def test_lost_peers_are_transient_and_user_errors_are_not() -> None:
 
 def test_systemd_unit_restarts_exactly_what_the_launcher_restarts() -> None:
     spec = Spec.model_validate({"target": "aws"})
-    configs = build_node_configs(spec, "r-1", "s3://bucket/runs/r-1", plan_addresses(spec, "aws"))
+    configs = build_node_configs(
+        spec, "r-1", store_config(spec, "s3://bucket/runs/r-1"), addresses(spec, "aws")
+    )
     text = render_cluster(configs, "dlinfra==0")["worker-0"]
     doc = yaml.safe_load(text)
     unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
@@ -65,14 +64,15 @@ def test_systemd_unit_restarts_exactly_what_the_launcher_restarts() -> None:
 def _node(tmp_path: Path, max_restarts: int, status: dict | None = None, marker: str | None = None) -> Path:
     spec = Spec.model_validate({"cluster": {"max_restarts": max_restarts}})
     store = tmp_path / "store"
-    configs = build_node_configs(spec, "r-1", store.as_uri(), plan_addresses(spec, "local"))
+    configs = build_node_configs(spec, "r-1", store_config(spec, store.as_uri()), addresses(spec, "local"))
     config = tmp_path / "chief-0.json"
     config.write_text(configs["chief-0"].model_dump_json())
-    (store / "status").mkdir(parents=True)
-    if status is not None:
-        (store / "status" / "chief-0.json").write_text(json.dumps(status))
+    run_store = RunStore(Store.from_url(store.as_uri()))
+    if status is not None:  # what an earlier life of the node left
+        earlier = {"node": "chief-0", "role": "chief", "index": 0, "state": "training", "started": 1.0}
+        run_store.put_status(NodeState(**(earlier | {"heartbeat": 2.0} | status)))
     if marker is not None:
-        (store / marker).write_text(json.dumps({"marker": marker}))
+        run_store.write_marker(marker)
     return config
 
 

@@ -7,8 +7,10 @@ import ipaddress
 import pytest
 
 from dlinfra.errors import SpecError
-from dlinfra.render import build_node_configs, plan_addresses, tf_config
+from dlinfra.node.config import tf_config
+from dlinfra.render import build_node_configs
 from dlinfra.spec import Overrides, Spec, load_spec
+from support import addresses, store_config
 
 PS_CLUSTER = {"chief": ["h:1"], "worker": ["h:2", "h:3", "h:4"], "ps": ["h:5", "h:6"]}
 MWMS_CLUSTER = {"worker": ["h:1", "h:2"]}
@@ -68,16 +70,16 @@ def test_tf_config_is_what_the_tf_resolver_reads(monkeypatch: pytest.MonkeyPatch
 )
 def test_local_plan_gives_each_role_distinct_loopback_ports(strategy, workers, ps, expected) -> None:
     spec = load_spec(None, Overrides(strategy=strategy, workers=workers, ps=ps))
-    plan = plan_addresses(spec)
+    plan = addresses(spec)
     assert {role: len(addrs) for role, addrs in plan.cluster().items()} == expected
-    addresses = [n.address for n in plan]
-    assert len(set(addresses)) == len(addresses)
+    listed = [n.address for n in plan]
+    assert len(set(listed)) == len(listed)
     assert all(n.host == "127.0.0.1" for n in plan)
 
 
 def test_aws_plan_uses_fixed_private_ips_in_role_blocks() -> None:
     spec = load_spec(None, Overrides(target="aws", workers=3, ps=2))
-    plan = plan_addresses(spec)
+    plan = addresses(spec)
     assert plan.cluster() == {
         "chief": ["10.42.1.10:2222"],
         "worker": ["10.42.1.128:2222", "10.42.1.129:2222", "10.42.1.130:2222"],
@@ -86,16 +88,16 @@ def test_aws_plan_uses_fixed_private_ips_in_role_blocks() -> None:
 
 
 def test_adding_a_worker_moves_no_other_node() -> None:
-    small = plan_addresses(load_spec(None, Overrides(target="aws", workers=3)))
-    large = plan_addresses(load_spec(None, Overrides(target="aws", workers=4)))
+    small = addresses(load_spec(None, Overrides(target="aws", workers=3)))
+    large = addresses(load_spec(None, Overrides(target="aws", workers=4)))
     for node in small:
-        assert large.by_name(node.name).address == node.address
+        assert next(n for n in large if n.name == node.name).address == node.address
 
 
 def test_aws_plan_fits_100_workers_in_the_subnet() -> None:
     spec = load_spec(None, Overrides(target="aws", workers=100, sets=["aws.subnet_cidr=10.42.0.0/23"]))
     subnet = ipaddress.IPv4Network("10.42.0.0/23")
-    hosts = [ipaddress.IPv4Address(n.host) for n in plan_addresses(spec)]
+    hosts = [ipaddress.IPv4Address(n.host) for n in addresses(spec)]
     assert len(set(hosts)) == 102
     assert all(h in subnet and h != subnet.broadcast_address for h in hosts)
 
@@ -103,13 +105,13 @@ def test_aws_plan_fits_100_workers_in_the_subnet() -> None:
 def test_aws_plan_refuses_a_subnet_too_small() -> None:
     spec = load_spec(None, Overrides(target="aws", workers=200))  # a /24 has room for 127 workers
     with pytest.raises(SpecError, match=r"aws\.subnet_cidr"):
-        plan_addresses(spec)
+        addresses(spec)
 
 
 def test_mirrored_worker_zero_is_the_chief() -> None:
     spec = Spec(strategy="multi_worker_mirrored")
-    configs = build_node_configs(spec, "r", "file:///tmp/s/r", plan_addresses(spec))
+    configs = build_node_configs(spec, "r", store_config(spec, "file:///tmp/s/r"), addresses(spec))
     assert [name for name, c in configs.items() if c.is_chief] == ["worker-0"]
     spec = Spec()
-    configs = build_node_configs(spec, "r", "file:///tmp/s/r", plan_addresses(spec))
+    configs = build_node_configs(spec, "r", store_config(spec, "file:///tmp/s/r"), addresses(spec))
     assert [name for name, c in configs.items() if c.is_chief] == ["chief-0"]

@@ -2,7 +2,7 @@
 
 The directory holding the entrypoint file is packed into a tar.gz with sorted entries and zeroed
 times, owners and modes (so its sha256 names the code, not the checkout); it goes to the run's store
-as ``code/bundle-<sha256>.tar.gz`` and every node, on any target, runs the code from there. A rerun
+(see layout) and every node, on any target, runs the code from there. A rerun
 copies the bundle of the original run, so it runs the original code even after the files changed.
 """
 
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlinfra.errors import SpecError
-from dlinfra.store import Store
+from dlinfra.layout import RunStore
+from dlinfra.records import BundlePin
 
 MAX_BUNDLE_BYTES = 50 * 1024 * 1024
 SKIPPED_DIRS = {"__pycache__", "node_modules", "venv"}
@@ -32,17 +33,8 @@ class Bundle:
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
-    @property
-    def key(self) -> str:
-        return bundle_key(self.sha256)
-
-    def pin(self) -> dict[str, object]:
-        return {
-            "sha256": self.sha256,
-            "key": self.key,
-            "entrypoint": self.entrypoint,
-            "bytes": len(self.data),
-        }
+    def pin(self) -> BundlePin:
+        return BundlePin(sha256=self.sha256, entrypoint=self.entrypoint, bytes=len(self.data))
 
 
 def pack_entrypoint(entrypoint: str, base: Path) -> Bundle:
@@ -99,27 +91,13 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def bundle_key(sha256: str) -> str:
-    return f"code/bundle-{sha256}.tar.gz"
-
-
-def fetch(store: Store, key: str, sha256: str) -> bytes:
-    """Bytes a manifest pinned (a code bundle, a wheel), checked against their sha256."""
-    data = store.get_bytes(key)
-    if data is None:
-        raise SpecError([f"{store.uri(key)} is missing. Fix: rerun a run whose store still holds it"])
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise SpecError([f"{store.uri(key)} does not match its pinned sha256 {sha256[:12]}…"])
-    return data
-
-
-def materialize(store: Store, sha256: str, entrypoint: str, work: Path) -> str:
+def materialize(store: RunStore, sha256: str, entrypoint: str, work: Path) -> str:
     """Unpack the bundle into the node's work dir; the entrypoint as a path a node can import."""
     target = work / f"code-{sha256[:12]}"
     if not target.exists():
         partial = work / f".code-{sha256[:12]}.partial"
         partial.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(fetch(store, bundle_key(sha256), sha256)), mode="r:gz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(store.bundle(sha256)), mode="r:gz") as tar:
             tar.extractall(partial, filter="data")  # refuses absolute paths and '..'
         partial.replace(target)
     file_name, _, func = entrypoint.rpartition(":")

@@ -3,6 +3,8 @@ change, so every estimate names this table's date and source, and unknown types 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 PRICE_TABLE_DATE = "2025-06"
 PRICE_SOURCE = (
     "AWS EC2 On-Demand pricing page, Linux, us-east-1 (https://aws.amazon.com/ec2/pricing/on-demand/)"
@@ -31,3 +33,21 @@ ON_DEMAND_USD_PER_HOUR: dict[str, float] = {
     "p4d.24xlarge": 32.7726,
 }
 NAT_GATEWAY_USD_PER_HOUR = 0.045
+
+
+@dataclass(frozen=True)
+class HourlyCost:
+    """What a run costs per hour while it runs, by role, from the dated table above."""
+
+    per_role: dict[str, float | None]  # role → $/h of all its nodes (None: a type with no price)
+    extras: dict[str, float] = field(default_factory=dict)  # e.g. a NAT gateway
+    unknown_types: tuple[str, ...] = ()
+
+    @property
+    def known(self) -> float:
+        """The priced part: roles with a known price and the extras."""
+        return sum(v for v in self.per_role.values() if v is not None) + sum(self.extras.values())
+
+    @property
+    def total(self) -> float | None:
+        return None if self.unknown_types else self.known

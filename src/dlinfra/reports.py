@@ -1,47 +1,43 @@
-"""Read-only views of recorded runs (status, logs, list, details) and their teardown."""
+"""Views of recorded runs (status, logs, list, details), and their teardown through their target."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from dlinfra.deploy import node_log, run_store
-from dlinfra.node.status import run_marker
+from dlinfra.errors import StoreError
 from dlinfra.run import Run, list_runs
+from dlinfra.targets import target_for
 
 
 def run_status(run_id: str | None) -> dict[str, Any]:
     run = Run.open(run_id)
     manifest = run.manifest()
-    store = run_store(run)
+    store = run.store()
     now = time.time()
-    nodes = {}
-    for name in manifest.get("nodes", []):
-        st = store.get_json(f"status/{name}.json")
-        if st is not None:
-            st["heartbeat_age"] = round(now - st["heartbeat"], 1)
-        nodes[name] = st
-    marker = run_marker(store)
-    return {"run_id": run.id, "status": marker[0] if marker else manifest.get("status"), "nodes": nodes}
+    nodes: dict[str, dict[str, Any] | None] = {}
+    for name, st in store.statuses(manifest.nodes).items():
+        nodes[name] = (
+            None if st is None else st.model_dump() | {"heartbeat_age": round(now - st.heartbeat, 1)}
+        )
+    marker = store.marker()
+    return {"run_id": run.id, "status": marker.marker if marker else manifest.status, "nodes": nodes}
 
 
 def follow_logs(run_id: str, node: str | None, follow: bool) -> Iterator[str]:
     run = Run.open(run_id)
-    store = run_store(run)
-    names = [node] if node else run.manifest().get("nodes", [])
+    store = run.store()
+    names = [node] if node else run.manifest().nodes
     seen = dict.fromkeys(names, 0)
     while True:
         for name in names:
-            lines = node_log(run, store, name)
+            lines = run.node_log(name)
             for line in lines[seen[name] :]:
                 yield line if node else f"{name} | {line}"
             seen[name] = len(lines)
-        if not follow or run_marker(store) is not None:
+        if not follow or store.marker() is not None:
             return
         time.sleep(1)
 
@@ -59,16 +55,21 @@ def _age(created: str | None) -> str:
 def list_run_rows() -> list[dict[str, Any]]:
     rows = []
     for run in list_runs():
-        m = run.manifest()
+        try:
+            m = run.manifest()
+        except StoreError:  # another dlinfra's record: list it, do not guess at its fields
+            rows.append(dict.fromkeys(("age", "created", "target", "strategy", "eval_accuracy")))
+            rows[-1] |= {"run_id": run.id, "status": "unreadable (other schema_version)", "age": "-"}
+            continue
         rows.append(
             {
                 "run_id": run.id,
-                "status": m.get("status"),
-                "age": _age(m.get("created")),
-                "created": m.get("created"),
-                "target": m.get("target"),
-                "strategy": m.get("strategy"),
-                "eval_accuracy": (m.get("metrics") or {}).get("eval_accuracy"),
+                "status": m.status,
+                "age": _age(m.created),
+                "created": m.created,
+                "target": m.target,
+                "strategy": m.strategy,
+                "eval_accuracy": (m.metrics or {}).get("eval_accuracy"),
             }
         )
     return rows
@@ -77,47 +78,26 @@ def list_run_rows() -> list[dict[str, Any]]:
 def run_details(run_id: str | None) -> dict[str, Any]:
     run = Run.open(run_id)
     manifest = run.manifest()
-    store = run_store(run)
-    metrics = store.get_json("metrics.json") or {}
-    metrics.pop("examples_per_sec_series", None)  # long series: `compare --plot` draws them
-    metrics.pop("loss_series", None)
+    store = run.store()
+    metrics = store.metrics()
+    # long series stay out of the view: `compare --plot` draws them
+    shown = metrics.model_dump(exclude={"examples_per_sec_series", "loss_series"}) if metrics else {}
+    tensorboard = store.tensorboard_uri()
     return {
         "run_id": run.id,
-        "status": manifest.get("status"),
+        "status": manifest.status,
         "run_dir": str(run.dir),
         "store": store.uri(),
-        "model": store.uri("model") if metrics else None,
-        "tensorboard": store.uri("tensorboard"),
-        "tensorboard_command": f"tensorboard --logdir {store.uri('tensorboard').removeprefix('file://')}"
-        if store.uri().startswith("file://")
-        else f"aws s3 sync {store.uri('tensorboard')} tb/ && tensorboard --logdir tb/",
-        "metrics": metrics,
-        "manifest": manifest,
+        "model": store.model_uri() if metrics else None,
+        "tensorboard": tensorboard,
+        "tensorboard_command": f"tensorboard --logdir {tensorboard.removeprefix('file://')}"
+        if tensorboard.startswith("file://")
+        else f"aws s3 sync {tensorboard} tb/ && tensorboard --logdir tb/",
+        "metrics": shown,
+        "manifest": manifest.model_dump(mode="json"),
     }
 
 
 def destroy_run(run_id: str) -> str:
     run = Run.open(run_id)
-    manifest = run.manifest()
-    if manifest.get("target") == "aws":
-        from dlinfra.targets.aws import destroy
-
-        return destroy(run)
-    killed = 0
-    for pid in manifest.get("pids", []):
-        if not _is_node_of(pid, run.id):
-            continue  # exited long ago; the pid may belong to someone else now
-        try:
-            os.killpg(pid, signal.SIGKILL)
-            killed += 1
-        except (ProcessLookupError, PermissionError):
-            pass
-    return f"run {run.id}: {killed} leftover node process groups stopped"
-
-
-def _is_node_of(pid: int, run_id: str) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
-    return "node run" in cmdline and run_id in cmdline
+    return target_for(run.manifest().target).teardown(run)

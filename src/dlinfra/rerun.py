@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlinfra.bundle import Bundle, bundle_key, fetch
-from dlinfra.deploy import run_store
+from dlinfra.bundle import Bundle
 from dlinfra.errors import SpecError
+from dlinfra.records import Manifest, WheelPin
 from dlinfra.run import Run, home
 from dlinfra.spec import Overrides, Spec, load_spec
 
@@ -26,16 +26,16 @@ class Origin:
     wheel: Path | None  # aws: the dlinfra wheel the original nodes installed
 
 
-def unpinned(manifest: dict[str, Any]) -> list[str]:
+def unpinned(manifest: Manifest) -> list[str]:
     """What a rerun of this manifest could not reproduce exactly, each with its fix."""
     gaps = []
-    git = manifest.get("git") or {}
+    git = manifest.git or {}
     if git.get("dirty"):
         gaps.append(
             f"the original run came from a git tree with uncommitted changes (commit {git['commit'][:12]}), "
             "so its commit does not describe it. Fix: commit, then deploy anew"
         )
-    dataset = manifest.get("dataset")
+    dataset = manifest.dataset
     if dataset is None:
         gaps.append("the original run's manifest names no dataset pin (recorded by an older dlinfra)")
     elif not dataset.get("pinned"):
@@ -57,25 +57,20 @@ def load_origin(run_id: str, overrides: Overrides, allow_unpinned: bool) -> Orig
         )
     spec = load_spec(run.dir / "spec.lock.yaml", overrides)
     code = None
-    if pin := manifest.get("bundle"):
-        code = Bundle(fetch(run_store(run), bundle_key(pin["sha256"]), pin["sha256"]), pin["entrypoint"])
+    if pin := manifest.bundle:
+        code = Bundle(run.store().bundle(pin.sha256), pin.entrypoint)
     elif spec.training.entrypoint:
         raise SpecError([f"rerun {run_id}: the run used training.entrypoint but recorded no code bundle"])
-    wheel = _original_wheel(run, manifest["wheel"]) if manifest.get("wheel") else None
-    pins = {
-        "rerun_of": run.id,
-        "unpinned": gaps,
-        "git": manifest.get("git"),
-        "spec_path": manifest.get("spec_path"),
-    }
+    wheel = _original_wheel(run, manifest.wheel) if manifest.wheel else None
+    pins = {"rerun_of": run.id, "unpinned": gaps, "git": manifest.git, "spec_path": manifest.spec_path}
     return Origin(spec, code, pins, wheel)
 
 
-def _original_wheel(run: Run, pin: dict[str, Any]) -> Path:
+def _original_wheel(run: Run, pin: WheelPin) -> Path:
     """The original run's wheel, checked against its pin, in the local wheel cache."""
-    path = home() / "wheels" / f"pinned-{pin['sha256'][:16]}" / pin["name"]
+    path = home() / "wheels" / f"pinned-{pin.sha256[:16]}" / pin.name
     if not path.is_file():
-        data = fetch(run_store(run), f"code/{pin['name']}", pin["sha256"])
+        data = run.store().wheel(pin.name, pin.sha256)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return path

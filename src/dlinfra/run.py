@@ -19,10 +19,14 @@ from typing import Any
 import yaml
 
 from dlinfra import __version__
-from dlinfra.errors import RunNotFound
+from dlinfra.errors import RunNotFound, StoreError
+from dlinfra.layout import RunStore, parse
+from dlinfra.node.config import StoreConfig
+from dlinfra.records import Manifest
 from dlinfra.spec import Spec
 
-TERMINAL_STATES = ("DONE", "FAILED", "STOPPED")
+SPEC_LOCK = "spec.lock.yaml"
+MANIFEST = "manifest.json"
 
 
 def home() -> Path:
@@ -78,21 +82,22 @@ class Run:
         run_dir = home() / "runs" / run_id
         run_dir.mkdir(parents=True)
         lock = spec.to_yaml()
-        (run_dir / "spec.lock.yaml").write_text(lock, encoding="utf-8")
+        (run_dir / SPEC_LOCK).write_text(lock, encoding="utf-8")
         run = cls(run_id, run_dir)
-        manifest = {
-            "run_id": run_id,
-            "name": spec.name,
-            "target": spec.target,
-            "strategy": spec.strategy,
-            "status": "CREATED",
-            "created": utc_now(),
-            "store_url": run.default_store_url(spec),
-            "spec_sha256": hashlib.sha256(lock.encode()).hexdigest(),
-            "spec_path": str(spec_path.absolute()) if spec_path else None,
-            "command": shlex.join(argv if argv is not None else sys.argv),
-            "git": git_state(spec_path.absolute()) if spec_path else None,
-            "versions": {
+        store_url = f"{spec.storage.url}/{run_id}" if spec.storage.url else f"file://{run_dir / 'store'}"
+        manifest = Manifest(
+            run_id=run_id,
+            name=spec.name,
+            target=spec.target,
+            strategy=spec.strategy,
+            status="CREATED",
+            created=utc_now(),
+            store=StoreConfig.for_run(spec, store_url),
+            spec_sha256=hashlib.sha256(lock.encode()).hexdigest(),
+            spec_path=str(spec_path.absolute()) if spec_path else None,
+            command=shlex.join(argv if argv is not None else sys.argv),
+            git=git_state(spec_path.absolute()) if spec_path else None,
+            versions={
                 "dlinfra": __version__,
                 "python": platform.python_version(),
                 "tensorflow": package_version("tensorflow-cpu", "tensorflow"),
@@ -101,7 +106,7 @@ class Run:
                 "numpy": package_version("numpy"),
                 "scikit-learn": package_version("scikit-learn"),
             },
-        }
+        )
         run.write_manifest(manifest)
         return run
 
@@ -115,34 +120,46 @@ class Run:
                 raise RunNotFound(f"no runs under {runs_dir}. Fix: start one with `dlinfra deploy`")
             return runs[0]
         run_dir = runs_dir / run_id
-        if not (run_dir / "manifest.json").is_file():
+        if not (run_dir / MANIFEST).is_file():
             raise RunNotFound(f"run {run_id!r} not found under {runs_dir}. Fix: `dlinfra runs` lists them")
         return cls(run_id, run_dir)
 
-    def default_store_url(self, spec: Spec) -> str:
-        if spec.storage.url:
-            return f"{spec.storage.url}/{self.id}"
-        return f"file://{self.dir / 'store'}"
-
     def spec(self) -> Spec:
-        return Spec.model_validate(yaml.safe_load((self.dir / "spec.lock.yaml").read_text(encoding="utf-8")))
+        return Spec.model_validate(yaml.safe_load((self.dir / SPEC_LOCK).read_text(encoding="utf-8")))
 
-    def manifest(self) -> dict[str, Any]:
-        return json.loads((self.dir / "manifest.json").read_text(encoding="utf-8"))
+    def manifest(self) -> Manifest:
+        path = self.dir / MANIFEST
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"{path} is not JSON ({exc}). Fix: restore it, or remove the run dir") from None
+        return parse(Manifest, raw, str(path))
 
-    def write_manifest(self, manifest: dict[str, Any]) -> None:
-        tmp = self.dir / "manifest.json.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(self.dir / "manifest.json")
+    def write_manifest(self, manifest: Manifest) -> None:
+        tmp = self.dir / f"{MANIFEST}.tmp"
+        tmp.write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(self.dir / MANIFEST)
 
-    def update_manifest(self, **fields: Any) -> dict[str, Any]:
-        manifest = self.manifest() | fields
+    def update_manifest(self, **fields: Any) -> Manifest:
+        """Set manifest fields (validated: an unknown field or a wrong type is an error)."""
+        manifest = Manifest.model_validate(self.manifest().model_dump() | fields)
         self.write_manifest(manifest)
         return manifest
 
-    @property
-    def logs_dir(self) -> Path:
-        return self.dir / "logs"
+    def store(self) -> RunStore:
+        """The run's store, configured as its nodes were."""
+        return RunStore.open(self.manifest().store)
+
+    def node_log(self, node: str) -> list[str]:
+        """A node's log: from the run dir when the node ran here, else from the store."""
+        local = self.dir / "logs" / f"{node}.log"
+        if local.is_file():
+            return local.read_text(encoding="utf-8", errors="replace").splitlines()
+        return self.store().log_lines(node)
+
+    def publish_manifest(self) -> None:
+        """The manifest travels with the results: a run can be rerun from its store alone."""
+        self.store().put_manifest(self.manifest())
 
 
 def list_runs() -> list[Run]:
@@ -150,5 +167,13 @@ def list_runs() -> list[Run]:
     runs_dir = home() / "runs"
     if not runs_dir.is_dir():
         return []
-    found = [Run(p.name, p) for p in runs_dir.iterdir() if (p / "manifest.json").is_file()]
-    return sorted(found, key=lambda r: r.manifest().get("created", ""), reverse=True)
+    found = [Run(p.name, p) for p in runs_dir.iterdir() if (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda r: _created(r.dir), reverse=True)
+
+
+def _created(run_dir: Path) -> str:
+    """Sort key that survives a manifest of another schema version (listed, not read)."""
+    try:
+        return str(json.loads((run_dir / MANIFEST).read_text(encoding="utf-8")).get("created", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""

@@ -1,7 +1,8 @@
 """The experiment spec: pydantic models, YAML loading with file:line errors, CLI overrides, JSON Schema.
 
-The models are the single place where defaults live; `dlinfra schema` and `dlinfra init` are
-generated from them, and a spec-less `dlinfra deploy` is simply ``Spec()``.
+The models are the single place where defaults live: `dlinfra schema` is generated from them, the
+commented example `dlinfra init` writes is kept equal to them by a test, and a spec-less
+`dlinfra deploy` is simply ``Spec()``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import difflib
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -247,6 +248,12 @@ class AwsSpec(StrictModel):
 # ---------------------------------------------------------------- the spec
 
 
+class RoleShape(NamedTuple):
+    count: int
+    instance_type: str
+    spot: bool = False
+
+
 class Spec(StrictModel):
     """One experiment: what to train, on what cluster, where results go."""
 
@@ -272,11 +279,18 @@ class Spec(StrictModel):
             )
         return self
 
-    @property
-    def node_count(self) -> int:
+    def roles(self) -> dict[str, RoleShape]:
+        """TF job → its nodes' count and instance type. multi_worker_mirrored has workers only
+        (worker 0 acts as chief)."""
+        c = self.cluster
+        workers = RoleShape(c.workers.count, c.workers.instance_type, c.workers.spot)
         if self.strategy == "multi_worker_mirrored":
-            return self.cluster.workers.count
-        return 1 + self.cluster.workers.count + self.cluster.ps.count
+            return {"worker": workers}
+        return {
+            "chief": RoleShape(1, c.chief.instance_type),
+            "worker": workers,
+            "ps": RoleShape(c.ps.count, c.ps.instance_type),
+        }
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -12,13 +12,20 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 from dlinfra.errors import StoreError
 
 T = TypeVar("T")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """s3://bucket/some/prefix → ("bucket", "some/prefix")."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    return bucket, prefix.strip("/")
 
 
 class Store:
@@ -39,10 +46,8 @@ class Store:
     def get_bytes(self, key: str) -> bytes | None:
         raise NotImplementedError
 
-    def list(self, prefix: str = "") -> list[str]:
-        raise NotImplementedError
-
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path, tags: dict[str, str] | None = None) -> None:
+        """`tags`: object tags where the backend has them (S3 lifecycle rules match on them)."""
         raise NotImplementedError
 
     def get_file(self, key: str, path: Path) -> bool:
@@ -56,9 +61,6 @@ class Store:
     # -- built on the primitives
     def uri(self, key: str = "") -> str:
         return f"{self.url}/{key}" if key else self.url
-
-    def exists(self, key: str) -> bool:
-        return self.get_bytes(key) is not None
 
     def put_json(self, key: str, obj: Any) -> None:
         self.put_bytes(key, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
@@ -103,7 +105,7 @@ class FileStore(Store):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path, tags: dict[str, str] | None = None) -> None:
         dest = self._path(key)
         if dest.resolve() == path.resolve():
             return
@@ -113,12 +115,6 @@ class FileStore(Store):
         shutil.copyfile(path, tmp)
         os.replace(tmp, dest)
 
-    def list(self, prefix: str = "") -> list[str]:
-        if not self.root.is_dir():
-            return []
-        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
-        return sorted(k for k in keys if k.startswith(prefix) and not Path(k).name.startswith(".tmp-"))
-
 
 class S3Store(Store):
     """boto3 with adaptive retries; `endpoint_url` reaches S3-compatible servers (MinIO, moto)."""
@@ -127,8 +123,7 @@ class S3Store(Store):
         self, url: str, endpoint_url: str | None = None, region: str | None = None, retry_for: float = 60
     ):
         self.url = url.rstrip("/")
-        bucket, _, prefix = url[len("s3://") :].partition("/")
-        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.bucket, self.prefix = parse_s3_url(url)
         self.endpoint_url, self.region = endpoint_url, region
         self.retry_for = retry_for
         self._client: Any = None
@@ -197,21 +192,8 @@ class S3Store(Store):
 
         return self._retrying(get, "read")
 
-    def put_file(self, key: str, path: Path) -> None:
-        # The bucket's lifecycle rule expires old checkpoints by this tag (prefix patterns can't match).
-        extra = {"Tagging": "dlinfra:kind=checkpoint"} if key.startswith("checkpoints/ckpt-") else None
+    def put_file(self, key: str, path: Path, tags: dict[str, str] | None = None) -> None:
+        extra = {"Tagging": urlencode(tags)} if tags else None
         self._retrying(
             lambda: self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs=extra), "upload"
         )
-
-    def list(self, prefix: str = "") -> list[str]:
-        def keys() -> Iterator[str]:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self._key(prefix)
-            )
-            strip = len(self.prefix) + 1 if self.prefix else 0
-            for page in pages:
-                for obj in page.get("Contents", []):
-                    yield obj["Key"][strip:]
-
-        return self._retrying(lambda: sorted(keys()), "list")

@@ -13,8 +13,20 @@ import typer
 from rich.console import Console
 
 from dlinfra import __version__
+from dlinfra.cli.node import node_app
+from dlinfra.cli.options import (
+    ALL_OVERRIDES,
+    EmulateOpt,
+    EndpointOpt,
+    JsonOpt,
+    KeepOpt,
+    RunArg,
+    SpecArg,
+    YesOpt,
+    with_overrides,
+)
 from dlinfra.errors import DlinfraError, SpecError
-from dlinfra.spec import Overrides, Spec, load_spec
+from dlinfra.spec import Overrides, load_spec
 
 app = typer.Typer(
     help="Experiment files in, transient distributed TensorFlow clusters out (local processes or AWS).",
@@ -23,57 +35,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-node_app = typer.Typer(help="Commands that run on a cluster node.", no_args_is_help=True)
 app.add_typer(node_app, name="node")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-# Options shared by every command that takes a spec.
-SpecArg = Annotated[
-    Path | None, typer.Argument(help="Experiment YAML (default: the built-in digits example).")
-]
-WorkersOpt = Annotated[int | None, typer.Option("--workers", help="cluster.workers.count")]
-PsOpt = Annotated[int | None, typer.Option("--ps", help="cluster.ps.count")]
-StrategyOpt = Annotated[
-    str | None, typer.Option("--strategy", help="parameter_server | multi_worker_mirrored")
-]
-StepsOpt = Annotated[int | None, typer.Option("--steps", help="training.steps")]
-TargetOpt = Annotated[str | None, typer.Option("--target", help="local | aws")]
-EndpointOpt = Annotated[
-    str | None, typer.Option("--endpoint-url", help="aws.endpoint_url (moto, LocalStack)")
-]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Any field: --set training.batch_size=256")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")]
-KeepOpt = Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")]
-EmulateOpt = Annotated[
-    bool,
-    typer.Option("--emulate-instances", help="aws + endpoint: boot instances' user-data as local processes."),
-]
-RunArg = Annotated[str | None, typer.Argument(help="Run id (default: the newest run).")]
-
-
-def _spec(
-    spec: Path | None,
-    workers: int | None = None,
-    ps: int | None = None,
-    strategy: str | None = None,
-    steps: int | None = None,
-    target: str | None = None,
-    endpoint_url: str | None = None,
-    sets: list[str] | None = None,
-) -> Spec:
-    overrides = Overrides(
-        workers=workers,
-        ps=ps,
-        strategy=strategy,
-        steps=steps,
-        target=target,
-        endpoint_url=endpoint_url,
-        sets=sets or [],
-    )
-    return load_spec(spec, overrides)
 
 
 @app.callback()
@@ -103,21 +68,13 @@ def init(
 
 
 @app.command()
-def validate(
-    spec: SpecArg = None,
-    workers: WorkersOpt = None,
-    ps: PsOpt = None,
-    strategy: StrategyOpt = None,
-    steps: StepsOpt = None,
-    target: TargetOpt = None,
-    endpoint_url: EndpointOpt = None,
-    sets: SetOpt = None,
-) -> None:
+@with_overrides(*ALL_OVERRIDES)
+def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     """Check an experiment file (and overrides) without running anything."""
-    from dlinfra.render import plan_addresses
+    from dlinfra.targets import target_for
 
-    resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
-    plan = plan_addresses(resolved)
+    resolved = load_spec(spec, overrides)
+    plan = target_for(resolved.target).addresses(resolved)
     out.print(
         f"{spec or '<built-in default>'}: valid · {resolved.target} · {resolved.strategy} · "
         f"{len(plan.nodes)} nodes ({', '.join(f'{k} {len(v)}' for k, v in plan.cluster().items())})"
@@ -133,30 +90,26 @@ def schema() -> None:
 
 
 @app.command()
+@with_overrides(*ALL_OVERRIDES)
 def render(
     spec: SpecArg = None,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Directory for <node>.user-data.yaml and <node>.json")
     ] = Path("rendered"),
-    workers: WorkersOpt = None,
-    ps: PsOpt = None,
-    strategy: StrategyOpt = None,
-    steps: StepsOpt = None,
-    target: TargetOpt = None,
-    endpoint_url: EndpointOpt = None,
-    sets: SetOpt = None,
+    *,
+    overrides: Overrides,
 ) -> None:
     """Render every node's cloud-init user-data and node.json, without running anything."""
-    from dlinfra.render import build_node_configs, plan_addresses, render_cluster
-    from dlinfra.targets.aws import install_requirement
+    from dlinfra.node.config import StoreConfig
+    from dlinfra.render import build_node_configs, render_cluster
+    from dlinfra.targets import target_for
 
-    resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
-    plan = plan_addresses(resolved)
-    store_url = f"{resolved.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID"
-    configs = build_node_configs(resolved, "RUN_ID", store_url, plan)
-    install = install_requirement() if resolved.target == "aws" else None
+    resolved = load_spec(spec, overrides)
+    target = target_for(resolved.target)
+    store = StoreConfig.for_run(resolved, f"{resolved.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID")
+    configs = build_node_configs(resolved, "RUN_ID", store, target.addresses(resolved))
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in render_cluster(configs, install).items():
+    for name, text in render_cluster(configs, target.node_install(ship_wheel=False).requirement).items():
         (out_dir / f"{name}.user-data.yaml").write_text(text, encoding="utf-8")
         (out_dir / f"{name}.json").write_text(
             configs[name].model_dump_json(indent=2) + "\n", encoding="utf-8"
@@ -168,54 +121,27 @@ def render(
 
 
 @app.command()
+@with_overrides(*ALL_OVERRIDES)
 def deploy(
     spec: SpecArg = None,
-    workers: WorkersOpt = None,
-    ps: PsOpt = None,
-    strategy: StrategyOpt = None,
-    steps: StepsOpt = None,
-    target: TargetOpt = None,
-    endpoint_url: EndpointOpt = None,
-    sets: SetOpt = None,
     yes: YesOpt = False,
     keep: KeepOpt = False,
     emulate_instances: EmulateOpt = False,
+    *,
+    overrides: Overrides,
 ) -> None:
     """Provision a cluster for the experiment, train, collect results, tear down."""
+    from dlinfra.deploy import Request
+
     started = time.time()
-    resolved = _spec(spec, workers, ps, strategy, steps, target, endpoint_url, sets)
-    _run_and_report(resolved, spec, started, yes, keep, emulate_instances)
-
-
-def _run_and_report(
-    resolved: Spec,
-    spec: Path | None,
-    started: float,
-    yes: bool,
-    keep: bool,
-    emulate: bool,
-    origin: Any = None,
-) -> None:
-    import signal
-
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` and CI timeouts tear the cluster down too
-    progress = _LiveTable() if out.is_terminal else _ProgressLines()
-    try:
-        outcome = _deploy(resolved, spec, started, yes, keep, emulate, progress, origin)
-    except KeyboardInterrupt:
-        progress.close()
-        err.print("interrupted: the run is marked STOPPED and its nodes were torn down")
-        raise typer.Exit(130) from None
-    progress.close()
-    _finish(outcome)
+    request = Request(load_spec(spec, overrides), spec, sys.argv, keep)
+    _deploy_and_report(request, started, yes, emulate_instances)
 
 
 @app.command()
+@with_overrides("target", "workers", "endpoint_url")
 def rerun(
     run_id: Annotated[str, typer.Argument(help="The run to repeat.")],
-    target: TargetOpt = None,
-    workers: WorkersOpt = None,
-    endpoint_url: EndpointOpt = None,
     allow_unpinned: Annotated[
         bool,
         typer.Option("--allow-unpinned", help="Rerun even what the manifest could not pin (dirty tree…)."),
@@ -223,66 +149,40 @@ def rerun(
     yes: YesOpt = False,
     keep: KeepOpt = False,
     emulate_instances: EmulateOpt = False,
+    *,
+    overrides: Overrides,
 ) -> None:
     """Deploy a recorded run again: its locked spec and its code bundle from the store."""
+    from dlinfra.deploy import Request
     from dlinfra.rerun import load_origin
 
     started = time.time()
-    overrides = Overrides(workers=workers, target=target, endpoint_url=endpoint_url)
     origin = load_origin(run_id, overrides, allow_unpinned)
     for problem in origin.pins["unpinned"]:
         err.print(f"warning (--allow-unpinned): {problem}")
     out.print(f"rerun of {run_id}" + (f", code bundle {origin.code.sha256[:12]}" if origin.code else ""))
-    _run_and_report(origin.spec, None, started, yes, keep, emulate_instances, origin)
+    request = Request(origin.spec, None, sys.argv, keep, origin)
+    _deploy_and_report(request, started, yes, emulate_instances)
 
 
-def _deploy(
-    resolved: Spec,
-    spec: Path | None,
-    started: float,
-    yes: bool,
-    keep: bool,
-    emulate: bool,
-    progress: Any,
-    origin: Any = None,
-) -> Any:
-    """`origin`: a rerun's pinned code bundle and manifest fields (dlinfra.rerun.Origin)."""
-    code, pins, wheel = (origin.code, origin.pins, origin.wheel) if origin else (None, None, None)
-    if resolved.target == "aws":
-        from dlinfra.targets import aws
+def _deploy_and_report(request: Any, started: float, yes: bool, emulate: bool) -> None:
+    import signal
 
-        return aws.deploy(
-            resolved,
-            spec,
-            sys.argv,
-            approve=_approver(yes),
-            keep=keep,
-            emulate=emulate,
-            on_update=progress,
-            started=started,
-            log=out.print,
-            code=code,
-            pins=pins,
-            wheel=wheel,
-        )
-    else:
-        from dlinfra.deploy import prepare, watch
-        from dlinfra.targets.local import LocalCluster
+    from dlinfra.cli.views import LiveTable, ProgressLines
+    from dlinfra.deploy import deploy as run_deploy
+    from dlinfra.targets.base import TargetOptions
 
-        prepared = prepare(resolved, spec, sys.argv, code=code, pins=pins)
-        out.print(
-            f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, "
-            f"store {prepared.run.manifest()['store_url']}"
-        )
-        mirrored = resolved.strategy == "multi_worker_mirrored"
-        cluster = LocalCluster(prepared.run.dir, restart_together=mirrored)
-        try:
-            cluster.start(prepared.user_data)
-        except BaseException:
-            cluster.stop()
-            raise
-        prepared.run.update_manifest(pids=cluster.pids())
-        return watch(prepared, cluster, progress, resolved.cluster.heartbeat_timeout, started=started)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` and CI timeouts tear the cluster down too
+    progress = LiveTable(out) if out.is_terminal else ProgressLines(out)
+    options = TargetOptions(log=out.print, emulate_instances=emulate)
+    try:
+        outcome = run_deploy(request, options, _approver(yes), progress, started)
+    except KeyboardInterrupt:
+        progress.close()
+        err.print("interrupted: the run is marked STOPPED and its nodes were torn down")
+        raise typer.Exit(130) from None
+    progress.close()
+    _finish(outcome)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -303,46 +203,6 @@ def _approver(yes: bool) -> Any:
     return approve
 
 
-class _ProgressLines:
-    """Logs and CI: a line when progress changes (or every 15 s), never a redraw."""
-
-    def __init__(self) -> None:
-        self.last, self.t = "", 0.0
-
-    def __call__(self, snap: Any) -> None:
-        from dlinfra.cli.views import progress_line
-
-        line = progress_line(snap)
-        core = line.split("]", 1)[1]
-        if core != self.last or time.time() - self.t > 15:
-            out.print(line, markup=False)
-            self.last, self.t = core, time.time()
-
-    def close(self) -> None:
-        pass
-
-
-class _LiveTable:
-    """A terminal: one live table of nodes (state, step/total, loss, examples/s, heartbeat)."""
-
-    def __init__(self) -> None:
-        self.live: Any = None
-
-    def __call__(self, snap: Any) -> None:
-        from rich.live import Live
-
-        from dlinfra.cli.views import nodes_table, progress_line
-
-        if self.live is None:
-            self.live = Live(console=out, refresh_per_second=4)
-            self.live.start()
-        self.live.update(nodes_table(snap.nodes, title=progress_line(snap)))
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.stop()
-
-
 def _finish(outcome: Any) -> None:
     from dlinfra.cli.views import print_failure, result_table
 
@@ -357,28 +217,30 @@ def _finish(outcome: Any) -> None:
 
 
 @app.command()
+@with_overrides(*(name for name in ALL_OVERRIDES if name != "target"))
 def plan(
     spec: SpecArg = None,
-    workers: WorkersOpt = None,
-    ps: PsOpt = None,
-    strategy: StrategyOpt = None,
-    steps: StepsOpt = None,
-    endpoint_url: EndpointOpt = None,
-    sets: SetOpt = None,
     markdown: Annotated[
         Path | None, typer.Option("--markdown", help="Also write the PR-comment summary here.")
     ] = None,
+    *,
+    overrides: Overrides,
 ) -> None:
     """terraform plan of an experiment on AWS: resources, instances by role, estimated $/hour."""
-    from dlinfra.targets import aws
+    from dlinfra.deploy import Request
+    from dlinfra.deploy import plan as make_plan
+    from dlinfra.targets import target_for
+    from dlinfra.targets.base import TargetOptions
 
-    resolved = _spec(spec, workers, ps, strategy, steps, "aws", endpoint_url, sets)
-    planned = aws.plan(resolved, spec, sys.argv, log=lambda line: err.print(line, markup=False))
-    run = planned.prepared.run
-    out.print(planned.summary.text(run.id), markup=False)
+    resolved = load_spec(spec, overrides.model_copy(update={"target": "aws"}))
+    target = target_for("aws", TargetOptions(log=lambda line: err.print(line, markup=False)))
+    prepared, review = make_plan(Request(resolved, spec, sys.argv), target)
+    out.print(review.text, markup=False)
     if markdown:
-        markdown.write_text(planned.markdown_path.read_text(encoding="utf-8"), encoding="utf-8")
-    out.print(f"plan file {planned.plan_file}; markdown {markdown or planned.markdown_path}", markup=False)
+        markdown.write_text(review.markdown, encoding="utf-8")
+    out.print(
+        f"plan file {review.plan_file}; markdown {markdown or prepared.run.dir / 'plan.md'}", markup=False
+    )
 
 
 @app.command()
@@ -388,9 +250,9 @@ def setup(
     endpoint_url: EndpointOpt = None,
 ) -> None:
     """Create the long-lived results bucket (once; its own Terraform state, never a run's)."""
-    from dlinfra.targets import aws
+    from dlinfra.targets.aws.stack import setup_bucket
 
-    out.print(aws.setup_bucket(bucket, region, endpoint_url, log=lambda line: err.print(line, markup=False)))
+    out.print(setup_bucket(bucket, region, endpoint_url, log=lambda line: err.print(line, markup=False)))
 
 
 # ---------------------------------------------------------------- inspecting runs
@@ -430,21 +292,14 @@ def logs(
 @app.command()
 def runs(as_json: JsonOpt = False) -> None:
     """List runs, newest first: status, age, target, accuracy."""
-    from rich.table import Table
-
+    from dlinfra.cli.views import runs_table
     from dlinfra.reports import list_run_rows
 
     rows = list_run_rows()
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    table = Table()
-    for column in ("run", "status", "age", "target", "strategy", "accuracy"):
-        table.add_column(column)
-    for r in rows:
-        acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
-        table.add_row(r["run_id"], r["status"], r["age"], r["target"], r["strategy"], acc)
-    out.print(table)
+    out.print(runs_table(rows))
 
 
 @app.command()
@@ -467,7 +322,9 @@ def compare(
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif markdown:
-        sys.stdout.write(comparison.markdown(rows))
+        from dlinfra.cli.views import compare_markdown
+
+        sys.stdout.write(compare_markdown(rows))
     else:
         from dlinfra.cli.views import compare_table
 
@@ -497,30 +354,6 @@ def destroy(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
     from dlinfra.reports import destroy_run
 
     out.print(destroy_run(run_id))
-
-
-# ---------------------------------------------------------------- node agent
-
-
-@node_app.command("run")
-def node_run(
-    node_json: Annotated[Path, typer.Argument(help="The NodeConfig, e.g. /etc/dlinfra/node.json.")],
-    log_file: Annotated[
-        Path | None, typer.Option("--log-file", help="Append this node's output here.")
-    ] = None,
-    work_dir: Annotated[
-        Path | None, typer.Option("--work-dir", help="Local scratch (checkpoints, model).")
-    ] = None,
-) -> None:
-    """Run this machine's part of the cluster (what cloud-init starts on every node)."""
-    import os
-
-    from dlinfra.node.agent import run
-
-    code = run(node_json, log_file, work_dir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # TF server threads never join; leave without waiting for them
 
 
 @app.command()

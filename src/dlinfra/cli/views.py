@@ -1,4 +1,4 @@
-"""How runs look in a terminal: rich tables built from plain dicts (no domain logic here)."""
+"""How runs look in a terminal and in logs: rich tables and plain lines (no domain logic here)."""
 
 from __future__ import annotations
 
@@ -6,19 +6,27 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
+from dlinfra.compare import COLUMNS
 from dlinfra.deploy import Outcome, Snapshot
+from dlinfra.pricing import PRICE_TABLE_DATE
 
 
 def _num(value: Any, fmt: str = "{:.0f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def _mean_sd(stat: dict[str, float] | None, fmt: str = "{:.1f}") -> str:
+def _mean_sd(stat: Any, fmt: str = "{:.1f}") -> str:
+    """A mean ± sd record (or its dict, from JSON)."""
     if not stat:
         return "-"
-    return f"{fmt.format(stat['mean'])} ± {fmt.format(stat['sd'])}"
+    mean, sd = (stat["mean"], stat["sd"]) if isinstance(stat, dict) else (stat.mean, stat.sd)
+    return f"{fmt.format(mean)} ± {fmt.format(sd)}"
+
+
+# ---------------------------------------------------------------- nodes and progress
 
 
 def nodes_table(nodes: dict[str, dict[str, Any] | None], title: str = "") -> Table:
@@ -44,35 +52,70 @@ def nodes_table(nodes: dict[str, dict[str, Any] | None], title: str = "") -> Tab
     return table
 
 
-def progress_table(run_id: str, snap: Snapshot) -> Table:
-    return nodes_table(snap.nodes, title=f"run {run_id} · {snap.elapsed:.0f}s")
-
-
 def progress_line(snap: Snapshot) -> str:
     """One line for logs and CI, where a live table cannot redraw."""
     up = sum(1 for s in snap.nodes.values() if s is not None)
-    trainer = next((s for s in snap.nodes.values() if s and s.get("total_steps")), None)
-    step = f"step {trainer.get('step')}/{trainer.get('total_steps')}" if trainer else "starting"
-    loss = f" loss {trainer['loss']:.4f}" if trainer and trainer.get("loss") is not None else ""
+    trainer = next((s for s in snap.nodes.values() if s and s.total_steps), None)
+    step = f"step {trainer.step}/{trainer.total_steps}" if trainer else "starting"
+    loss = f" loss {trainer.loss:.4f}" if trainer and trainer.loss is not None else ""
     return f"[{snap.elapsed:5.0f}s] nodes up {up}/{len(snap.nodes)} · {step}{loss}"
 
 
+class ProgressLines:
+    """Logs and CI: a line when progress changes (or every 15 s), never a redraw."""
+
+    def __init__(self, console: Console) -> None:
+        self.console, self.last, self.t = console, "", 0.0
+
+    def __call__(self, snap: Snapshot) -> None:
+        line = progress_line(snap)
+        core = line.split("]", 1)[1]
+        if core != self.last or time.time() - self.t > 15:
+            self.console.print(line, markup=False)
+            self.last, self.t = core, time.time()
+
+    def close(self) -> None:
+        pass
+
+
+class LiveTable:
+    """A terminal: one live table of nodes (state, step/total, loss, examples/s, heartbeat)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live: Live | None = None
+
+    def __call__(self, snap: Snapshot) -> None:
+        if self.live is None:
+            self.live = Live(console=self.console, refresh_per_second=4)
+            self.live.start()
+        nodes = {name: st.model_dump() if st else None for name, st in snap.nodes.items()}
+        self.live.update(nodes_table(nodes, title=progress_line(snap)))
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+# ---------------------------------------------------------------- results
+
+
 def result_table(outcome: Outcome) -> Table:
-    m = outcome.metrics or {}
+    m = outcome.metrics
     table = Table(title=f"run {outcome.run.id}: {outcome.state}", title_justify="left", show_header=False)
     table.add_column("metric")
     table.add_column("value", justify="right", overflow="fold")
     rows = [
-        ("strategy", m.get("strategy", "-")),
-        ("workers / ps", f"{m.get('workers', '-')} / {m.get('ps', '-')}"),
-        ("steps", _num(m.get("steps"))),
-        ("global steps/s", _mean_sd(m.get("global_steps_per_sec"))),
-        ("examples/s", _mean_sd(m.get("examples_per_sec"), "{:.0f}")),
-        ("training time", _num(m.get("train_seconds"), "{:.1f} s")),
+        ("strategy", m.strategy if m else "-"),
+        ("workers / ps", f"{m.workers} / {m.ps}" if m else "- / -"),
+        ("steps", _num(m.steps if m else None)),
+        ("global steps/s", _mean_sd(m.global_steps_per_sec if m else None)),
+        ("examples/s", _mean_sd(m.examples_per_sec if m else None, "{:.0f}")),
+        ("training time", _num(m.train_seconds if m else None, "{:.1f} s")),
         ("total time", f"{outcome.wall_seconds:.1f} s"),
         ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
-        ("eval accuracy", _num(m.get("eval_accuracy"), "{:.4f}")),
-        ("model", m.get("model_uri", "-")),
+        ("eval accuracy", _num(m.eval_accuracy if m else None, "{:.4f}")),
+        ("model", m.model_uri if m else "-"),
     ]
     for key, value in rows:
         table.add_row(key, str(value))
@@ -91,13 +134,53 @@ def print_failure(console: Console, outcome: Outcome) -> None:
             console.print(line, markup=False, highlight=False)
 
 
-def compare_table(rows: list[dict[str, Any]]) -> Table:
-    from dlinfra.compare import COLUMNS, cells
-    from dlinfra.pricing import PRICE_TABLE_DATE
+def runs_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table()
+    for column in ("run", "status", "age", "target", "strategy", "accuracy"):
+        table.add_column(column)
+    for r in rows:
+        acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
+        table.add_row(r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc)
+    return table
 
-    table = Table(caption=f"cost: instance-hours x on-demand prices of {PRICE_TABLE_DATE}; local runs cost 0")
+
+# ---------------------------------------------------------------- compare
+
+
+def compare_cells(r: dict[str, Any]) -> list[str]:
+    """One run as the table's text cells, in COLUMNS order."""
+    return [
+        r["run"],
+        str(r["status"]),
+        r["target"],
+        r["roles"],
+        r["strategy"],
+        _mean_sd(r["global_steps_per_sec"], "{:.1f}"),
+        _mean_sd(r["examples_per_sec"], "{:.0f}"),
+        _num(r["train_seconds"], "{:.1f}"),
+        _num(r["wall_seconds"], "{:.0f}"),
+        _num(r["eval_accuracy"], "{:.4f}"),
+        _num(r["cost_usd"], "{:.4f}"),
+    ]
+
+
+def compare_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(
+        caption=f"cost: instance-hours x on-demand prices of {PRICE_TABLE_DATE}, NAT gateway included; "
+        "local runs cost 0"
+    )
     for column in COLUMNS:
         table.add_column(column, overflow="fold")
     for r in rows:
-        table.add_row(*cells(r))
+        table.add_row(*compare_cells(r))
     return table
+
+
+def compare_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(compare_cells(r)) + " |" for r in rows]
+    lines.append(
+        f"\nCost: instance-hours x on-demand prices of {PRICE_TABLE_DATE}, NAT gateway included "
+        "(src/dlinfra/pricing.py)."
+    )
+    return "\n".join(lines) + "\n"

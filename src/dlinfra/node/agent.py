@@ -17,17 +17,11 @@ from typing import Any, TypeVar
 
 from dlinfra import bundle
 from dlinfra.errors import DlinfraError
-from dlinfra.node.status import NodeStatus, run_marker, write_marker
-from dlinfra.node.supervision import (
-    EXIT_DONE,
-    EXIT_FAILED,
-    EXIT_RETRY,
-    EXIT_STOPPED,
-    backoff_seconds,
-    is_transient,
-)
-from dlinfra.render.node_config import NodeConfig, tf_config
-from dlinfra.store import Store
+from dlinfra.layout import RunStore
+from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
+from dlinfra.node.status import NodeStatus
+from dlinfra.node.supervision import backoff_seconds, is_transient
+from dlinfra.records import MeanSd, Metrics
 
 T = TypeVar("T")
 POLL_SECONDS = 1.0
@@ -45,7 +39,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     cfg = NodeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
     work = work_dir or Path(tempfile.gettempdir()) / "dlinfra" / cfg.run_id / cfg.name
     work.mkdir(parents=True, exist_ok=True)
-    store = Store.from_url(cfg.store.url, cfg.store.endpoint_url, cfg.store.region)
+    store = RunStore.open(cfg.store)
     status = NodeStatus(store, cfg.name, cfg.role, cfg.index, cfg.heartbeat_interval, log_file).start()
     os.environ["TF_CONFIG"] = json.dumps(tf_config(cfg.cluster, cfg.role, cfg.index))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -53,8 +47,8 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     print(
         f"dlinfra node {cfg.name} of run {cfg.run_id}: {cfg.strategy}, pid {os.getpid()}, {life}", flush=True
     )
-    if (marker := run_marker(store)) is not None:  # restarted after the run ended: nothing to rejoin
-        status.stop(state=marker[0].lower())
+    if (marker := store.marker()) is not None:  # restarted after the run ended: nothing to rejoin
+        status.stop(state=marker.marker.lower())
         return EXIT_DONE
     if status.restarts > cfg.max_restarts:
         return _give_up(cfg, store, status, f"restarted {status.restarts} times (max_restarts)", "")
@@ -77,17 +71,17 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         return _give_up(cfg, store, status, error, trace)
 
 
-def _give_up(cfg: NodeConfig, store: Store, status: NodeStatus, error: str, trace: str) -> int:
+def _give_up(cfg: NodeConfig, store: RunStore, status: NodeStatus, error: str, trace: str) -> int:
     print(f"node {cfg.name} failed: {error}", file=sys.stderr, flush=True)
     status.stop(state="failed", error=error)
-    write_marker(store, "FAILED", node=cfg.name, error=error, traceback=trace[-4000:])
+    store.write_marker("FAILED", node=cfg.name, error=error, traceback=trace[-4000:])
     return EXIT_FAILED
 
 
 # ---------------------------------------------------------------- ps and workers of the ps strategy
 
 
-def _serve(cfg: NodeConfig, store: Store, status: NodeStatus) -> int:
+def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int:
     import tensorflow as tf
 
     tf.distribute.Server(
@@ -99,16 +93,16 @@ def _serve(cfg: NodeConfig, store: Store, status: NodeStatus) -> int:
     )
     status.update(state="serving")
     print(f"serving {cfg.role} {cfg.index} at {cfg.cluster[cfg.role][cfg.index]}", flush=True)
-    while (marker := run_marker(store)) is None:
+    while (marker := store.marker()) is None:
         time.sleep(POLL_SECONDS)
-    status.stop(state=marker[0].lower())
+    status.stop(state=marker.marker.lower())
     return EXIT_DONE
 
 
 # ---------------------------------------------------------------- trainers
 
 
-def _train(cfg: NodeConfig, store: Store, status: NodeStatus, work: Path) -> int:
+def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> int:
     from dlinfra.training import loop
     from dlinfra.training.program import builtin_program, load_entrypoint
 
@@ -149,39 +143,37 @@ def _train(cfg: NodeConfig, store: Store, status: NodeStatus, work: Path) -> int
     status.update(state="exporting", step=outcome.step)
     accuracy, _ = loop.export(outcome.model, program, work / "model")
     progress.final(accuracy, outcome.step)
-    store.upload_dir(work / "model", "model")
-    metrics = {
-        "eval_accuracy": accuracy,
-        "steps": outcome.step,
-        "total_steps": t.steps,
-        "strategy": cfg.strategy,
-        "workers": cfg.num_workers,
-        "ps": len(cfg.cluster.get("ps", [])),
-        "batch_size": t.batch_size,
-        "train_seconds": train_seconds,
-        "first_step_at": progress.first_step_at,
-        "finished_at": time.time(),
-        "global_steps_per_sec": _mean_sd(outcome.steps_per_sec),
-        "examples_per_sec": _mean_sd(outcome.examples_per_sec),
-        "examples_per_sec_series": progress.series,
-        "loss_series": progress.losses,
-        "final_loss": progress.last_loss,
-        "model_uri": store.uri("model"),
-        "checkpoint": checkpoints.latest_key,
-    }
-    store.put_json("metrics.json", metrics)
-    write_marker(store, "DONE", node=cfg.name, step=outcome.step, eval_accuracy=accuracy)
-    status.stop(state="done", step=outcome.step)
-    print(
-        f"done: step {outcome.step}, eval accuracy {accuracy:.4f}, model at {store.uri('model')}", flush=True
+    model_uri = store.put_model(work / "model")
+    metrics = Metrics(
+        eval_accuracy=accuracy,
+        steps=outcome.step,
+        total_steps=t.steps,
+        strategy=cfg.strategy,
+        workers=cfg.num_workers,
+        ps=len(cfg.cluster.get("ps", [])),
+        batch_size=t.batch_size,
+        train_seconds=train_seconds,
+        first_step_at=progress.first_step_at,
+        finished_at=time.time(),
+        global_steps_per_sec=_mean_sd(outcome.steps_per_sec),
+        examples_per_sec=_mean_sd(outcome.examples_per_sec),
+        examples_per_sec_series=progress.series,
+        loss_series=progress.losses,
+        final_loss=progress.last_loss,
+        model_uri=model_uri,
+        checkpoint=checkpoints.latest_uri,
     )
+    store.put_metrics(metrics)
+    store.write_marker("DONE", node=cfg.name, step=outcome.step, eval_accuracy=accuracy)
+    status.stop(state="done", step=outcome.step)
+    print(f"done: step {outcome.step}, eval accuracy {accuracy:.4f}, model at {model_uri}", flush=True)
     return EXIT_DONE
 
 
 class Progress:
     """Turns loop progress into status fields, log lines and TensorBoard scalars."""
 
-    def __init__(self, cfg: NodeConfig, store: Store, status: NodeStatus, work: Path):
+    def __init__(self, cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path):
         self.cfg, self.store, self.status = cfg, store, status
         self.first_step_at: float | None = None
         self.last_loss: float | None = None
@@ -230,44 +222,40 @@ class Progress:
 
     def sync(self) -> None:
         self.writer.flush()
-        self.store.upload_dir(self.tb_dir, "tensorboard")
+        self.store.put_tensorboard(self.tb_dir)
         self._synced = time.time()
 
 
 class CheckpointSync:
-    """Checkpoints go to local disk (TF has no s3:// filesystem) and then to the store: the files
-    first, then `checkpoints/latest.json` naming them — a reader never sees a partial checkpoint."""
+    """Checkpoints go to local disk (TF has no s3:// filesystem) and then to the store, files first
+    and the pointer naming them last: a reader never sees a partial checkpoint."""
 
-    def __init__(self, store: Store, work: Path):
+    def __init__(self, store: RunStore, work: Path):
         self.store, self.work = store, work
-        self.latest_key: str | None = None
+        self.latest_uri: str | None = None
         self.restored_step: int | None = None
 
     def upload(self, step: int, directory: Path) -> None:
-        prefix = f"ckpt-{step}"
-        files = sorted(p for p in directory.iterdir() if p.name.startswith(prefix + "."))
-        for path in files:
-            self.store.put_file(f"checkpoints/{path.name}", path)
-        self.store.put_json(
-            "checkpoints/latest.json", {"step": step, "prefix": prefix, "files": [p.name for p in files]}
-        )
-        self.latest_key = f"checkpoints/{prefix}"
-        print(f"{_clock(time.time())} checkpoint {prefix} stored ({len(files)} files)", flush=True)
-
-    def download_latest(self) -> Path | None:
-        pointer = self.store.get_json("checkpoints/latest.json")
-        if not pointer:
-            return None
-        local = self.work / "restore" / pointer["prefix"]  # one dir per checkpoint: no stale files
-        for name in pointer["files"]:
-            if not self.store.get_file(f"checkpoints/{name}", local / name):
-                return None
-        self.restored_step = int(pointer["step"])
+        pointer = self.store.put_checkpoint(step, directory)
+        self.latest_uri = self.store.checkpoint_uri(pointer.prefix)
         print(
-            f"{_clock(time.time())} resuming from checkpoint {pointer['prefix']} (step {pointer['step']})",
+            f"{_clock(time.time())} checkpoint {pointer.prefix} stored ({len(pointer.files)} files)",
             flush=True,
         )
-        return local / pointer["prefix"]
+
+    def download_latest(self) -> Path | None:
+        pointer = self.store.latest_checkpoint()
+        if pointer is None:
+            return None
+        local = self.work / "restore" / pointer.prefix  # one dir per checkpoint: no stale files
+        if not self.store.get_checkpoint(pointer, local):
+            return None
+        self.restored_step = pointer.step
+        print(
+            f"{_clock(time.time())} resuming from checkpoint {pointer.prefix} (step {pointer.step})",
+            flush=True,
+        )
+        return local / pointer.prefix
 
 
 # ---------------------------------------------------------------- helpers
@@ -327,23 +315,26 @@ def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
-def _mean_sd(values: list[float]) -> dict[str, float] | None:
+def _mean_sd(values: list[float]) -> MeanSd | None:
     # The first interval includes tracing and warm-up; leave it out when there is more.
     vals = values[1:] if len(values) > 2 else values
     if not vals:
         return None
-    return {"mean": statistics.fmean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+    return MeanSd(mean=statistics.fmean(vals), sd=statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
-def _start_watchdog(cfg: NodeConfig, store: Store, status: NodeStatus) -> None:
+def _start_watchdog(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> None:
     """After max_runtime, stop this node whatever it is doing: a forgotten cluster must not burn money.
     The clock starts at the node's first life, so restarts do not extend it."""
 
     def fire() -> None:
-        pointer = store.get_json("checkpoints/latest.json") or {}
+        pointer = store.latest_checkpoint()
         print(f"watchdog: max_runtime {cfg.max_runtime:.0f}s reached, stopping", flush=True)
-        write_marker(
-            store, "STOPPED", node=cfg.name, reason="max_runtime", last_checkpoint=pointer.get("prefix")
+        store.write_marker(
+            "STOPPED",
+            node=cfg.name,
+            reason="max_runtime",
+            last_checkpoint=pointer.prefix if pointer else None,
         )
         status.stop(state="stopped")
         sys.stdout.flush()

@@ -1,4 +1,4 @@
-"""What a node tells the world through the store: heartbeats, progress, the run's final marker."""
+"""What a node tells the world through the store: heartbeats and progress."""
 
 from __future__ import annotations
 
@@ -10,24 +10,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from dlinfra.store import Store
-
-MARKERS = ("DONE", "FAILED", "STOPPED")
-
-
-def run_marker(store: Store) -> tuple[str, dict[str, Any]] | None:
-    """The run's terminal marker (DONE, FAILED or STOPPED) if one was written."""
-    for marker in MARKERS:
-        body = store.get_json(marker)
-        if body is not None:
-            return marker, body
-    return None
-
-
-def write_marker(store: Store, marker: str, **body: Any) -> None:
-    """First marker wins: a run that is DONE is not later turned FAILED by a node dying late."""
-    if run_marker(store) is None:
-        store.put_json(marker, {"marker": marker, "time": time.time(), **body})
+from dlinfra.layout import RunStore
+from dlinfra.records import NodeState
 
 
 class NodeStatus:
@@ -35,25 +19,26 @@ class NodeStatus:
     log file to logs/<node>.log, so a watcher sees progress and a dead node goes quiet."""
 
     def __init__(
-        self, store: Store, node: str, role: str, index: int, interval: float, log_file: Path | None
+        self, store: RunStore, node: str, role: str, index: int, interval: float, log_file: Path | None
     ):
         self.store, self.node, self.interval, self.log_file = store, node, interval, log_file
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._log_size = -1
-        previous = store.get_json(f"status/{node}.json") or {}
+        previous = store.status(node)
+        now = time.time()
         self.fields: dict[str, Any] = {
             "node": node,
             "role": role,
             "index": index,
             "state": "starting",
-            "step": previous.get("step", 0),
+            "step": previous.step if previous else 0,
             "total_steps": None,
             "loss": None,
             "examples_per_sec": None,
-            "restarts": previous.get("restarts", -1) + 1,  # a status left by an earlier life = a restart
-            "started": time.time(),
-            "first_started": previous.get("first_started") or time.time(),
+            "restarts": previous.restarts + 1 if previous else 0,  # left by an earlier life: a restart
+            "started": now,
+            "first_started": previous.first_started if previous else now,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "error": None,
@@ -79,9 +64,9 @@ class NodeStatus:
 
     def publish(self) -> None:
         with self._lock:
-            body = dict(self.fields, heartbeat=time.time())
+            state = NodeState(**self.fields, heartbeat=time.time())
         try:
-            self.store.put_json(f"status/{self.node}.json", body)
+            self.store.put_status(state)
             self._sync_log()
         except Exception:  # a store outage must not kill training; the next beat retries
             traceback.print_exc()
@@ -91,7 +76,7 @@ class NodeStatus:
             return
         size = self.log_file.stat().st_size
         if size != self._log_size:
-            self.store.put_file(f"logs/{self.node}.log", self.log_file)
+            self.store.put_log(self.node, self.log_file)
             self._log_size = size
 
     def _beat(self) -> None:

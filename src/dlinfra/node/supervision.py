@@ -11,12 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 
-EXIT_DONE = 0
-EXIT_FAILED = 1  # the run failed (user code, data, too many restarts): restarting cannot help
-EXIT_USAGE = 2  # bad node config or flags
-EXIT_STOPPED = 3  # the max_runtime watchdog fired
-EXIT_RETRY = 75  # EX_TEMPFAIL: a peer went away; start me again and I resume from the checkpoint
-FINAL_EXIT_CODES = (EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED)
+from dlinfra.node.config import FINAL_EXIT_CODES
 
 # TensorFlow's errors for a peer that vanished or restarted (a killed ps, a lost all-reduce member).
 # Everything else — a bug in user code, bad data, an OOM — fails the run instead of looping.

@@ -1,18 +1,16 @@
 """From a resolved spec to what each node needs: addresses, NodeConfig, cloud-init user-data."""
 
-from dlinfra.render.addresses import AddressPlan, Node, plan_addresses
+from dlinfra.render.addresses import AddressPlan, Node, loopback_plan, private_ip_plan
 from dlinfra.render.cloud_init import node_config_from_user_data, render_cluster, render_user_data
-from dlinfra.render.node_config import NodeConfig, StoreConfig, build_node_configs, tf_config
+from dlinfra.render.configs import build_node_configs
 
 __all__ = [
     "AddressPlan",
     "Node",
-    "NodeConfig",
-    "StoreConfig",
     "build_node_configs",
+    "loopback_plan",
     "node_config_from_user_data",
-    "plan_addresses",
+    "private_ip_plan",
     "render_cluster",
     "render_user_data",
-    "tf_config",
 ]

@@ -51,48 +51,38 @@ class AddressPlan:
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)
 
-    def by_name(self, name: str) -> Node:
-        return next(n for n in self.nodes if n.name == name)
+
+def loopback_plan(spec: Spec) -> AddressPlan:
+    """Every node on this machine, each on a free loopback port."""
+    counts = {role: shape.count for role, shape in spec.roles().items()}
+    ports = free_ports(sum(counts.values()))
+    nodes = [
+        Node(role, i, "127.0.0.1", next(ports)) for role in ROLE_ORDER for i in range(counts.get(role, 0))
+    ]
+    return AddressPlan(tuple(nodes))
 
 
-def role_counts(spec: Spec) -> dict[str, int]:
-    """Nodes per TF job; multi_worker_mirrored has workers only (worker 0 acts as chief)."""
-    if spec.strategy == "multi_worker_mirrored":
-        return {"worker": spec.cluster.workers.count}
-    return {"chief": 1, "worker": spec.cluster.workers.count, "ps": spec.cluster.ps.count}
-
-
-def plan_addresses(spec: Spec, target: str | None = None) -> AddressPlan:
-    target = target or spec.target
-    counts = role_counts(spec)
-    if target == "local":
-        ports = free_ports(sum(counts.values()))
-        nodes = [
-            Node(role, i, "127.0.0.1", next(ports)) for role in ROLE_ORDER for i in range(counts.get(role, 0))
-        ]
-        return AddressPlan(tuple(nodes))
-    return AddressPlan(tuple(_private_ip_nodes(spec, counts)))
-
-
-def _private_ip_nodes(spec: Spec, counts: dict[str, int]) -> list[Node]:
+def private_ip_plan(spec: Spec) -> AddressPlan:
+    """Fixed private IPs in the cluster subnet, one block per role, all on the spec's TF port."""
     subnet = ipaddress.IPv4Network(spec.aws.subnet_cidr)
-    need = {"chief": counts.get("chief", 0), "ps": counts.get("ps", 0), "worker": counts.get("worker", 0)}
+    need = {role: shape.count for role, shape in spec.roles().items()}
     limits = {"chief": HOST_OFFSET["ps"], "ps": HOST_OFFSET["worker"], "worker": subnet.num_addresses - 1}
     nodes = []
     for role in ROLE_ORDER:
-        if HOST_OFFSET[role] + need[role] > limits[role]:
+        count = need.get(role, 0)
+        if HOST_OFFSET[role] + count > limits[role]:
             room = max(0, limits[role] - HOST_OFFSET[role])
             raise SpecError(
                 [
                     f"aws.subnet_cidr: {subnet} has room for {room} {role} nodes, the spec asks for "
-                    f"{need[role]}. Fix: use a larger subnet (a /22 holds 890 workers)"
+                    f"{count}. Fix: use a larger subnet (a /22 holds 890 workers)"
                 ]
             )
         nodes += [
             Node(role, i, str(subnet.network_address + HOST_OFFSET[role] + i), spec.cluster.port)
-            for i in range(need[role])
+            for i in range(count)
         ]
-    return nodes
+    return AddressPlan(tuple(nodes))
 
 
 def free_ports(count: int) -> Iterator[int]:

@@ -10,10 +10,8 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from dlinfra.node.supervision import FINAL_EXIT_CODES
-from dlinfra.render.node_config import NodeConfig
+from dlinfra.node.config import FINAL_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 
-NODE_JSON_PATH = "/etc/dlinfra/node.json"
 VENV = "/opt/dlinfra"
 
 
@@ -36,6 +34,7 @@ def render_user_data(config: NodeConfig, install: str | None = None) -> str:
     return _template().render(
         config=config,
         node_json=node_json,
+        node_json_path=NODE_JSON_PATH,
         install=install,
         wheel=install.rsplit("/", 1)[-1] if install and install.startswith("s3://") else None,
         venv=VENV,

@@ -1,1 +1,31 @@
-"""Targets differ only in how nodes are started and addressed; the renderer and agent are shared."""
+"""The target registry: the one place that maps a spec's `target` to the module that runs it.
+
+Targets differ only in where nodes run and how they are started and addressed; the renderer and
+the node agent are shared. A new target is one new module here, registered below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from dlinfra.errors import SpecError
+
+if TYPE_CHECKING:
+    from dlinfra.targets.base import Target, TargetOptions
+
+# name → module defining `TARGET`, a class implementing targets.base.Target. Imported on use:
+# `--help` must not pay for boto3.
+REGISTRY = {
+    "local": "dlinfra.targets.local",
+    "aws": "dlinfra.targets.aws",
+}
+
+
+def target_for(name: str, options: TargetOptions | None = None) -> Target:
+    if name not in REGISTRY:
+        raise SpecError([f"target: {name!r} is not a target. Fix: use one of {', '.join(REGISTRY)}"])
+    from dlinfra.targets.base import TargetOptions
+
+    module = importlib.import_module(REGISTRY[name])
+    return module.TARGET(options or TargetOptions())  # type: ignore[no-any-return]

@@ -10,11 +10,81 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
+from dlinfra.node.config import NodeConfig
 from dlinfra.node.supervision import should_restart
-from dlinfra.render import node_config_from_user_data
+from dlinfra.pricing import HourlyCost
+from dlinfra.render import AddressPlan, loopback_plan, node_config_from_user_data
 from dlinfra.render.addresses import free_ports
-from dlinfra.render.node_config import NodeConfig
+from dlinfra.targets.base import NodeInstall, Review, TargetOptions
+
+if TYPE_CHECKING:
+    from dlinfra.prepare import Prepared
+    from dlinfra.run import Run
+    from dlinfra.spec import Spec
+
+
+class LocalTarget:
+    """The embedded default: every node a process group on this machine, on loopback ports."""
+
+    name: ClassVar[str] = "local"
+    uses_instance_types: ClassVar[bool] = False
+    leaves_resources: ClassVar[bool] = False
+
+    def __init__(self, options: TargetOptions):
+        self.options = options
+
+    def addresses(self, spec: Spec) -> AddressPlan:
+        return loopback_plan(spec)
+
+    def node_install(self, pinned_wheel: Path | None = None, ship_wheel: bool = True) -> NodeInstall:
+        return NodeInstall()  # the nodes run this very interpreter
+
+    def preflight(self, spec: Spec) -> None:
+        pass
+
+    def plan(self, prepared: Prepared) -> Review:
+        text = f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, store {prepared.store.uri()}"
+        return Review(text=text, markdown=text + "\n", needs_approval=False)
+
+    def provision(self, prepared: Prepared, review: Review) -> None:
+        pass
+
+    def start(self, prepared: Prepared) -> LocalCluster:
+        mirrored = prepared.spec.strategy == "multi_worker_mirrored"
+        cluster = LocalCluster(prepared.run.dir, restart_together=mirrored)
+        try:
+            cluster.start(prepared.user_data)
+        except BaseException:
+            cluster.stop()
+            raise
+        prepared.run.update_manifest(pids=cluster.pids())
+        return cluster
+
+    def teardown(self, run: Run) -> str:
+        """Stop node process groups a crashed or killed `dlinfra deploy` left behind."""
+        killed = 0
+        for pid in run.manifest().pids:
+            if not _is_node_of(pid, run.id):
+                continue  # exited long ago; the pid may belong to someone else now
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        return f"run {run.id}: {killed} leftover node process groups stopped"
+
+    def hourly_cost(self, spec: Spec) -> HourlyCost:
+        return HourlyCost(per_role=dict.fromkeys(spec.roles(), 0.0))
+
+
+def _is_node_of(pid: int, run_id: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return "node run" in cmdline and run_id in cmdline
 
 
 @dataclass
@@ -138,3 +208,6 @@ class LocalCluster:
 def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
+
+
+TARGET = LocalTarget

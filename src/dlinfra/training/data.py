@@ -102,10 +102,9 @@ def fetch(uri: str, cache_dir: Path, sha256: str | None = None) -> Path:
         if uri.startswith("file://"):
             shutil.copyfile(uri[len("file://") :], tmp)
         elif uri.startswith("s3://"):
-            from dlinfra.store import S3Store
+            from dlinfra.store import S3Store, parse_s3_url
 
-            bucket_key = uri[len("s3://") :]
-            bucket, _, key = bucket_key.partition("/")
+            bucket, key = parse_s3_url(uri)
             if not S3Store(f"s3://{bucket}").get_file(key, tmp):
                 raise FileNotFoundError(uri)
         else:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlinfra.render.node_config import NodeConfig
+from dlinfra.node.config import NodeConfig
 from dlinfra.training.program import Program, Shard
 
 SHUFFLE_BUFFER = 4096

@@ -1,27 +1,44 @@
-"""NodeConfig: everything one node needs to join its cluster; TF_CONFIG is a pure function of it."""
+"""The node contract: what a node is given (NodeConfig), how it finds its peers (TF_CONFIG), and what
+its exit code tells its supervisor. The renderer writes it, the agent and the trainer read it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from dlinfra import __version__
-from dlinfra.render.addresses import AddressPlan
 from dlinfra.spec import Spec, TrainingSpec
 
-if TYPE_CHECKING:
-    from dlinfra.bundle import Bundle
+NODE_JSON_PATH = "/etc/dlinfra/node.json"
+
+# How a node agent ends. systemd on EC2 (`RestartPreventExitStatus`) and the local launcher restart
+# whatever did not end with one of the FINAL codes (see node.supervision).
+EXIT_DONE = 0
+EXIT_FAILED = 1  # the run failed (user code, data, too many restarts): restarting cannot help
+EXIT_USAGE = 2  # bad node config or flags
+EXIT_STOPPED = 3  # the max_runtime watchdog fired
+EXIT_RETRY = 75  # EX_TEMPFAIL: a peer went away; start me again and I resume from the checkpoint
+FINAL_EXIT_CODES = (EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED)
 
 
 class StoreConfig(BaseModel):
-    """Where this run's results go. Never carries credentials: nodes use their own (instance profile)."""
+    """Where a run's results go. Never carries credentials: nodes use their own (instance profile)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str
     endpoint_url: str | None = None
     region: str | None = None
+
+    @classmethod
+    def for_run(cls, spec: Spec, url: str) -> StoreConfig:
+        """S3 stores use the spec's S3 endpoint, else the AWS emulator endpoint, and the AWS region."""
+        if not url.startswith("s3://"):
+            return cls(url=url)
+        return cls(
+            url=url, endpoint_url=spec.storage.endpoint_url or spec.aws.endpoint_url, region=spec.aws.region
+        )
 
 
 class NodeConfig(BaseModel):
@@ -38,7 +55,7 @@ class NodeConfig(BaseModel):
     store: StoreConfig
     training: TrainingSpec
     entrypoint: str | None = None  # 'file.py:function' inside the code bundle
-    bundle: str | None = None  # sha256 of the code bundle in the store (code/bundle-<sha256>.tar.gz)
+    bundle: str | None = None  # sha256 of the code bundle in the run's store
     startup_timeout: float
     heartbeat_interval: float
     max_runtime: float
@@ -69,40 +86,4 @@ def tf_config(cluster: dict[str, list[str]], role: str, index: int) -> dict[str,
     return {
         "cluster": {job: list(addrs) for job, addrs in cluster.items()},
         "task": {"type": role, "index": index},
-    }
-
-
-def store_config(spec: Spec, url: str) -> StoreConfig:
-    """S3 stores use the spec's S3 endpoint, else the AWS emulator endpoint, and the AWS region."""
-    if not url.startswith("s3://"):
-        return StoreConfig(url=url)
-    return StoreConfig(
-        url=url, endpoint_url=spec.storage.endpoint_url or spec.aws.endpoint_url, region=spec.aws.region
-    )
-
-
-def build_node_configs(
-    spec: Spec, run_id: str, store_url: str, plan: AddressPlan, code: Bundle | None = None
-) -> dict[str, NodeConfig]:
-    store = store_config(spec, store_url)
-    cluster = plan.cluster()
-    # Heartbeats come several times per timeout so one slow write is never read as a lost node.
-    heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
-    return {
-        node.name: NodeConfig(
-            run_id=run_id,
-            role=node.role,  # type: ignore[arg-type]
-            index=node.index,
-            strategy=spec.strategy,
-            cluster=cluster,
-            store=store,
-            training=spec.training,
-            entrypoint=code.entrypoint if code else None,
-            bundle=code.sha256 if code else None,
-            startup_timeout=spec.cluster.startup_timeout,
-            heartbeat_interval=heartbeat,
-            max_runtime=spec.cluster.max_runtime,
-            max_restarts=spec.cluster.max_restarts,
-        )
-        for node in plan
     }

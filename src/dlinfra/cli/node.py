@@ -1,0 +1,31 @@
+"""`dlinfra node …`: what runs on a cluster node (cloud-init starts it; the local target too)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+node_app = typer.Typer(help="Commands that run on a cluster node.", no_args_is_help=True)
+
+
+@node_app.command("run")
+def node_run(
+    node_json: Annotated[Path, typer.Argument(help="The NodeConfig, e.g. /etc/dlinfra/node.json.")],
+    log_file: Annotated[
+        Path | None, typer.Option("--log-file", help="Append this node's output here.")
+    ] = None,
+    work_dir: Annotated[
+        Path | None, typer.Option("--work-dir", help="Local scratch (checkpoints, model).")
+    ] = None,
+) -> None:
+    """Run this machine's part of the cluster (what cloud-init starts on every node)."""
+    from dlinfra.node.agent import run
+
+    code = run(node_json, log_file, work_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # TF server threads never join; leave without waiting for them

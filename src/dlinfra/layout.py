@@ -1,0 +1,204 @@
+"""The run-store layout: every key of a run's store prefix, and the typed record behind each.
+
+    manifest.json                 Manifest: what the run was and what pins a rerun
+    status/<node>.json            NodeState: heartbeat and progress of one node
+    logs/<node>.log               the node's output
+    DONE | FAILED | STOPPED       Marker: how the run ended (the first one written wins)
+    metrics.json                  Metrics: what the chief measured
+    checkpoints/ckpt-N.*          checkpoint files, then checkpoints/latest.json (CheckpointPointer)
+    model/                        SavedModel and .keras of the trained model
+    tensorboard/                  event files
+    code/bundle-<sha256>.tar.gz   the user's code; code/<wheel>: the dlinfra that cloud nodes install
+    terraform/                    the provider lock file and tfvars of a cloud run
+
+No other module names a key: they ask a RunStore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from dlinfra.errors import StoreError
+from dlinfra.node.config import StoreConfig
+from dlinfra.records import (
+    MARKERS,
+    SCHEMA_VERSION,
+    CheckpointPointer,
+    Manifest,
+    Marker,
+    MarkerName,
+    Metrics,
+    NodeState,
+    Record,
+)
+from dlinfra.store import Store
+
+R = TypeVar("R", bound=Record)
+
+MANIFEST = "manifest.json"
+METRICS = "metrics.json"
+CHECKPOINTS = "checkpoints"
+LATEST_CHECKPOINT = f"{CHECKPOINTS}/latest.json"
+MODEL = "model"
+TENSORBOARD = "tensorboard"
+# The results bucket's lifecycle rule expires old checkpoints by this tag (prefix patterns can't match).
+CHECKPOINT_TAGS = {"dlinfra:kind": "checkpoint"}
+
+
+def check_version(raw: Any, what: str) -> None:
+    """A record of another schema version is refused, naming both versions and the fix."""
+    found = raw.get("schema_version") if isinstance(raw, dict) else None
+    if found != SCHEMA_VERSION:
+        raise StoreError(
+            f"{what} has schema_version {found}, this dlinfra reads {SCHEMA_VERSION}: it was written by "
+            "another dlinfra version, or is not a dlinfra record. Fix: read it with the dlinfra version "
+            "that wrote it (its manifest names it under versions.dlinfra)"
+        )
+
+
+def parse(model: type[R], raw: Any, what: str) -> R:
+    check_version(raw, what)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+        raise StoreError(f"{what} is not a valid {model.__name__} record ({problems})") from None
+
+
+class RunStore:
+    """One run's prefix of the results store, read and written as typed records."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    @classmethod
+    def open(cls, config: StoreConfig) -> RunStore:
+        return cls(Store.from_url(config.url, config.endpoint_url, config.region))
+
+    def uri(self) -> str:
+        return self.store.uri()
+
+    def _read(self, model: type[R], key: str) -> R | None:
+        raw = self.store.get_json(key)
+        return None if raw is None else parse(model, raw, self.store.uri(key))
+
+    def _write(self, key: str, record: Record) -> None:
+        self.store.put_json(key, record.model_dump(mode="json"))
+
+    # ---------------------------------------------------------------- manifest
+
+    def put_manifest(self, manifest: Manifest) -> None:
+        self._write(MANIFEST, manifest)
+
+    def manifest(self) -> Manifest | None:
+        return self._read(Manifest, MANIFEST)
+
+    # ---------------------------------------------------------------- nodes: status and logs
+
+    def status(self, node: str) -> NodeState | None:
+        return self._read(NodeState, f"status/{node}.json")
+
+    def put_status(self, state: NodeState) -> None:
+        self._write(f"status/{state.node}.json", state)
+
+    def statuses(self, nodes: list[str]) -> dict[str, NodeState | None]:
+        return {name: self.status(name) for name in nodes}
+
+    def put_log(self, node: str, path: Path) -> None:
+        self.store.put_file(f"logs/{node}.log", path)
+
+    def log_lines(self, node: str) -> list[str]:
+        data = self.store.get_bytes(f"logs/{node}.log")
+        return data.decode("utf-8", errors="replace").splitlines() if data else []
+
+    # ---------------------------------------------------------------- how the run ended
+
+    def marker(self) -> Marker | None:
+        for name in MARKERS:
+            if (found := self._read(Marker, name)) is not None:
+                return found
+        return None
+
+    def write_marker(self, marker: MarkerName, **fields: Any) -> None:
+        """First marker wins: a run that is DONE is not later turned FAILED by a node dying late."""
+        if self.marker() is None:
+            self._write(marker, Marker(marker=marker, time=time.time(), **fields))
+
+    def metrics(self) -> Metrics | None:
+        return self._read(Metrics, METRICS)
+
+    def put_metrics(self, metrics: Metrics) -> None:
+        self._write(METRICS, metrics)
+
+    # ---------------------------------------------------------------- checkpoints, model, tensorboard
+
+    def put_checkpoint(self, step: int, directory: Path) -> CheckpointPointer:
+        """The files first, then the pointer naming them."""
+        prefix = f"ckpt-{step}"
+        files = sorted(p for p in directory.iterdir() if p.name.startswith(prefix + "."))
+        for path in files:
+            self.store.put_file(f"{CHECKPOINTS}/{path.name}", path, tags=CHECKPOINT_TAGS)
+        pointer = CheckpointPointer(step=step, prefix=prefix, files=[p.name for p in files])
+        self._write(LATEST_CHECKPOINT, pointer)
+        return pointer
+
+    def latest_checkpoint(self) -> CheckpointPointer | None:
+        return self._read(CheckpointPointer, LATEST_CHECKPOINT)
+
+    def get_checkpoint(self, pointer: CheckpointPointer, local: Path) -> bool:
+        """Download the files of `pointer` into `local`; False if any is missing."""
+        return all(self.store.get_file(f"{CHECKPOINTS}/{name}", local / name) for name in pointer.files)
+
+    def checkpoint_uri(self, prefix: str) -> str:
+        return self.store.uri(f"{CHECKPOINTS}/{prefix}")
+
+    def put_model(self, directory: Path) -> str:
+        self.store.upload_dir(directory, MODEL)
+        return self.model_uri()
+
+    def model_uri(self) -> str:
+        return self.store.uri(MODEL)
+
+    def put_tensorboard(self, directory: Path) -> None:
+        self.store.upload_dir(directory, TENSORBOARD)
+
+    def tensorboard_uri(self) -> str:
+        return self.store.uri(TENSORBOARD)
+
+    # ---------------------------------------------------------------- code and pins
+
+    def put_bundle(self, sha256: str, data: bytes) -> None:
+        self.store.put_bytes(_bundle_key(sha256), data)
+
+    def bundle(self, sha256: str) -> bytes:
+        return self._pinned(_bundle_key(sha256), sha256)
+
+    def put_wheel(self, path: Path) -> str:
+        self.store.put_file(f"code/{path.name}", path)
+        return self.store.uri(f"code/{path.name}")
+
+    def wheel(self, name: str, sha256: str) -> bytes:
+        return self._pinned(f"code/{name}", sha256)
+
+    def put_terraform_pins(self, lock_file: Path, tfvars_text: str) -> None:
+        """A cloud run's provider lock and inputs: what a rerun months later must apply again."""
+        self.store.put_file("terraform/.terraform.lock.hcl", lock_file)
+        self.store.put_bytes("terraform/tfvars.json", tfvars_text.encode())
+
+    def _pinned(self, key: str, sha256: str) -> bytes:
+        """Bytes a manifest pinned (a code bundle, a wheel), checked against their sha256."""
+        data = self.store.get_bytes(key)
+        if data is None:
+            raise StoreError(f"{self.store.uri(key)} is missing. Fix: rerun a run whose store still holds it")
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise StoreError(f"{self.store.uri(key)} does not match its pinned sha256 {sha256[:12]}…")
+        return data
+
+
+def _bundle_key(sha256: str) -> str:
+    return f"code/bundle-{sha256}.tar.gz"

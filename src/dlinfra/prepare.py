@@ -1,0 +1,99 @@
+"""Preparing a run: the run record, its code in the store, and one cloud-init user-data per node.
+
+Everything here is the same for every target; a target only contributes where nodes listen
+(the address plan) and what they install.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlinfra.bundle import Bundle, file_sha256, pack_entrypoint
+from dlinfra.layout import RunStore
+from dlinfra.node.config import NodeConfig
+from dlinfra.records import WheelPin
+from dlinfra.render import AddressPlan, build_node_configs, render_cluster
+from dlinfra.run import Run, package_version
+from dlinfra.spec import Spec
+from dlinfra.targets.base import NodeInstall
+
+
+@dataclass
+class Prepared:
+    spec: Spec
+    run: Run
+    plan: AddressPlan
+    configs: dict[str, NodeConfig]
+    user_data: dict[str, str]
+
+    @property
+    def store(self) -> RunStore:
+        return self.run.store()
+
+
+def prepare(
+    spec: Spec,
+    plan: AddressPlan,
+    install: NodeInstall,
+    spec_path: Path | None = None,
+    argv: list[str] | None = None,
+    code: Bundle | None = None,
+    pins: dict[str, Any] | None = None,
+) -> Prepared:
+    """Create the run record, store the code bundle, render every node's user-data into the run dir.
+    `code` (a rerun's pinned bundle) replaces packing the entrypoint's directory; `pins` are extra
+    manifest fields (e.g. `rerun_of`)."""
+    base = spec_path.absolute().parent if spec_path else Path.cwd()
+    if code is None and spec.training.entrypoint:
+        code = pack_entrypoint(spec.training.entrypoint, base)
+    dataset = dataset_pin(spec, base)
+    run = Run.create(spec, spec_path, argv)
+    store = run.store()
+    (run.dir / "code").mkdir()
+    if code is not None:
+        store.put_bundle(code.sha256, code.data)
+        (run.dir / "code" / f"bundle-{code.sha256}.tar.gz").write_bytes(code.data)
+    requirement, wheel_pin = install.requirement, None
+    if install.wheel is not None:  # cloud nodes install exactly this wheel, from the run's store
+        requirement = store.put_wheel(install.wheel)
+        shutil.copy2(install.wheel, run.dir / "code" / install.wheel.name)
+        wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=requirement)
+    configs = build_node_configs(spec, run.id, run.manifest().store, plan, code)
+    user_data = render_cluster(configs, requirement)
+    out = run.dir / "user-data"
+    out.mkdir()
+    for name, text in user_data.items():
+        (out / f"{name}.yaml").write_text(text, encoding="utf-8")
+    run.update_manifest(
+        nodes=sorted(user_data),
+        addresses=plan.cluster(),
+        bundle=code.pin() if code else None,
+        wheel=wheel_pin,
+        install=requirement,
+        dataset=dataset,
+        seeds={"seed": spec.training.seed, "deterministic": spec.training.deterministic},
+        **(pins or {}),
+    )
+    run.publish_manifest()
+    return Prepared(spec, run, plan, configs, user_data)
+
+
+def dataset_pin(spec: Spec, base: Path) -> dict[str, Any]:
+    """What identifies the training data: built-in sets by their package version, a URI by sha256
+    (computed here for a local file the spec did not pin; None when nothing can pin it)."""
+    ds = spec.training.dataset
+    pin: dict[str, Any] = {"format": ds.format, "uri": ds.uri, "sha256": ds.sha256}
+    if ds.format == "digits":
+        pin["source"] = f"scikit-learn {package_version('scikit-learn')}"
+    elif ds.format == "synthetic":
+        pin["source"] = f"generated from training.seed {spec.training.seed}"
+    elif ds.sha256 is None and ds.uri and ds.uri.startswith("file://"):
+        local = Path(ds.uri[len("file://") :])
+        local = local if local.is_absolute() else base / local
+        if local.is_file():
+            pin["sha256"] = file_sha256(local)
+    pin["pinned"] = ds.format != "cifar10" or pin["sha256"] is not None
+    return pin

@@ -1,0 +1,174 @@
+"""Typed records of a run: what nodes and the CLI write to the store and the run dir, and read back.
+
+Every record carries `schema_version`. A reader refuses a record of another version (an older or
+newer dlinfra, or something that is not ours) with a clear error instead of guessing at its keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dlinfra.node.config import StoreConfig
+
+SCHEMA_VERSION = 1
+
+MarkerName = Literal["DONE", "FAILED", "STOPPED"]
+MARKERS: tuple[MarkerName, ...] = ("DONE", "FAILED", "STOPPED")
+FINISHED_NODE_STATES = ("done", "failed", "stopped")
+
+
+class Record(BaseModel):
+    # Unknown keys are an error: a record we wrote has none, and a typo in an update must not pass.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    schema_version: int = SCHEMA_VERSION
+
+
+class NodeState(Record):
+    """status/<node>.json: a node's heartbeat and progress."""
+
+    node: str
+    role: str
+    index: int
+    state: str
+    step: int = 0
+    total_steps: int | None = None
+    loss: float | None = None
+    examples_per_sec: float | None = None
+    restarts: int = 0
+    started: float
+    first_started: float
+    heartbeat: float
+    host: str | None = None
+    pid: int | None = None
+    error: str | None = None
+    resumed_from: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_NODE_STATES
+
+
+class Marker(Record):
+    """DONE / FAILED / STOPPED: how the run ended. The first one written wins."""
+
+    marker: MarkerName
+    time: float
+    node: str | None = None
+    error: str | None = None
+    reason: str | None = None
+    traceback: str | None = None
+    last_checkpoint: str | None = None  # the checkpoint prefix a STOPPED run can resume from
+    step: int | None = None
+    eval_accuracy: float | None = None
+
+
+class MeanSd(BaseModel):
+    mean: float
+    sd: float
+
+
+class Metrics(Record):
+    """metrics.json: what the chief measured and left."""
+
+    eval_accuracy: float
+    steps: int
+    total_steps: int
+    strategy: str
+    workers: int
+    ps: int
+    batch_size: int
+    train_seconds: float
+    first_step_at: float | None = None
+    finished_at: float
+    global_steps_per_sec: MeanSd | None = None
+    examples_per_sec: MeanSd | None = None
+    examples_per_sec_series: list[tuple[float, int, float]] = Field(default_factory=list)
+    loss_series: list[tuple[int, float]] = Field(default_factory=list)
+    final_loss: float | None = None
+    model_uri: str
+    checkpoint: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """What the manifest keeps of the metrics (the series stay in metrics.json)."""
+        return {
+            "eval_accuracy": self.eval_accuracy,
+            "steps": self.steps,
+            "train_seconds": self.train_seconds,
+            "model_uri": self.model_uri,
+        }
+
+
+class CheckpointPointer(Record):
+    """checkpoints/latest.json: written after the files it names, so it never names a partial one."""
+
+    step: int
+    prefix: str  # ckpt-<step>
+    files: list[str]
+
+
+class WheelPin(BaseModel):
+    name: str
+    sha256: str
+    uri: str
+
+
+class BundlePin(BaseModel):
+    sha256: str
+    entrypoint: str
+    bytes: int
+
+
+class Heal(BaseModel):
+    node: str
+    old: str
+    new: str
+    time: str
+
+
+class PlanCounts(BaseModel):
+    add: int
+    change: int
+    destroy: int
+    usd_per_hour: float
+
+
+class Manifest(Record):
+    """manifest.json (run dir and store): what a run was, where it went, and what pins a rerun."""
+
+    run_id: str
+    name: str
+    target: str
+    strategy: str
+    status: str  # CREATED, PLANNED, CANCELLED, APPLIED, RUNNING, DONE, FAILED, STOPPED
+    created: str
+    store: StoreConfig
+    spec_sha256: str
+    spec_path: str | None = None
+    command: str
+    git: dict[str, Any] | None = None  # commit, dirty
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    nodes: list[str] = Field(default_factory=list)
+    addresses: dict[str, list[str]] = Field(default_factory=dict)
+    bundle: BundlePin | None = None
+    wheel: WheelPin | None = None
+    install: str | None = None
+    dataset: dict[str, Any] | None = None
+    seeds: dict[str, Any] | None = None
+    rerun_of: str | None = None
+    unpinned: list[str] = Field(default_factory=list)
+    started: str | None = None
+    finished: str | None = None
+    metrics: dict[str, Any] | None = None
+    # What the target created: local node process groups, or cloud instances and their Terraform.
+    pids: list[int] = Field(default_factory=list)
+    instances: dict[str, str] = Field(default_factory=dict)
+    heals: list[Heal] = Field(default_factory=list)
+    plan: PlanCounts | None = None
+    apply_seconds: float | None = None
+    tfvars_sha256: str | None = None
+    terraform_lock_sha256: str | None = None
+    destroyed: bool = False
+    destroy_seconds: float | None = None

@@ -1,0 +1,38 @@
+"""From a resolved spec and its address plan to every node's NodeConfig."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dlinfra.node.config import NodeConfig, StoreConfig
+from dlinfra.render.addresses import AddressPlan
+from dlinfra.spec import Spec
+
+if TYPE_CHECKING:
+    from dlinfra.bundle import Bundle
+
+
+def build_node_configs(
+    spec: Spec, run_id: str, store: StoreConfig, plan: AddressPlan, code: Bundle | None = None
+) -> dict[str, NodeConfig]:
+    cluster = plan.cluster()
+    # Heartbeats come several times per timeout so one slow write is never read as a lost node.
+    heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
+    return {
+        node.name: NodeConfig(
+            run_id=run_id,
+            role=node.role,  # type: ignore[arg-type]
+            index=node.index,
+            strategy=spec.strategy,
+            cluster=cluster,
+            store=store,
+            training=spec.training,
+            entrypoint=code.entrypoint if code else None,
+            bundle=code.sha256 if code else None,
+            startup_timeout=spec.cluster.startup_timeout,
+            heartbeat_interval=heartbeat,
+            max_runtime=spec.cluster.max_runtime,
+            max_restarts=spec.cluster.max_restarts,
+        )
+        for node in plan
+    }

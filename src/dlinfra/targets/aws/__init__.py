@@ -1,0 +1,113 @@
+"""The aws target: a run is a Terraform stack (VPC, security group, per-role instance groups, IAM)
+whose instances boot from the rendered user-data and report to the S3 results store.
+
+    preflight.py  terraform, region, credentials, endpoint, bucket — before anything is planned
+    tfvars.py     the Python ↔ HCL contract (the only Python that knows HCL names)
+    stack.py      the run's copy of the stack: inputs, pins, destroy; the results-bucket stack
+    review.py     plan summary and dated prices
+    healing.py    the running instances: replace a vanished one in place
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from dlinfra import __version__
+from dlinfra.pricing import HourlyCost
+from dlinfra.records import PlanCounts
+from dlinfra.render import AddressPlan, private_ip_plan
+from dlinfra.targets.aws import preflight, review, stack, tfvars
+from dlinfra.targets.base import NodeInstall, Review, TargetOptions
+
+if TYPE_CHECKING:
+    from dlinfra.prepare import Prepared
+    from dlinfra.run import Run
+    from dlinfra.spec import Spec
+    from dlinfra.targets.aws.healing import InstanceCluster
+
+
+def install_requirement() -> str:
+    """What a node pip-installs when there is no wheel to ship: exactly this dlinfra release."""
+    return f"dlinfra[train,aws]=={__version__}"
+
+
+class AwsTarget:
+    name: ClassVar[str] = "aws"
+    uses_instance_types: ClassVar[bool] = True
+    leaves_resources: ClassVar[bool] = True
+
+    def __init__(self, options: TargetOptions):
+        self.options = options
+
+    def addresses(self, spec: Spec) -> AddressPlan:
+        return private_ip_plan(spec)
+
+    def node_install(self, pinned_wheel: Path | None = None, ship_wheel: bool = True) -> NodeInstall:
+        if not ship_wheel:
+            return NodeInstall(install_requirement())
+        from dlinfra.wheel import node_wheel
+
+        return NodeInstall(install_requirement(), pinned_wheel or node_wheel())
+
+    def preflight(self, spec: Spec) -> None:
+        preflight.preflight(spec, self.options.emulate_instances)
+
+    def plan(self, prepared: Prepared) -> Review:
+        run = prepared.run
+        tf = stack.run_stack(run, self.options.log)
+        inputs = stack.write_inputs(run, tfvars.stack_tfvars(prepared), tf)
+        plan_file = run.dir / "tfplan"
+        tf.plan(inputs, plan_file)
+        summary = review.summarize(tf.show_json(plan_file), run.id, prepared.spec)
+        markdown = summary.markdown()
+        (run.dir / "plan.md").write_text(markdown, encoding="utf-8")
+        counts = PlanCounts(
+            add=summary.add, change=summary.change, destroy=summary.destroy, usd_per_hour=summary.cost.known
+        )
+        run.update_manifest(status="PLANNED", plan=counts)
+        return Review(summary.text(), markdown, needs_approval=True, plan_file=plan_file)
+
+    def provision(self, prepared: Prepared, plan: Review) -> None:
+        assert plan.plan_file is not None
+        run, t0 = prepared.run, time.time()
+        tf = stack.run_stack(run, self.options.log)
+        tf.apply(plan.plan_file)
+        instances = tfvars.instances(tf.output())
+        run.update_manifest(
+            status="APPLIED",
+            apply_seconds=round(time.time() - t0, 1),
+            instances={name: i["id"] for name, i in instances.items()},
+        )
+        self.options.log(f"applied in {time.time() - t0:.0f}s: {len(instances)} instances")
+
+    def start(self, prepared: Prepared) -> InstanceCluster:
+        """Instances boot by themselves; with --emulate-instances their user-data, read back from
+        the emulator, boots local processes instead."""
+        from dlinfra.targets.aws.healing import InstanceCluster, instance_user_data
+        from dlinfra.targets.local import LocalCluster
+
+        run, spec = prepared.run, prepared.spec
+        tf = stack.run_stack(run, self.options.log)
+        instances = tfvars.instances(tf.output())
+        cluster = InstanceCluster(spec, run, tf, {n: i["id"] for n, i in instances.items()}, self.options.log)
+        if self.options.emulate_instances:
+            mirrored = spec.strategy == "multi_worker_mirrored"
+            cluster.emulated = LocalCluster(run.dir, remap=True, restart_together=mirrored)
+            try:
+                cluster.emulated.start(instance_user_data(preflight.client(spec, "ec2"), instances))
+            except BaseException:
+                cluster.emulated.stop()
+                raise
+            run.update_manifest(pids=cluster.emulated.pids())
+        return cluster
+
+    def teardown(self, run: Run) -> str:
+        return stack.destroy(run)
+
+    def hourly_cost(self, spec: Spec) -> HourlyCost:
+        return review.hourly_cost(spec)
+
+
+TARGET = AwsTarget

@@ -1,0 +1,82 @@
+"""A run's own copy of the Terraform stack (state included, unless the spec names a state bucket),
+so concurrent runs never share state and a run's HCL is pinned with it; and the long-lived results
+bucket in a stack and state of its own."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from dlinfra.bundle import file_sha256
+from dlinfra.run import Run, home
+from dlinfra.targets.aws import tfvars
+from dlinfra.targets.base import Log
+from dlinfra.terraform import Terraform
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+
+
+def copy_hcl(stack: str, root: Path) -> None:
+    """A root stack and the modules it references, side by side as in the package (no tests)."""
+    for part in (stack, "modules"):
+        shutil.copytree(INFRA / part, root / part, ignore=shutil.ignore_patterns("tests", ".terraform*"))
+
+
+def run_stack(run: Run, log: Log) -> Terraform:
+    """The run's copy of the HCL (stack + modules), initialised."""
+    root = run.dir / "terraform"
+    if not root.exists():
+        copy_hcl("stack", root)
+        backend = tfvars.state_backend(run.spec(), run.id)
+        if backend is not None:
+            (root / "stack" / "backend.tf.json").write_text(json.dumps(backend, indent=2))
+    tf = Terraform(root / "stack", log=log)
+    if not (root / "stack" / ".terraform").exists():
+        tf.init()
+    return tf
+
+
+def var_file(run: Run) -> Path:
+    return run.dir / "tfvars.json"
+
+
+def write_inputs(run: Run, variables: dict[str, Any], tf: Terraform) -> Path:
+    """The run's tfvars and provider lock, pinned in the run dir, the store and the manifest: a rerun
+    months later must apply what this run applied."""
+    text = json.dumps(variables, indent=2, sort_keys=True) + "\n"
+    path = var_file(run)
+    path.write_text(text, encoding="utf-8")
+    lock = tf.workdir / ".terraform.lock.hcl"
+    shutil.copy2(lock, run.dir / "terraform.lock.hcl")
+    run.store().put_terraform_pins(lock, text)
+    run.update_manifest(
+        tfvars_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        terraform_lock_sha256=file_sha256(lock),
+    )
+    return path
+
+
+def destroy(run: Run) -> str:
+    t0 = time.time()
+    run_stack(run, log=lambda line: None).destroy(var_file(run))
+    seconds = round(time.time() - t0, 1)
+    run.update_manifest(destroyed=True, destroy_seconds=seconds)
+    return f"run {run.id}: stack destroyed in {seconds:.0f}s (the results bucket is untouched)"
+
+
+def setup_bucket(bucket: str, region: str, endpoint_url: str | None, log: Log) -> str:
+    """Create the long-lived results bucket once, in its own stack and state (never a run's)."""
+    root = home() / "setup" / bucket
+    if not root.exists():
+        copy_hcl("bucket", root)
+    inputs = root / "bucket.tfvars.json"
+    inputs.write_text(json.dumps(tfvars.bucket_tfvars(bucket, region, endpoint_url), indent=2))
+    tf = Terraform(root / "bucket", log=log)
+    tf.init()
+    tf.plan(inputs, root / "bucket.tfplan")
+    tf.apply(root / "bucket.tfplan")
+    return f"bucket s3://{bucket} ready (state in {root}); set storage.url: s3://{bucket}/runs"

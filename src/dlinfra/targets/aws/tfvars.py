@@ -1,0 +1,102 @@
+"""The Python ↔ HCL contract: the only Python that knows the stacks' variable, output and resource
+names. Everything else in the aws target speaks in nodes, roles and instance ids."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dlinfra.store import parse_s3_url
+
+if TYPE_CHECKING:
+    from dlinfra.prepare import Prepared
+    from dlinfra.spec import Spec
+
+
+def stack_tfvars(prepared: Prepared) -> dict[str, Any]:
+    """The run stack's inputs (infra/stack/variables.tf): one instance group per role, one user-data
+    and fixed private IP per node."""
+    spec, run_id = prepared.spec, prepared.run.id
+    bucket, prefix = parse_s3_url(prepared.run.manifest().store.url)
+    shapes = spec.roles()
+    roles: dict[str, Any] = {}
+    for node in prepared.plan:
+        group = roles.setdefault(
+            node.role,
+            {
+                "instance_type": shapes[node.role].instance_type,
+                "spot": shapes[node.role].spot,
+                # gradient traffic flows between workers and ps: keep them on one low-latency spine
+                # (emulators have no placement groups: moto lacks CreatePlacementGroup)
+                "placement_group": node.role in ("worker", "ps") and not spec.aws.endpoint_url,
+                "root_volume_gb": spec.aws.root_volume_gb,
+                "nodes": {},
+            },
+        )
+        group["nodes"][node.name] = {"private_ip": node.host, "user_data": prepared.user_data[node.name]}
+    return {
+        "run_id": run_id,
+        "region": spec.aws.region,
+        "endpoint_url": spec.aws.endpoint_url,
+        "ami_id": spec.aws.ami,
+        "network": {
+            "vpc_cidr": spec.aws.vpc_cidr,
+            "subnet_cidr": spec.aws.subnet_cidr,
+            "egress": spec.aws.egress,
+        },
+        "tf_ports": {"from": spec.cluster.port, "to": spec.cluster.port},
+        "bucket": bucket,
+        "prefix": prefix,
+        "roles": roles,
+        "ssm_access": spec.aws.ssm_access,
+        "tags": {**spec.aws.tags, "dlinfra:run-id": run_id, "dlinfra:experiment": spec.name},
+    }
+
+
+def state_backend(spec: Spec, run_id: str) -> dict[str, Any] | None:
+    """backend.tf.json of a run stack whose state lives in the spec's state bucket (one key per run)."""
+    if not spec.aws.state_bucket:
+        return None
+    backend: dict[str, Any] = {
+        "bucket": spec.aws.state_bucket,
+        "key": f"dlinfra/{run_id}/terraform.tfstate",
+        "region": spec.aws.region,
+        "use_lockfile": True,
+    }
+    if spec.aws.endpoint_url:
+        backend |= {
+            "endpoints": {"s3": spec.aws.endpoint_url},
+            "use_path_style": True,
+            "skip_credentials_validation": True,
+            "skip_requesting_account_id": True,
+        }
+    return {"terraform": {"backend": {"s3": backend}}}
+
+
+def bucket_tfvars(bucket: str, region: str, endpoint_url: str | None) -> dict[str, Any]:
+    """The results-bucket stack's inputs (infra/bucket/variables.tf)."""
+    return {
+        "bucket": bucket,
+        "region": region,
+        "endpoint_url": endpoint_url,
+        "tags": {"dlinfra:purpose": "results"},
+    }
+
+
+def instances(outputs: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """node → {"id", "private_ip"}, from the run stack's outputs."""
+    return {name: {"id": i["id"], "private_ip": i["private_ip"]} for name, i in outputs["instances"].items()}
+
+
+def instance_address(node: str) -> str:
+    """The Terraform address of a node's instance in the run stack (module per role, one per node)."""
+    role = node.rsplit("-", 1)[0]
+    return f'module.role["{role}"].aws_instance.this["{node}"]'
+
+
+def creates_node_instance(change: dict[str, Any], nodes: list[str]) -> bool:
+    """Whether a plan's resource change only creates the instance of one of `nodes`."""
+    return (
+        change["type"] == "aws_instance"
+        and change.get("index") in nodes
+        and change["change"]["actions"] == ["create"]
+    )

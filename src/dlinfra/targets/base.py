@@ -1,0 +1,99 @@
+"""What a target is: where a run's nodes run. The deploy flow drives every target the same way:
+
+    preflight → prepare (the run, its user-data) → plan → provision → start → watch → teardown
+
+A target decides where nodes listen, what they install, how they are started and supervised,
+what they cost, and what is left to tear down. It never drives the flow and never prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from dlinfra.prepare import Prepared
+    from dlinfra.pricing import HourlyCost
+    from dlinfra.render.addresses import AddressPlan
+    from dlinfra.run import Run
+    from dlinfra.spec import Spec
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """How the caller wants the target to behave; `log` receives progress lines."""
+
+    log: Log = lambda line: None
+    emulate_instances: bool = False  # cloud targets on an emulator: boot instances as local processes
+
+
+@dataclass(frozen=True)
+class NodeInstall:
+    """What a node installs before it runs the agent: nothing (a local process shares this
+    interpreter), a pip requirement, or this run's dlinfra wheel shipped through the store."""
+
+    requirement: str | None = None
+    wheel: Path | None = None
+
+
+@dataclass(frozen=True)
+class Review:
+    """What a person sees before anything is created, and whether they must say yes."""
+
+    text: str
+    markdown: str
+    needs_approval: bool
+    plan_file: Path | None = None
+
+
+class Cluster(Protocol):
+    """A started run's nodes, as their target supervises them; the store tells everything else."""
+
+    def poll(self) -> dict[str, int | None]:
+        """Heal what the target can heal (restart a process, replace an instance); return the exit
+        codes of nodes it knows have ended (None: still running)."""
+        ...
+
+    def exit_codes(self) -> dict[str, int | None]: ...
+
+    def stop(self) -> None: ...
+
+
+class Target(Protocol):
+    name: ClassVar[str]
+    # Creates resources that outlive the node processes (instances, networks): the deploy flow
+    # tears them down after the run unless asked to keep them.
+    leaves_resources: ClassVar[bool]
+    uses_instance_types: ClassVar[bool]  # the spec's instance types (and their prices) apply
+    options: TargetOptions
+
+    def addresses(self, spec: Spec) -> AddressPlan:
+        """Where every node listens, known before any node exists."""
+        ...
+
+    def node_install(self, pinned_wheel: Path | None = None, ship_wheel: bool = True) -> NodeInstall:
+        """`pinned_wheel`: a rerun's original dlinfra wheel, for targets whose nodes install one.
+        `ship_wheel=False`: only the requirement (nothing is built; for `dlinfra render`)."""
+        ...
+
+    def preflight(self, spec: Spec) -> None:
+        """Fail on anything that would stop the run (tools, credentials, limits) before it exists."""
+        ...
+
+    def plan(self, prepared: Prepared) -> Review: ...
+
+    def provision(self, prepared: Prepared, review: Review) -> None:
+        """Create what the review showed (after approval, when it needed one)."""
+        ...
+
+    def start(self, prepared: Prepared) -> Cluster: ...
+
+    def teardown(self, run: Run) -> str:
+        """Remove whatever the run left (after a run, and for `dlinfra destroy`); says what it did."""
+        ...
+
+    def hourly_cost(self, spec: Spec) -> HourlyCost: ...
