@@ -18,7 +18,15 @@ from dlinfra.records import WheelPin
 from dlinfra.render import AddressPlan, build_node_configs, render_cluster
 from dlinfra.run import Run, package_version
 from dlinfra.spec import Spec
-from dlinfra.targets.base import NodeInstall
+
+
+@dataclass(frozen=True)
+class NodeInstall:
+    """What a node installs before it runs the agent: nothing (a local process shares this
+    interpreter), a pip requirement, or this run's dlinfra wheel shipped through the store."""
+
+    requirement: str | None = None
+    wheel: Path | None = None
 
 
 @dataclass

@@ -1,4 +1,5 @@
 """Typed records of a run: what nodes and the CLI write to the store and the run dir, and read back.
+Where each one lives is the layout module's business.
 
 Every record carries `schema_version`. A reader refuses a record of another version (an older or
 newer dlinfra, or something that is not ours) with a clear error instead of guessing at its keys.
@@ -27,7 +28,7 @@ class Record(BaseModel):
 
 
 class NodeState(Record):
-    """status/<node>.json: a node's heartbeat and progress."""
+    """A node's heartbeat and progress, rewritten every few seconds."""
 
     node: str
     role: str
@@ -71,7 +72,7 @@ class MeanSd(BaseModel):
 
 
 class Metrics(Record):
-    """metrics.json: what the chief measured and left."""
+    """What the chief measured and left."""
 
     eval_accuracy: float
     steps: int
@@ -102,7 +103,7 @@ class Metrics(Record):
 
 
 class CheckpointPointer(Record):
-    """checkpoints/latest.json: written after the files it names, so it never names a partial one."""
+    """The latest checkpoint: written after the files it names, so it never names a partial one."""
 
     step: int
     prefix: str  # ckpt-<step>
@@ -136,7 +137,7 @@ class PlanCounts(BaseModel):
 
 
 class Manifest(Record):
-    """manifest.json (run dir and store): what a run was, where it went, and what pins a rerun."""
+    """In the run dir and the store: what a run was, where it went, and what pins a rerun."""
 
     run_id: str
     name: str

@@ -20,13 +20,12 @@ import yaml
 
 from dlinfra import __version__
 from dlinfra.errors import RunNotFound, StoreError
-from dlinfra.layout import RunStore, parse
+from dlinfra.layout import MANIFEST, RunStore, parse
 from dlinfra.node.config import StoreConfig
 from dlinfra.records import Manifest
 from dlinfra.spec import Spec
 
 SPEC_LOCK = "spec.lock.yaml"
-MANIFEST = "manifest.json"
 
 
 def home() -> Path:

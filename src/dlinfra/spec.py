@@ -7,7 +7,6 @@ commented example `dlinfra init` writes is kept equal to them by a test, and a s
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import re
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dlinfra.errors import SpecError
+from dlinfra.spec_errors import describe, line_index, parse_yaml
 
 # Run ids (name + 21 chars) name IAM roles, which AWS caps at 64 characters with our affixes.
 NAME_RE = r"^[a-z][a-z0-9-]{0,26}$"
@@ -345,7 +345,7 @@ def load_spec(path: str | Path | None = None, overrides: Overrides | None = None
         if not p.is_file():
             raise SpecError([f"{source}: no such file. Fix: check the path, or run `dlinfra init {source}`"])
         text = p.read_text(encoding="utf-8")
-        data = _parse_yaml(text, source)
+        data = parse_yaml(text, source)
     flag_of: dict[tuple[str, ...], str] = {}
     for flag, dotted, value in (overrides or Overrides()).as_paths():
         keys = tuple(dotted.split("."))
@@ -354,30 +354,8 @@ def load_spec(path: str | Path | None = None, overrides: Overrides | None = None
     try:
         return Spec.model_validate(data)
     except ValidationError as err:
-        lines = _line_index(text) if text else {}
-        raise SpecError([_describe(e, source, lines, flag_of) for e in err.errors()]) from None
-
-
-def _parse_yaml(text: str, source: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(
-            [f"{where}: YAML syntax error: {problem}. Fix: check indentation and quoting"]
-        ) from None
-    if data is None:
-        raise SpecError([f"{source}: the file is empty. Fix: start from `dlinfra init`"])
-    if not isinstance(data, dict):
-        raise SpecError(
-            [
-                f"{source}:1: (top level): expected a mapping of keys (name:, cluster:, ...), "
-                f"got {type(data).__name__}"
-            ]
-        )
-    return data
+        lines = line_index(text) if text else {}
+        raise SpecError([describe(e, source, lines, flag_of, Spec) for e in err.errors()]) from None
 
 
 def _set_path(data: dict[str, Any], keys: tuple[str, ...], value: Any, flag: str, source: str) -> None:
@@ -389,99 +367,6 @@ def _set_path(data: dict[str, Any], keys: tuple[str, ...], value: Any, flag: str
             raise SpecError([f"{source}: {path}: {flag} needs a mapping here, the file has {child!r}"])
         node = child
     node[keys[-1]] = value
-
-
-def _line_index(text: str) -> dict[tuple[str | int, ...], int]:
-    """Map each key path in a YAML document to the 1-based line where it appears."""
-    index: dict[tuple[str | int, ...], int] = {}
-
-    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                sub = (*path, str(key.value))
-                index[sub] = key.start_mark.line + 1
-                walk(value, sub)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                index[(*path, i)] = item.start_mark.line + 1
-                walk(item, (*path, i))
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return index
-    if root is not None:
-        walk(root, ())
-    return index
-
-
-def _describe(
-    error: dict[str, Any],
-    source: str,
-    lines: dict[tuple[str | int, ...], int],
-    flag_of: dict[tuple[str, ...], str],
-) -> str:
-    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    path = ".".join(str(p) for p in loc) or "(top level)"
-    where = source
-    for n in range(len(loc), 0, -1):
-        if loc[:n] in lines:
-            where = f"{source}:{lines[loc[:n]]}"
-            break
-    msg = error["msg"].removeprefix("Value error, ")
-    origin = f" (from {flag_of[loc]})" if loc in flag_of else ""
-    got = error.get("input")
-    quiet = error["type"] in ("missing", "extra_forbidden", "value_error") or isinstance(got, dict | list)
-    shown = "" if quiet else f" (got {got!r})"
-    return f"{where}: {path}{origin}: {msg}{shown}. Fix: {_fix(error, loc)}"
-
-
-def _fix(error: dict[str, Any], loc: tuple[Any, ...]) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        return f"{hint}remove it; valid keys here: {', '.join(allowed)}"
-    if kind == "missing":
-        return "add this key"
-    if kind in ("int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type"):
-        return "give a value of the type named above, without quotes"
-    if kind.startswith(("greater_than", "less_than")):
-        return "use a value in the allowed range"
-    if kind == "literal_error":
-        return "use one of the listed values"
-    if kind == "string_pattern_mismatch":
-        field = _field_of(loc)
-        return field.description if field and field.description else "use the form the pattern describes"
-    return "see `dlinfra schema` for the allowed values"
-
-
-def _field_of(loc: tuple[Any, ...]) -> Any:
-    model = _model_at(loc[:-1])
-    return model.model_fields.get(str(loc[-1])) if loc else None
-
-
-def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
-    return sorted(_model_at(loc).model_fields)
-
-
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
-    model: type[BaseModel] = Spec
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
-        else:
-            args = getattr(annotation, "__args__", ())
-            inner = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
-            if inner is None:
-                if isinstance(part, int):
-                    continue
-                break
-            model = inner
-    return model
 
 
 def json_schema() -> dict[str, Any]:

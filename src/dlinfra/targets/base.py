@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from dlinfra.prepare import Prepared
+    from dlinfra.prepare import NodeInstall, Prepared
     from dlinfra.pricing import HourlyCost
     from dlinfra.render.addresses import AddressPlan
     from dlinfra.run import Run
@@ -29,15 +29,6 @@ class TargetOptions:
 
     log: Log = lambda line: None
     emulate_instances: bool = False  # cloud targets on an emulator: boot instances as local processes
-
-
-@dataclass(frozen=True)
-class NodeInstall:
-    """What a node installs before it runs the agent: nothing (a local process shares this
-    interpreter), a pip requirement, or this run's dlinfra wheel shipped through the store."""
-
-    requirement: str | None = None
-    wheel: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 from dlinfra.node.config import NodeConfig
 from dlinfra.node.supervision import should_restart
+from dlinfra.prepare import NodeInstall
 from dlinfra.pricing import HourlyCost
 from dlinfra.render import AddressPlan, loopback_plan, node_config_from_user_data
 from dlinfra.render.addresses import free_ports
-from dlinfra.targets.base import NodeInstall, Review, TargetOptions
+from dlinfra.targets.base import Review, TargetOptions
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from dlinfra import __version__
+from dlinfra.prepare import NodeInstall
 from dlinfra.pricing import HourlyCost
 from dlinfra.records import PlanCounts
 from dlinfra.render import AddressPlan, private_ip_plan
 from dlinfra.targets.aws import preflight, review, stack, tfvars
-from dlinfra.targets.base import NodeInstall, Review, TargetOptions
+from dlinfra.targets.base import Review, TargetOptions
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared

@@ -1,0 +1,118 @@
+"""Turning a bad experiment file into messages a person can act on: file:line, the field, the fix."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from dlinfra.errors import SpecError
+
+
+def parse_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(
+            [f"{where}: YAML syntax error: {problem}. Fix: check indentation and quoting"]
+        ) from None
+    if data is None:
+        raise SpecError([f"{source}: the file is empty. Fix: start from `dlinfra init`"])
+    if not isinstance(data, dict):
+        raise SpecError(
+            [
+                f"{source}:1: (top level): expected a mapping of keys (name:, cluster:, ...), "
+                f"got {type(data).__name__}"
+            ]
+        )
+    return data
+
+
+def line_index(text: str) -> dict[tuple[str | int, ...], int]:
+    """Map each key path in a YAML document to the 1-based line where it appears."""
+    index: dict[tuple[str | int, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = (*path, str(key.value))
+                index[sub] = key.start_mark.line + 1
+                walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                index[(*path, i)] = item.start_mark.line + 1
+                walk(item, (*path, i))
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return index
+    if root is not None:
+        walk(root, ())
+    return index
+
+
+def describe(
+    error: dict[str, Any],
+    source: str,
+    lines: dict[tuple[str | int, ...], int],
+    flag_of: dict[tuple[str, ...], str],
+    root: type[BaseModel],
+) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    where = source
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            where = f"{source}:{lines[loc[:n]]}"
+            break
+    msg = error["msg"].removeprefix("Value error, ")
+    origin = f" (from {flag_of[loc]})" if loc in flag_of else ""
+    got = error.get("input")
+    quiet = error["type"] in ("missing", "extra_forbidden", "value_error") or isinstance(got, dict | list)
+    shown = "" if quiet else f" (got {got!r})"
+    return f"{where}: {path}{origin}: {msg}{shown}. Fix: {_fix(error, loc, root)}"
+
+
+def _fix(error: dict[str, Any], loc: tuple[Any, ...], root: type[BaseModel]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = sorted(_model_at(root, loc[:-1]).model_fields)
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return f"{hint}remove it; valid keys here: {', '.join(allowed)}"
+    if kind == "missing":
+        return "add this key"
+    if kind in ("int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type"):
+        return "give a value of the type named above, without quotes"
+    if kind.startswith(("greater_than", "less_than")):
+        return "use a value in the allowed range"
+    if kind == "literal_error":
+        return "use one of the listed values"
+    if kind == "string_pattern_mismatch":
+        field = _model_at(root, loc[:-1]).model_fields.get(str(loc[-1])) if loc else None
+        return field.description if field and field.description else "use the form the pattern describes"
+    return "see `dlinfra schema` for the allowed values"
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
+    model: type[BaseModel] = root
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        else:
+            args = getattr(annotation, "__args__", ())
+            inner = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+            if inner is None:
+                if isinstance(part, int):
+                    continue
+                break
+            model = inner
+    return model
