@@ -197,7 +197,7 @@ def test_every_target_the_spec_accepts_is_registered_and_implements_the_protocol
 
 def test_every_spec_command_takes_the_same_override_flags() -> None:
     """Declared once (cli/options.py): the same flags, spelled and documented alike, everywhere."""
-    import click
+    import typer.core
     import typer.main
 
     from dlinfra.cli.app import app
@@ -206,7 +206,7 @@ def test_every_spec_command_takes_the_same_override_flags() -> None:
 
     def flags(name: str) -> dict[str, str | None]:
         params = commands[name].params
-        return {p.opts[0]: p.help for p in params if isinstance(p, click.Option) and p.opts[0] != "--help"}
+        return {p.opts[0]: p.help for p in params if isinstance(p, typer.core.TyperOption) and p.opts[0] != "--help"}
 
     full = flags("validate")
     assert {"--workers", "--ps", "--strategy", "--steps", "--target", "--endpoint-url", "--set"} <= set(full)
