@@ -206,7 +206,11 @@ def test_every_spec_command_takes_the_same_override_flags() -> None:
 
     def flags(name: str) -> dict[str, str | None]:
         params = commands[name].params
-        return {p.opts[0]: p.help for p in params if isinstance(p, typer.core.TyperOption) and p.opts[0] != "--help"}
+        return {
+            p.opts[0]: p.help
+            for p in params
+            if isinstance(p, typer.core.TyperOption) and p.opts[0] != "--help"
+        }
 
     full = flags("validate")
     assert {"--workers", "--ps", "--strategy", "--steps", "--target", "--endpoint-url", "--set"} <= set(full)

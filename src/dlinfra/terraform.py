@@ -57,15 +57,12 @@ class Terraform:
             self.binary, _ = find_terraform()
         self.env.setdefault("TF_IN_AUTOMATION", "1")
 
-    def init(self, backend_config: dict[str, str] | None = None) -> None:
-        args = ["init", "-input=false", "-no-color"]
-        args += [f"-backend-config={k}={v}" for k, v in (backend_config or {}).items()]
-        self.run(args, json_events=False)
+    def init(self) -> None:
+        self.run(["init", "-input=false", "-no-color"], json_events=False)
 
-    def plan(self, var_file: Path, out: Path, destroy: bool = False, targets: tuple[str, ...] = ()) -> None:
+    def plan(self, var_file: Path, out: Path, targets: tuple[str, ...] = ()) -> None:
         args = ["plan", "-input=false", "-json", f"-var-file={var_file}", f"-out={out}"]
-        args += [f"-target={address}" for address in targets]
-        self.run([*args, "-destroy"] if destroy else args)
+        self.run([*args, *(f"-target={address}" for address in targets)])
 
     def show_json(self, plan_file: Path) -> dict[str, Any]:
         return json.loads(self.run(["show", "-json", str(plan_file)], json_events=False, quiet=True))

@@ -104,7 +104,8 @@ class InstanceCluster:
         self.terraform.plan(stack.var_file(self.run), plan_file, targets=targets)
         check_heal_plan(self.terraform.show_json(plan_file), gone)
         self.terraform.apply(plan_file)
-        replaced = {name: tfvars.instances(self.terraform.output())[name] for name in gone}
+        applied = tfvars.instances(self.terraform.output())
+        replaced = {name: applied[name] for name in gone}
         user_data = instance_user_data(self._ec2, replaced)
         heals = self.run.manifest().heals
         for name, instance in replaced.items():
