@@ -65,7 +65,8 @@ def s3_client(endpoint: str):
 
 
 def alive_node_pids(marker: str) -> list[int]:
-    """PIDs of running `dlinfra node run` processes whose command line mentions `marker`."""
+    """PIDs of running node processes (`dlinfra node run`, the beacon, and `dlinfra node train`, its
+    trainer) whose command line mentions `marker`."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -75,7 +76,7 @@ def alive_node_pids(marker: str) -> list[int]:
             state = (proc / "stat").read_text().split()[2]
         except OSError:
             continue
-        if "dlinfra node run" in cmd and marker in cmd and state != "Z":
+        if ("dlinfra node run" in cmd or "dlinfra node train" in cmd) and marker in cmd and state != "Z":
             found.append(int(proc.name))
     return found
 

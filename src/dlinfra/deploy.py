@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dlinfra.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
 from dlinfra.errors import DlinfraError
 from dlinfra.layout import RunStore
 from dlinfra.prepare import Prepared, prepare
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from dlinfra.rerun import Origin
 
 LOG_TAIL_LINES = 30
-REPLACE_GRACE = 900.0  # a replacement instance boots and installs TensorFlow before its first beat
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,6 @@ class Request:
 class Snapshot:
     nodes: dict[str, NodeState | None]
     marker: Marker | None
-    lost: list[str]
     elapsed: float
 
 
@@ -96,10 +95,30 @@ def deploy(
     try:
         target.provision(prepared, review)
         cluster = target.start(prepared)
-        return watch(prepared, cluster, on_update, started=started)
-    finally:
+        outcome = watch(prepared, cluster, on_update, started=started)
+    except BaseException as exc:
         if target.leaves_resources and not request.keep:
-            options.log(target.teardown(run))
+            _teardown_after(exc, target, run, options)
+        raise
+    if target.leaves_resources and not request.keep:
+        options.log(_teardown(target, run))
+    return outcome
+
+
+def _teardown(target: Target, run: Run) -> str:
+    try:
+        return target.teardown(run)
+    except DlinfraError as exc:
+        raise type(exc)(f"{exc}\nFix: retry the teardown with `dlinfra destroy {run.id}`") from None
+
+
+def _teardown_after(original: BaseException, target: Target, run: Run, options: TargetOptions) -> None:
+    """Tear down after a failure; if that fails too, the original error still comes first and the
+    teardown's failure rides along as a note (with how to retry it)."""
+    try:
+        options.log(target.teardown(run))
+    except Exception as exc:
+        original.add_note(f"teardown failed too: {exc}\nFix: retry it with `dlinfra destroy {run.id}`")
 
 
 def watch(
@@ -111,31 +130,21 @@ def watch(
 ) -> Outcome:
     """Follow the run through the store until it ends; always stops the cluster."""
     store, run = prepared.store, prepared.run
-    timeout = prepared.spec.cluster.heartbeat_timeout
     names = list(prepared.user_data)
     started = started or time.time()
     run.update_manifest(status="RUNNING", started=utc_now())
     try:
         while True:
-            snap = _snapshot(store, names, timeout, started)
+            snap = _snapshot(store, names, started)
             on_update(snap)
             if snap.marker is not None:
                 _let_nodes_finish(cluster, seconds=3 * poll + 5)
-                on_update(_snapshot(store, names, timeout, started))
+                on_update(_snapshot(store, names, started))
                 break
             codes = cluster.poll()
-            crashed = {n: c for n, c in codes.items() if c not in (None, 0)}
-            if crashed:
-                name, code = sorted(crashed.items())[0]
-                store.write_marker("FAILED", node=name, error=f"node process exited with code {code}")
-            elif snap.lost:
-                # A node blocked on a frozen peer inside TensorFlow goes quiet too: name every silent one.
-                silent = ", ".join(snap.lost)
-                store.write_marker(
-                    "FAILED",
-                    node=snap.lost[0],
-                    error=f"no heartbeat for {timeout:.0f}s from {silent} (hung or unreachable)",
-                )
+            limits = prepared.spec.cluster
+            if verdict := diagnose(snap.nodes, codes, limits.heartbeat_timeout, limits.stall_timeout):
+                _fail(store, verdict, snap.nodes)
             elif codes and all(c == 0 for c in codes.values()):
                 time.sleep(poll)  # the chief's marker may land right after its exit
                 if store.marker() is None:
@@ -160,19 +169,20 @@ def _let_nodes_finish(cluster: Cluster, seconds: float) -> None:
         time.sleep(0.2)
 
 
-def _snapshot(store: RunStore, names: list[str], heartbeat_timeout: float, started: float) -> Snapshot:
-    now = time.time()
-    nodes = store.statuses(names)
+def _snapshot(store: RunStore, names: list[str], started: float) -> Snapshot:
+    return Snapshot(store.statuses(names), store.marker(), time.time() - started)
 
-    def silent_for(st: NodeState) -> float:
-        grace = REPLACE_GRACE if st.state == "replacing" else 0.0
-        return now - st.heartbeat - grace
 
-    lost = [
-        name for name, st in nodes.items() if st and not st.finished and silent_for(st) > heartbeat_timeout
-    ]
-    lost.sort(key=lambda name: nodes[name].heartbeat)  # type: ignore[union-attr]  # longest silent first
-    return Snapshot(nodes, store.marker(), lost, now - started)
+def _fail(store: RunStore, verdict: Verdict, nodes: dict[str, NodeState | None]) -> None:
+    """FAILED, naming the culprit and the verdict; for nodes that are there but not moving, first
+    their stacks (kept in the store) and where each one waits."""
+    error = f"{verdict.kind}: {verdict.detail}"
+    stacks = None
+    if verdict.wants_stacks:
+        alive = [n for n, s in nodes.items() if s is not None and not s.finished]
+        stacks = stack_summary(verdict, nodes, collect_stacks(store, alive))
+        error += "; " + "; ".join(f"{name} {where}" for name, where in stacks.items())
+    store.write_marker("FAILED", node=verdict.nodes[0], verdict=verdict.kind, error=error, stacks=stacks)
 
 
 def _outcome(prepared: Prepared, store: RunStore, started: float) -> Outcome:

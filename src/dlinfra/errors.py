@@ -31,3 +31,9 @@ class CredentialsError(DlinfraError):
 
 class RunNotFound(DlinfraError):
     """A run id that has no run directory."""
+
+
+class RunFailed(DlinfraError):
+    """The run itself failed mid-way (e.g. a lost instance could not be replaced): not bad input."""
+
+    exit_code = 1

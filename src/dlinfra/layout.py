@@ -8,6 +8,7 @@
     checkpoints/ckpt-N.*          checkpoint files, then checkpoints/latest.json (CheckpointPointer)
     model/                        SavedModel and .keras of the trained model
     tensorboard/                  event files
+    debug/request.json            a request for stack dumps; debug/<node>.stacks.txt: the dumps
     code/bundle-<sha256>.tar.gz   the user's code; code/<wheel>: the dlinfra that cloud nodes install
     terraform/                    the provider lock file and tfvars of a cloud run
 
@@ -46,6 +47,8 @@ CHECKPOINTS = "checkpoints"
 LATEST_CHECKPOINT = f"{CHECKPOINTS}/latest.json"
 MODEL = "model"
 TENSORBOARD = "tensorboard"
+STACKS_REQUEST = "debug/request.json"
+STACKS_HEADER = "# dlinfra stack dump for request "
 # The results bucket's lifecycle rule expires old checkpoints by this tag (prefix patterns can't match).
 CHECKPOINT_TAGS = {"dlinfra:kind": "checkpoint"}
 
@@ -169,6 +172,32 @@ class RunStore:
 
     def tensorboard_uri(self) -> str:
         return self.store.uri(TENSORBOARD)
+
+    # ---------------------------------------------------------------- stack dumps of a live run
+
+    def request_stacks(self) -> str:
+        """Ask every node's beacon for a dump of its trainer's stacks; returns the request id."""
+        request = f"{time.time():.6f}"
+        self.store.put_json(STACKS_REQUEST, {"id": request})
+        return request
+
+    def stacks_request(self) -> str | None:
+        raw = self.store.get_json(STACKS_REQUEST)
+        return str(raw["id"]) if isinstance(raw, dict) and "id" in raw else None
+
+    def put_stacks(self, node: str, request: str, text: str) -> None:
+        self.store.put_bytes(f"debug/{node}.stacks.txt", f"{STACKS_HEADER}{request}\n{text}".encode())
+
+    def stacks(self, node: str) -> tuple[str, str] | None:
+        """(request id, dump) of the node's latest stack dump."""
+        data = self.store.get_bytes(f"debug/{node}.stacks.txt")
+        if data is None:
+            return None
+        header, _, text = data.decode("utf-8", errors="replace").partition("\n")
+        return header.removeprefix(STACKS_HEADER), text
+
+    def stacks_uri(self, node: str) -> str:
+        return self.store.uri(f"debug/{node}.stacks.txt")
 
     # ---------------------------------------------------------------- code and pins
 

@@ -46,6 +46,11 @@ class NodeState(Record):
     pid: int | None = None
     error: str | None = None
     resumed_from: int | None = None
+    progress_at: float | None = None  # when the trainer last reported a step
+    # What the node's beacon (a process beside the trainer) sees of the trainer from outside:
+    process: str | None = None  # running | sleeping | disk-wait | stopped | zombie | gone
+    stopped_since: float | None = None  # first seen stopped (SIGSTOP, a debugger), else None
+    port_open: bool | None = None  # the node's TF port accepts connections
 
     @property
     def finished(self) -> bool:
@@ -61,6 +66,8 @@ class Marker(Record):
     error: str | None = None
     reason: str | None = None
     traceback: str | None = None
+    verdict: str | None = None  # FAILED: crashed | frozen | lost | stalled | failed (the run's own error)
+    stacks: dict[str, str] | None = None  # node → where its main thread waits (frozen and stalled runs)
     last_checkpoint: str | None = None  # the checkpoint prefix a STOPPED run can resume from
     step: int | None = None
     eval_accuracy: float | None = None

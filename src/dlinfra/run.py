@@ -104,6 +104,7 @@ class Run:
                 "tf-keras": package_version("tf-keras"),
                 "numpy": package_version("numpy"),
                 "scikit-learn": package_version("scikit-learn"),
+                "py-spy": package_version("py-spy"),
             },
         )
         run.write_manifest(manifest)

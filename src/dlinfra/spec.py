@@ -59,7 +59,14 @@ class ClusterSpec(StrictModel):
         2222, ge=1024, le=65535, description="TF gRPC port on aws nodes (local picks free ports)."
     )
     startup_timeout: float = Field(180, gt=0, description="Seconds a node waits for its peers.")
-    heartbeat_timeout: float = Field(60, gt=0, description="Seconds without heartbeat before a node is lost.")
+    heartbeat_timeout: float = Field(
+        60,
+        gt=0,
+        description="Seconds without heartbeat before a node is lost, or stopped before it is frozen.",
+    )
+    stall_timeout: float = Field(
+        600, gt=0, description="Seconds without a training step, every node alive, before the run is stalled."
+    )
     max_runtime: float = Field(3600, gt=0, description="Watchdog: every node stops after this many seconds.")
     max_restarts: int = Field(
         5, ge=0, description="Restarts of one node (crash, lost peer) before the run is marked FAILED."

@@ -177,9 +177,11 @@ def _deploy_and_report(request: Any, started: float, yes: bool, emulate: bool) -
     options = TargetOptions(log=out.print, emulate_instances=emulate)
     try:
         outcome = run_deploy(request, options, _approver(yes), progress, started)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         progress.close()
         err.print("interrupted: the run is marked STOPPED and its nodes were torn down")
+        for note in getattr(exc, "__notes__", []):
+            _error(note)
         raise typer.Exit(130) from None
     progress.close()
     _finish(outcome)
@@ -376,6 +378,8 @@ def main() -> None:
         sys.exit(2)
     except DlinfraError as exc:
         _error(str(exc))
+        for note in getattr(exc, "__notes__", []):  # e.g. a teardown that failed after this error
+            _error(note)
         sys.exit(exc.exit_code)
     except Exception as exc:
         if _state["debug"]:

@@ -40,9 +40,12 @@ def nodes_table(nodes: dict[str, dict[str, Any] | None], title: str = "") -> Tab
             continue
         total = st.get("total_steps")
         step = f"{st.get('step', 0)}/{total}" if total else "-"
+        state = st.get("state", "?")
+        if st.get("process") in ("stopped", "zombie", "gone") and state not in ("done", "failed", "stopped"):
+            state += f" (process {st['process']})"  # what the beacon sees, not what the trainer last said
         table.add_row(
             name,
-            st.get("state", "?"),
+            state,
             step,
             _num(st.get("loss"), "{:.4f}"),
             _num(st.get("examples_per_sec")),

@@ -1,4 +1,5 @@
-"""`dlinfra node run NODE_JSON`: join the cluster, train or serve, report, leave results, exit."""
+"""The trainer of a node (`dlinfra node train`, started by its beacon): join the cluster, train or
+serve, report, leave results, exit."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -37,10 +37,10 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     if log_file is not None:
         _redirect_output(log_file)
     cfg = NodeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
-    work = work_dir or Path(tempfile.gettempdir()) / "dlinfra" / cfg.run_id / cfg.name
+    work = work_dir or cfg.default_work_dir()
     work.mkdir(parents=True, exist_ok=True)
     store = RunStore.open(cfg.store)
-    status = NodeStatus(store, cfg.name, cfg.role, cfg.index, cfg.heartbeat_interval, log_file).start()
+    status = NodeStatus(store, cfg.name, cfg.role, cfg.index, work)
     os.environ["TF_CONFIG"] = json.dumps(tf_config(cfg.cluster, cfg.role, cfg.index))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     life = f"life {status.restarts + 1}" if status.restarts else "first life"

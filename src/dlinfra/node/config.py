@@ -3,6 +3,8 @@ its exit code tells its supervisor. The renderer writes it, the agent and the tr
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -71,6 +73,15 @@ class NodeConfig(BaseModel):
         if self.strategy == "multi_worker_mirrored":
             return self.role == "worker" and self.index == 0
         return self.role == "chief"
+
+    def default_work_dir(self) -> Path:
+        """Local scratch (checkpoints, model, the trainer's state file) when none is given."""
+        return Path(tempfile.gettempdir()) / "dlinfra" / self.run_id / self.name
+
+    @property
+    def address(self) -> str:
+        """host:port this node serves TensorFlow on."""
+        return self.cluster[self.role][self.index]
 
     @property
     def num_workers(self) -> int:

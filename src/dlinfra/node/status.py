@@ -1,30 +1,42 @@
-"""What a node tells the world through the store: heartbeats and progress."""
+"""What the trainer says about itself: its state and progress, written to a small local file.
+
+The trainer never publishes heartbeats: a process blocked inside TensorFlow cannot be trusted to.
+Its beacon (node.beacon), a separate process, reads this file, adds what it sees of the trainer from
+outside, and publishes both. Only the final state goes to the store directly, so it is never lost.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
-import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 from dlinfra.layout import RunStore
 from dlinfra.records import NodeState
 
+STATE_FILE = "state.json"
+
+
+def state_file(work: Path) -> Path:
+    return work / STATE_FILE
+
+
+def read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
 
 class NodeStatus:
-    """Publishes status/<node>.json every `interval` seconds from a daemon thread, and the node's
-    log file to logs/<node>.log, so a watcher sees progress and a dead node goes quiet."""
+    """The trainer's own fields; `update` rewrites the local file (atomically: the beacon never reads
+    half of it). Cheap enough for every progress report: no network call."""
 
-    def __init__(
-        self, store: RunStore, node: str, role: str, index: int, interval: float, log_file: Path | None
-    ):
-        self.store, self.node, self.interval, self.log_file = store, node, interval, log_file
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._log_size = -1
+    def __init__(self, store: RunStore, node: str, role: str, index: int, work: Path):
+        self.store, self.path = store, state_file(work)
         previous = store.status(node)
         now = time.time()
         self.fields: dict[str, Any] = {
@@ -43,7 +55,7 @@ class NodeStatus:
             "pid": os.getpid(),
             "error": None,
         }
-        self._thread = threading.Thread(target=self._beat, name="dlinfra-heartbeat", daemon=True)
+        self._write()
 
     @property
     def restarts(self) -> int:
@@ -53,37 +65,21 @@ class NodeStatus:
     def first_started(self) -> float:
         return float(self.fields["first_started"])
 
-    def start(self) -> NodeStatus:
-        self.publish()
-        self._thread.start()
-        return self
-
     def update(self, **fields: Any) -> None:
-        with self._lock:
-            self.fields.update(fields)
-
-    def publish(self) -> None:
-        with self._lock:
-            state = NodeState(**self.fields, heartbeat=time.time())
-        try:
-            self.store.put_status(state)
-            self._sync_log()
-        except Exception:  # a store outage must not kill training; the next beat retries
-            traceback.print_exc()
-
-    def _sync_log(self) -> None:
-        if self.log_file is None or not self.log_file.exists():
-            return
-        size = self.log_file.stat().st_size
-        if size != self._log_size:
-            self.store.put_log(self.node, self.log_file)
-            self._log_size = size
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.publish()
+        if "step" in fields and fields["step"] != self.fields.get("step"):
+            fields["progress_at"] = time.time()
+        self.fields.update(fields)
+        self._write()
 
     def stop(self, **final: Any) -> None:
-        self._stop.set()
+        """The last word of this life, published at once (the beacon may not get another beat in)."""
         self.update(**final)
-        self.publish()
+        try:
+            self.store.put_status(NodeState(**self.fields, heartbeat=time.time()))
+        except Exception as exc:  # a store outage must not turn a clean end into a crash
+            print(f"could not publish the final status: {exc}", flush=True)
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.fields), encoding="utf-8")
+        tmp.replace(self.path)

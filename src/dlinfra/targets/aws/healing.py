@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from dlinfra.errors import DlinfraError, TerraformError
+from dlinfra.errors import DlinfraError, RunFailed, TerraformError
 from dlinfra.layout import RunStore
 from dlinfra.records import Heal, NodeState
 from dlinfra.run import Run, utc_now
@@ -49,7 +49,9 @@ class InstanceCluster:
                 except TerraformError as exc:  # e.g. the old IP not yet released: try at the next check
                     self._failed_heals += 1
                     if self._failed_heals >= MAX_HEAL_ATTEMPTS:
-                        raise
+                        error = f"could not replace {', '.join(gone)} in {MAX_HEAL_ATTEMPTS} attempts: {exc}"
+                        self._store.write_marker("FAILED", node=gone[0], verdict="lost", error=error)
+                        raise RunFailed(f"run {self.run.id} failed: {error}") from None
                     self.log(f"heal attempt {self._failed_heals} failed, retrying: {exc}")
             self._checked = time.monotonic()
         return self.emulated.poll() if self.emulated else {}

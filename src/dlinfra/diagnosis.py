@@ -1,0 +1,133 @@
+"""What went wrong with a running cluster, from what the nodes' beacons publish.
+
+Verdicts, in the order they are checked (the first that holds names the culprit):
+    crashed  a node's process ended with an error (its supervisor reports the exit code)
+    frozen   a trainer stopped (SIGSTOP, a debugger) for longer than heartbeat_timeout
+    lost     a node's beacon went silent for heartbeat_timeout: the machine or its supervisor is gone
+    stalled  every node alive, yet no training step for stall_timeout
+A pure function of the node states and the clock, so it is tested table by table.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from dlinfra.layout import RunStore
+from dlinfra.records import NodeState
+
+REPLACE_GRACE = 900.0  # a replacement instance boots and installs TensorFlow before its first beat
+STACKS_WAIT = 30.0
+# Frames that only say "waiting": the interesting frame is the first one below them.
+_PLUMBING = ("threading.py", "queue.py", "selectors.py", "concurrent/futures", "socket.py")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # crashed | frozen | lost | stalled
+    nodes: list[str]  # culprits, the most likely first
+    detail: str
+
+    @property
+    def wants_stacks(self) -> bool:
+        """Processes that are there but not moving: their stacks say where they wait."""
+        return self.kind in ("frozen", "stalled")
+
+
+def diagnose(
+    nodes: dict[str, NodeState | None],
+    exit_codes: dict[str, int | None],
+    heartbeat_timeout: float,
+    stall_timeout: float,
+    now: float | None = None,
+) -> Verdict | None:
+    now = time.time() if now is None else now
+    crashed = sorted((n, c) for n, c in exit_codes.items() if c not in (None, 0))
+    if crashed:
+        name, code = crashed[0]
+        return Verdict("crashed", [name], f"node process exited with code {code}")
+    live = {n: s for n, s in nodes.items() if s is not None and not s.finished}
+    frozen = sorted(
+        (
+            n
+            for n, s in live.items()
+            if s.stopped_since is not None and now - s.stopped_since > heartbeat_timeout
+        ),
+        key=lambda n: live[n].stopped_since or now,
+    )
+    if frozen:
+        seconds = now - (live[frozen[0]].stopped_since or now)
+        return Verdict("frozen", frozen, f"{', '.join(frozen)} stopped for {seconds:.0f}s (process state T)")
+
+    def silent_for(s: NodeState) -> float:
+        return now - s.heartbeat - (REPLACE_GRACE if s.state == "replacing" else 0.0)
+
+    lost = sorted(
+        (n for n, s in live.items() if silent_for(s) > heartbeat_timeout), key=lambda n: live[n].heartbeat
+    )
+    if lost:
+        return Verdict(
+            "lost",
+            lost,
+            f"no heartbeat for {heartbeat_timeout:.0f}s from {', '.join(lost)} "
+            "(the machine or its supervisor is gone)",
+        )
+    progress = [s.progress_at for s in live.values() if s.progress_at is not None]
+    busy = any(
+        s.state in ("exporting", "replacing") or s.state.startswith("restarting") for s in live.values()
+    )
+    if progress and not busy and now - max(progress) > stall_timeout:
+        waiting = sorted(live)
+        return Verdict(
+            "stalled", waiting, f"no training step for {now - max(progress):.0f}s while every node is alive"
+        )
+    return None
+
+
+def collect_stacks(store: RunStore, nodes: list[str], wait: float = STACKS_WAIT) -> dict[str, str]:
+    """Ask the beacons for their trainers' stacks and wait for the answers: node → dump text."""
+    request = store.request_stacks()
+    deadline = time.monotonic() + wait
+    dumps: dict[str, str] = {}
+    while len(dumps) < len(nodes) and time.monotonic() < deadline:
+        for node in nodes:
+            found = store.stacks(node)
+            if node not in dumps and found is not None and found[0] == request:
+                dumps[node] = found[1]
+        time.sleep(0.5)
+    return dumps
+
+
+def where_it_waits(dump: str) -> str:
+    """The main thread's innermost frame that is not mere waiting plumbing, from a py-spy dump."""
+    lines = dump.splitlines()
+    pid = lines[0].split(":")[0].removeprefix("Process ").strip() if lines else ""
+    # The main thread is named when py-spy can read names; its thread id is always the process id.
+    start = next((i for i, line in enumerate(lines) if '"MainThread"' in line), None)
+    if start is None:
+        start = next((i for i, line in enumerate(lines) if line.startswith(f"Thread {pid} ")), None)
+    if start is None:
+        return "no Python main thread in the dump"
+    frames = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("    "):
+            break
+        frames.append(line.strip())
+    useful = [f for f in frames if not any(p in f for p in _PLUMBING)]
+    return f"waits in {(useful or frames or ['?'])[0]}"
+
+
+def stack_summary(
+    verdict: Verdict, nodes: dict[str, NodeState | None], dumps: dict[str, str]
+) -> dict[str, str]:
+    """node → one line: stopped, where it waits, or that no dump came back."""
+    out = {}
+    for name in sorted(set(dumps) | set(verdict.nodes)):
+        state = nodes.get(name)
+        if state is not None and state.process == "stopped":
+            out[name] = "is stopped" + (f", {where_it_waits(dumps[name])}" if name in dumps else "")
+        elif name in dumps:
+            out[name] = where_it_waits(dumps[name])
+        else:
+            out[name] = "sent no stack dump"
+    return out

@@ -1,0 +1,203 @@
+"""`dlinfra node run NODE_JSON`: a node's beacon. It starts the trainer (`dlinfra node train`) and,
+from outside it, publishes the node's liveness: the trainer's own state file, its process state from
+/proc, whether its TF port answers, and the heartbeat time. It never imports TensorFlow, so a trainer
+blocked in TensorFlow, stopped or spinning cannot silence it: the watcher can tell a frozen trainer
+from a lost machine. It also dumps the trainer's stacks (py-spy) when the store asks for them.
+
+The beacon is what the supervisors (the local launcher, systemd on EC2) start and restart: it ends
+the way its trainer ended (same exit code, or the same signal), so the restart contract is unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dlinfra.layout import RunStore
+from dlinfra.node.config import EXIT_STOPPED, NodeConfig
+from dlinfra.node.status import read_state, state_file
+from dlinfra.records import NodeState
+
+PR_SET_PDEATHSIG = 1
+# /proc/<pid>/stat state letters → what the watcher reads
+PROCESS_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk-wait",
+    "T": "stopped",
+    "t": "stopped",
+    "Z": "zombie",
+}
+STACK_DUMP_TIMEOUT = 30.0
+WATCHDOG_GRACE = 30.0  # the trainer's own watchdog fires first; this one ends a trainer too stuck to
+
+
+def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None = None) -> int:
+    cfg = NodeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
+    work = work_dir or cfg.default_work_dir()
+    work.mkdir(parents=True, exist_ok=True)
+    state_file(work).unlink(missing_ok=True)  # an earlier life's state is not this one's
+    beacon = Beacon(cfg, RunStore.open(cfg.store), work, log_file)
+    trainer = beacon.start_trainer(config_path)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: _forward(trainer, signum))
+    return beacon.watch(trainer)
+
+
+class Beacon:
+    def __init__(self, cfg: NodeConfig, store: RunStore, work: Path, log_file: Path | None):
+        self.cfg, self.store, self.work, self.log_file = cfg, store, work, log_file
+        self.stopped_since: float | None = None
+        self.answered: str | None = store.stacks_request()  # requests older than this life are not ours
+        self._log_size = -1
+
+    def start_trainer(self, config_path: Path) -> subprocess.Popen[bytes]:
+        args = [
+            sys.executable,
+            "-m",
+            "dlinfra",
+            "node",
+            "train",
+            str(config_path),
+            "--work-dir",
+            str(self.work),
+        ]
+        if self.log_file is not None:
+            args += ["--log-file", str(self.log_file)]
+        return subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            # Its own process group: a signal meant for the trainer (a debugger's SIGSTOP) leaves the
+            # beacon running to report it.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    def watch(self, trainer: subprocess.Popen[bytes]) -> int:
+        while True:
+            code = trainer.poll()
+            self.publish(trainer.pid, gone=code is not None)
+            if code is not None:
+                return _end_like(code)
+            self.answer_stack_requests(trainer.pid)
+            if self._past_max_runtime():
+                self.store.write_marker(
+                    "STOPPED", node=self.cfg.name, reason="max_runtime (trainer unresponsive)"
+                )
+                _forward(trainer, signal.SIGKILL)
+                trainer.wait()
+                return EXIT_STOPPED
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                trainer.wait(self.cfg.heartbeat_interval)
+
+    def publish(self, pid: int, gone: bool) -> None:
+        fields = read_state(state_file(self.work))
+        if fields is None:  # the trainer is still importing TensorFlow: nothing to say yet
+            return
+        process = "gone" if gone else process_state(pid)
+        if process == "stopped":
+            self.stopped_since = self.stopped_since or time.time()
+        else:
+            self.stopped_since = None
+        try:
+            state = NodeState(
+                **fields,
+                heartbeat=time.time(),
+                process=process,
+                stopped_since=self.stopped_since,
+                port_open=None if gone else port_open(self.cfg.address),
+            )
+            self.store.put_status(state)
+            self._sync_log()
+        except Exception as exc:  # a store outage must not end the node; the next beat retries
+            print(f"beacon {self.cfg.name}: could not publish: {exc}", file=sys.stderr, flush=True)
+
+    def answer_stack_requests(self, pid: int) -> None:
+        try:
+            request = self.store.stacks_request()
+            if request is None or request == self.answered:
+                return
+            self.store.put_stacks(self.cfg.name, request, dump_stacks(pid))
+            self.answered = request
+        except Exception as exc:
+            print(f"beacon {self.cfg.name}: stack dump failed: {exc}", file=sys.stderr, flush=True)
+
+    def _past_max_runtime(self) -> bool:
+        fields = read_state(state_file(self.work)) or {}
+        first = fields.get("first_started")
+        return first is not None and time.time() > first + self.cfg.max_runtime + WATCHDOG_GRACE
+
+    def _sync_log(self) -> None:
+        if self.log_file is None or not self.log_file.exists():
+            return
+        size = self.log_file.stat().st_size
+        if size != self._log_size:
+            self.store.put_log(self.cfg.name, self.log_file)
+            self._log_size = size
+
+
+def process_state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    letter = stat.rsplit(")", 1)[1].split()[0]  # the command name may hold spaces and parentheses
+    return PROCESS_STATES.get(letter, letter)
+
+
+def port_open(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def dump_stacks(pid: int) -> str:
+    """Every thread's Python stack of the trainer. --nonblocking: a stopped process cannot be paused."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        return "py-spy is not installed on this node. Fix: pip install py-spy\n"
+    try:
+        done = subprocess.run(
+            [py_spy, "dump", "--nonblocking", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=STACK_DUMP_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        return f"py-spy dump of pid {pid} did not finish in {STACK_DUMP_TIMEOUT:.0f}s\n"
+    return done.stdout + (f"\n{done.stderr}" if done.returncode else "")
+
+
+def _forward(trainer: subprocess.Popen[bytes], signum: int) -> None:
+    """Pass a stop request on to the trainer's group (and wake it, should it be stopped)."""
+    for sig in (signum, signal.SIGCONT):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(trainer.pid, sig)
+
+
+def _end_like(code: int) -> int:
+    """The trainer's exit code, or its death by a signal re-enacted, so supervisors see what it did."""
+    if code >= 0:
+        return code
+    signal.signal(-code, signal.SIG_DFL)
+    sys.stdout.flush()
+    os.kill(os.getpid(), -code)
+    return 128 - code  # not reached for fatal signals
+
+
+def _die_with_parent() -> Any:
+    """In the trainer, before exec: if the beacon dies (SIGKILL at teardown), the trainer dies too."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

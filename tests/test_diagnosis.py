@@ -1,0 +1,159 @@
+"""Verdicts on a running cluster, table by table; and what a beacon sees of a real process from
+outside (its /proc state when stopped, its stacks through py-spy)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dlinfra.diagnosis import Verdict, diagnose, stack_summary, where_it_waits
+from dlinfra.node.beacon import dump_stacks, process_state
+from dlinfra.records import NodeState
+
+NOW = 10_000.0
+BEAT, STALL = 8.0, 60.0
+
+
+def node(name: str, **fields: object) -> NodeState:
+    role, _, index = name.rpartition("-")
+    base = {"node": name, "role": role, "index": int(index), "state": "training", "started": 1.0}
+    return NodeState(**(base | {"first_started": 1.0, "heartbeat": NOW - 1} | fields))
+
+
+HEALTHY = {
+    "chief-0": node("chief-0", progress_at=NOW - 2, total_steps=100),
+    "worker-0": node("worker-0", state="serving"),
+    "ps-0": node("ps-0", state="serving"),
+}
+
+CASES = [
+    ("all well", HEALTHY, {}, None),
+    ("not yet booted", {**HEALTHY, "worker-0": None}, {}, None),
+    ("crashed beats everything", {**HEALTHY}, {"ps-0": 1, "chief-0": None}, ("crashed", ["ps-0"])),
+    ("a clean exit is no crash", HEALTHY, {"chief-0": 0}, None),
+    (
+        "stopped past the timeout",
+        {**HEALTHY, "worker-0": node("worker-0", process="stopped", stopped_since=NOW - 9)},
+        {},
+        ("frozen", ["worker-0"]),
+    ),
+    (
+        "stopped, not yet for long",
+        {**HEALTHY, "worker-0": node("worker-0", process="stopped", stopped_since=NOW - 3)},
+        {},
+        None,
+    ),
+    (
+        # the frozen worker's peers wait on it and may look idle: the stopped one is the culprit
+        "frozen beats a silent chief",
+        {
+            **HEALTHY,
+            "chief-0": node("chief-0", heartbeat=NOW - 30, progress_at=NOW - 30),
+            "worker-0": node("worker-0", process="stopped", stopped_since=NOW - 20),
+        },
+        {},
+        ("frozen", ["worker-0"]),
+    ),
+    (
+        "silent beacons are lost, longest first",
+        {
+            **HEALTHY,
+            "ps-0": node("ps-0", heartbeat=NOW - 20),
+            "worker-0": node("worker-0", heartbeat=NOW - 40),
+        },
+        {},
+        ("lost", ["worker-0", "ps-0"]),
+    ),
+    (
+        "a finished node may be silent",
+        {**HEALTHY, "ps-0": node("ps-0", state="done", heartbeat=0.0)},
+        {},
+        None,
+    ),
+    (
+        "a replacement instance gets time to boot",
+        {**HEALTHY, "worker-0": node("worker-0", state="replacing", heartbeat=NOW - 300)},
+        {},
+        None,
+    ),
+    (
+        "no step for stall_timeout, all alive",
+        {**HEALTHY, "chief-0": node("chief-0", progress_at=NOW - 61)},
+        {},
+        ("stalled", ["chief-0", "ps-0", "worker-0"]),
+    ),
+    (
+        "exporting is not stalling",
+        {**HEALTHY, "chief-0": node("chief-0", state="exporting", progress_at=0.0)},
+        {},
+        None,
+    ),
+    ("no step yet: the startup timeout governs", {**HEALTHY, "chief-0": node("chief-0")}, {}, None),
+]
+
+
+@pytest.mark.parametrize(("nodes", "codes", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_diagnose(nodes, codes, expected) -> None:
+    verdict = diagnose(nodes, codes, BEAT, STALL, now=NOW)
+    assert (None if verdict is None else (verdict.kind, verdict.nodes)) == expected
+
+
+DUMP = textwrap.dedent(
+    """\
+    Process 42: python -m dlinfra node train /x/chief-0.json
+    Python v3.11.7 (/usr/bin/python3.11)
+
+    Thread 42 (idle): "MainThread"
+        wait (threading.py:327)
+        result (concurrent/futures/_base.py:451)
+        fetch (tensorflow/python/distribute/coordinator/cluster_coordinator.py:1602)
+        train_parameter_server (dlinfra/training/loop.py:211)
+    Thread 57 (idle): "dlinfra-watchdog"
+        wait (threading.py:331)
+    """
+)
+
+
+def test_where_it_waits_skips_waiting_plumbing() -> None:
+    assert (
+        where_it_waits(DUMP)
+        == "waits in fetch (tensorflow/python/distribute/coordinator/cluster_coordinator.py:1602)"
+    )
+    assert where_it_waits("Process 1\n") == "no Python main thread in the dump"
+
+
+def test_summary_names_the_stopped_and_the_waiting() -> None:
+    nodes = {"chief-0": node("chief-0"), "worker-0": node("worker-0", process="stopped", stopped_since=1.0)}
+    summary = stack_summary(Verdict("frozen", ["worker-0"], ""), nodes, {"chief-0": DUMP})
+    assert summary == {"chief-0": where_it_waits(DUMP), "worker-0": "is stopped"}
+
+
+@pytest.fixture
+def sleeper(tmp_path: Path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\n\ndef wait_for_the_peer():\n    time.sleep(600)\n\nwait_for_the_peer()\n")
+    proc = subprocess.Popen([sys.executable, str(script)])
+    time.sleep(1.0)  # let it reach the sleep
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_beacon_sees_a_stopped_process_and_dumps_its_stacks(sleeper: subprocess.Popen[bytes]) -> None:
+    assert process_state(sleeper.pid) == "sleeping"
+    sleeper.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while process_state(sleeper.pid) != "stopped" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process_state(sleeper.pid) == "stopped"
+    dump = dump_stacks(sleeper.pid)  # real py-spy, on a process that cannot be paused
+    assert where_it_waits(dump).startswith("waits in wait_for_the_peer (")
+    sleeper.kill()
+    sleeper.wait()
+    assert process_state(sleeper.pid) == "gone"
