@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlinfra.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
-from dlinfra.errors import DlinfraError
+from dlinfra.errors import DlinfraError, RunFailed
 from dlinfra.layout import RunStore
 from dlinfra.prepare import Prepared, prepare
 from dlinfra.records import Marker, Metrics, NodeState
@@ -37,6 +38,7 @@ class Request:
     spec_path: Path | None = None
     argv: list[str] = field(default_factory=list)
     keep: bool = False  # leave the target's resources up after the run
+    detach: bool = False  # return once the nodes are up; `dlinfra watch` follows the run later
     origin: Origin | None = None  # a rerun: the original's code bundle, pins and wheel
 
 
@@ -50,7 +52,7 @@ class Snapshot:
 @dataclass
 class Outcome:
     run: Run
-    state: str  # DONE | FAILED | STOPPED
+    state: str  # DONE | FAILED | STOPPED, or DETACHED (deploy --detach returned with the nodes up)
     metrics: Metrics | None = None
     failed_node: str | None = None
     error: str | None = None
@@ -83,7 +85,8 @@ def deploy(
     on_update: Callable[[Snapshot], None] = lambda s: None,
     started: float | None = None,
 ) -> Outcome:
-    """Run the experiment on its target and always leave it torn down (unless `request.keep`)."""
+    """Run the experiment on its target and always leave it torn down (unless `request.keep`).
+    With `request.detach`, return once the nodes are up (state DETACHED): `attach` follows later."""
     target = target_for(request.spec.target, options)
     prepared, review = plan(request, target)
     run = prepared.run
@@ -92,15 +95,52 @@ def deploy(
     elif not approve(review.text):
         run.update_manifest(status="CANCELLED")
         raise DlinfraError(f"apply cancelled; nothing was created. The plan stays in {run.dir}")
-    try:
+
+    def start() -> Cluster:
         target.provision(prepared, review)
-        cluster = target.start(prepared)
+        return target.start(prepared)
+
+    return _follow(target, prepared, start, request.keep, options, on_update, started, request.detach)
+
+
+def attach(
+    run_id: str | None,
+    options: TargetOptions,
+    keep: bool = False,
+    on_update: Callable[[Snapshot], None] = lambda s: None,
+) -> Outcome:
+    """Follow a run started earlier (`deploy --detach`) to its end, heal it, and tear it down."""
+    run = Run.open(run_id)
+    manifest = run.manifest()
+    target = target_for(manifest.target, options)
+    prepared = Prepared.load(run)
+    started = datetime.fromisoformat(manifest.started).timestamp() if manifest.started else None
+    return _follow(target, prepared, lambda: target.attach(prepared), keep, options, on_update, started)
+
+
+def _follow(
+    target: Target,
+    prepared: Prepared,
+    get_cluster: Callable[[], Cluster],
+    keep: bool,
+    options: TargetOptions,
+    on_update: Callable[[Snapshot], None],
+    started: float | None,
+    detach: bool = False,
+) -> Outcome:
+    run = prepared.run
+    try:
+        cluster = get_cluster()
+        if detach:
+            run.update_manifest(status="RUNNING", started=utc_now(), detached=True)
+            run.publish_manifest()
+            return Outcome(run, "DETACHED")
         outcome = watch(prepared, cluster, on_update, started=started)
     except BaseException as exc:
-        if target.leaves_resources and not request.keep:
+        if target.leaves_resources and not keep:
             _teardown_after(exc, target, run, options)
         raise
-    if target.leaves_resources and not request.keep:
+    if target.leaves_resources and not keep:
         options.log(_teardown(target, run))
     return outcome
 
@@ -109,7 +149,10 @@ def _teardown(target: Target, run: Run) -> str:
     try:
         return target.teardown(run)
     except DlinfraError as exc:
-        raise type(exc)(f"{exc}\nFix: retry the teardown with `dlinfra destroy {run.id}`") from None
+        raise RunFailed(
+            f"run {run.id} ended, but its teardown failed: {exc}\n"
+            f"Fix: retry it with `dlinfra destroy {run.id}`"
+        ) from None
 
 
 def _teardown_after(original: BaseException, target: Target, run: Run, options: TargetOptions) -> None:
@@ -132,7 +175,9 @@ def watch(
     store, run = prepared.store, prepared.run
     names = list(prepared.user_data)
     started = started or time.time()
-    run.update_manifest(status="RUNNING", started=utc_now())
+    if run.manifest().started is None:  # re-attached runs keep their start
+        run.update_manifest(status="RUNNING", started=utc_now())
+    ended_unwatched = store.marker()  # a detached run may have ended before anyone looked
     try:
         while True:
             snap = _snapshot(store, names, started)
@@ -157,9 +202,10 @@ def watch(
     finally:
         cluster.stop()
         marker = store.marker()
-        run.update_manifest(status=marker.marker if marker else "STOPPED", finished=utc_now())
+        finished = utc_now(ended_unwatched.time) if ended_unwatched else utc_now()
+        run.update_manifest(status=marker.marker if marker else "STOPPED", finished=finished)
         run.publish_manifest()
-    return _outcome(prepared, store, started)
+    return _outcome(prepared, store, started, ended_unwatched.time if ended_unwatched else time.time())
 
 
 def _let_nodes_finish(cluster: Cluster, seconds: float) -> None:
@@ -185,7 +231,7 @@ def _fail(store: RunStore, verdict: Verdict, nodes: dict[str, NodeState | None])
     store.write_marker("FAILED", node=verdict.nodes[0], verdict=verdict.kind, error=error, stacks=stacks)
 
 
-def _outcome(prepared: Prepared, store: RunStore, started: float) -> Outcome:
+def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) -> Outcome:
     run = prepared.run
     marker = store.marker()
     state = marker.marker if marker else "STOPPED"
@@ -194,7 +240,7 @@ def _outcome(prepared: Prepared, store: RunStore, started: float) -> Outcome:
     if marker and marker.last_checkpoint:  # what a STOPPED run can be resumed or inspected from
         error = f"{error}; last checkpoint {store.checkpoint_uri(marker.last_checkpoint)}"
     outcome = Outcome(run, state, metrics, marker.node if marker else None, error)
-    outcome.wall_seconds = time.time() - started
+    outcome.wall_seconds = ended - started
     if metrics and metrics.first_step_at:
         outcome.seconds_to_first_step = metrics.first_step_at - started
     if state == "FAILED" and outcome.failed_node:

@@ -15,7 +15,7 @@ from dlinfra.bundle import Bundle, file_sha256, pack_entrypoint
 from dlinfra.layout import RunStore
 from dlinfra.node.config import NodeConfig
 from dlinfra.records import WheelPin
-from dlinfra.render import AddressPlan, build_node_configs, render_cluster
+from dlinfra.render import AddressPlan, Node, build_node_configs, node_config_from_user_data, render_cluster
 from dlinfra.run import Run, package_version
 from dlinfra.spec import Spec
 
@@ -40,6 +40,19 @@ class Prepared:
     @property
     def store(self) -> RunStore:
         return self.run.store()
+
+    @classmethod
+    def load(cls, run: Run) -> Prepared:
+        """A recorded run as it was prepared: its spec and user-data from the run dir."""
+        user_data = {
+            p.stem: p.read_text(encoding="utf-8") for p in sorted((run.dir / "user-data").glob("*.yaml"))
+        }
+        configs = {name: node_config_from_user_data(text) for name, text in user_data.items()}
+        nodes = []
+        for cfg in configs.values():
+            host, _, port = cfg.address.rpartition(":")
+            nodes.append(Node(cfg.role, cfg.index, host, int(port)))
+        return cls(run.spec(), run, AddressPlan(tuple(nodes)), configs, user_data)
 
 
 def prepare(

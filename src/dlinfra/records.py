@@ -171,7 +171,8 @@ class Manifest(Record):
     finished: str | None = None
     metrics: dict[str, Any] | None = None
     # What the target created: local node process groups, or cloud instances and their Terraform.
-    pids: list[int] = Field(default_factory=list)
+    pids: dict[str, int] = Field(default_factory=dict)  # node → process group of its beacon
+    detached: bool = False  # deployed with --detach: no watcher until `dlinfra watch`
     instances: dict[str, str] = Field(default_factory=dict)
     heals: list[Heal] = Field(default_factory=list)
     plan: PlanCounts | None = None
@@ -180,3 +181,8 @@ class Manifest(Record):
     terraform_lock_sha256: str | None = None
     destroyed: bool = False
     destroy_seconds: float | None = None
+
+    @property
+    def resources_up(self) -> bool:
+        """Cloud resources were applied for this run and not destroyed since."""
+        return bool(self.instances) and not self.destroyed

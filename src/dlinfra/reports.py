@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from dlinfra.errors import StoreError
+from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.run import Run, list_runs
 from dlinfra.targets import target_for
 
@@ -58,18 +58,26 @@ def list_run_rows() -> list[dict[str, Any]]:
         try:
             m = run.manifest()
         except StoreError:  # another dlinfra's record: list it, do not guess at its fields
-            rows.append(dict.fromkeys(("age", "created", "target", "strategy", "eval_accuracy")))
+            rows.append(dict.fromkeys(("created", "target", "strategy", "eval_accuracy", "usd_per_hour")))
+            rows[-1]["resources_up"] = False
             rows[-1] |= {"run_id": run.id, "status": "unreadable (other schema_version)", "age": "-"}
             continue
+        status, accuracy = m.status, (m.metrics or {}).get("eval_accuracy")
+        # nobody watching a detached run: the store knows whether it ended
+        if status == "RUNNING" and m.detached and (marker := run.store().marker()):
+            status, accuracy = marker.marker, marker.eval_accuracy
         rows.append(
             {
                 "run_id": run.id,
-                "status": m.status,
+                "status": status,
                 "age": _age(m.created),
                 "created": m.created,
                 "target": m.target,
                 "strategy": m.strategy,
-                "eval_accuracy": (m.metrics or {}).get("eval_accuracy"),
+                "eval_accuracy": accuracy,
+                # cloud resources still up (deployed with --keep or --detach): what they cost
+                "usd_per_hour": (m.plan.usd_per_hour if m.plan else None) if m.resources_up else None,
+                "resources_up": m.resources_up,
             }
         )
     return rows
@@ -101,3 +109,51 @@ def run_details(run_id: str | None) -> dict[str, Any]:
 def destroy_run(run_id: str) -> str:
     run = Run.open(run_id)
     return target_for(run.manifest().target).teardown(run)
+
+
+def destroy_ended() -> list[str]:
+    """Tear down the cloud resources of every run that has ended (a final marker in its store)."""
+    done = []
+    for run in list_runs():
+        try:
+            manifest = run.manifest()
+        except StoreError:
+            continue
+        if manifest.resources_up and run.store().marker() is not None:
+            done.append(target_for(manifest.target).teardown(run))
+    return done or ["no ended run has resources up"]
+
+
+def stored_stacks(run_id: str, node: str | None) -> Iterator[str]:
+    """The stack dumps a frozen or stalled run left in its store."""
+    run = Run.open(run_id)
+    store = run.store()
+    names = [node] if node else run.manifest().nodes
+    found = False
+    for name in names:
+        dump = store.stacks(name)
+        if dump is None:
+            continue
+        found = True
+        yield f"=== {name} ({store.stacks_uri(name)})"
+        yield from dump[1].splitlines()
+    if not found:
+        yield f"run {run.id} has no stack dumps (taken when a run freezes or stalls, or by `dlinfra debug`)"
+
+
+def live_stacks(run_id: str | None, node: str | None) -> Iterator[str]:
+    """Ask a live run's beacons for their trainers' stacks, and print what comes back."""
+    from dlinfra.diagnosis import collect_stacks
+
+    run = Run.open(run_id)
+    store = run.store()
+    if (marker := store.marker()) is not None:
+        raise DlinfraError(f"run {run.id} has ended ({marker.marker}). Fix: `dlinfra logs {run.id} --stacks`")
+    names = [node] if node else run.manifest().nodes
+    dumps = collect_stacks(store, names)
+    for name in names:
+        if name in dumps:
+            yield f"=== {name}"
+            yield from dumps[name].splitlines()
+        else:
+            yield f"=== {name}: no answer (its beacon is not running, or py-spy could not read the trainer)"

@@ -38,8 +38,9 @@ def new_run_id(name: str, now: datetime | None = None) -> str:
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+def utc_now(timestamp: float | None = None) -> str:
+    when = datetime.now(UTC) if timestamp is None else datetime.fromtimestamp(timestamp, UTC)
+    return when.isoformat(timespec="seconds")
 
 
 def package_version(*names: str) -> str | None:

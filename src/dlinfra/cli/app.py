@@ -10,15 +10,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from dlinfra import __version__
+from dlinfra.cli.console import err, out
+from dlinfra.cli.console import error as _error
+from dlinfra.cli.inspection import inspection_app
 from dlinfra.cli.node import node_app
 from dlinfra.cli.options import (
     ALL_OVERRIDES,
     EmulateOpt,
     EndpointOpt,
-    JsonOpt,
     KeepOpt,
     RunArg,
     SpecArg,
@@ -35,10 +36,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+app.add_typer(inspection_app)  # status, logs, runs, compare, show, debug, destroy
 app.add_typer(node_app, name="node")
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 @app.callback()
@@ -127,15 +126,22 @@ def deploy(
     yes: YesOpt = False,
     keep: KeepOpt = False,
     emulate_instances: EmulateOpt = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Return once the nodes are up; follow with `dlinfra watch RUN`.")
+    ] = False,
     *,
     overrides: Overrides,
 ) -> None:
     """Provision a cluster for the experiment, train, collect results, tear down."""
     from dlinfra.deploy import Request
+    from dlinfra.deploy import deploy as run_deploy
 
     started = time.time()
-    request = Request(load_spec(spec, overrides), spec, sys.argv, keep)
-    _deploy_and_report(request, started, yes, emulate_instances)
+    request = Request(load_spec(spec, overrides), spec, sys.argv, keep, detach=detach)
+    _report(
+        lambda options, progress: run_deploy(request, options, _approver(yes), progress, started),
+        emulate_instances,
+    )
 
 
 @app.command()
@@ -154,6 +160,7 @@ def rerun(
 ) -> None:
     """Deploy a recorded run again: its locked spec and its code bundle from the store."""
     from dlinfra.deploy import Request
+    from dlinfra.deploy import deploy as run_deploy
     from dlinfra.rerun import load_origin
 
     started = time.time()
@@ -162,21 +169,32 @@ def rerun(
         err.print(f"warning (--allow-unpinned): {problem}")
     out.print(f"rerun of {run_id}" + (f", code bundle {origin.code.sha256[:12]}" if origin.code else ""))
     request = Request(origin.spec, None, sys.argv, keep, origin)
-    _deploy_and_report(request, started, yes, emulate_instances)
+    _report(
+        lambda options, progress: run_deploy(request, options, _approver(yes), progress, started),
+        emulate_instances,
+    )
 
 
-def _deploy_and_report(request: Any, started: float, yes: bool, emulate: bool) -> None:
+@app.command()
+def watch(run_id: RunArg = None, keep: KeepOpt = False) -> None:
+    """Follow a run to its end (one deployed with --detach, or from another terminal): live progress,
+    healing, the result table, and the teardown."""
+    from dlinfra.deploy import attach
+
+    _report(lambda options, progress: attach(run_id, options, keep, progress), emulate=False)
+
+
+def _report(follow: Any, emulate: bool) -> None:
+    """Run `follow(options, progress)` with live progress, then print how the run ended."""
     import signal
 
     from dlinfra.cli.views import LiveTable, ProgressLines
-    from dlinfra.deploy import deploy as run_deploy
     from dlinfra.targets.base import TargetOptions
 
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` and CI timeouts tear the cluster down too
     progress = LiveTable(out) if out.is_terminal else ProgressLines(out)
-    options = TargetOptions(log=out.print, emulate_instances=emulate)
     try:
-        outcome = run_deploy(request, options, _approver(yes), progress, started)
+        outcome = follow(TargetOptions(log=out.print, emulate_instances=emulate), progress)
     except KeyboardInterrupt as exc:
         progress.close()
         err.print("interrupted: the run is marked STOPPED and its nodes were torn down")
@@ -210,6 +228,11 @@ def _finish(outcome: Any) -> None:
 
     if outcome.state == "DONE":
         out.print(result_table(outcome))
+        return
+    if outcome.state == "DETACHED":
+        run_id = outcome.run.id
+        out.print(f"run {run_id}: nodes are up, detached. Follow it: dlinfra watch {run_id}", markup=False)
+        out.print(f"logs: dlinfra logs {run_id} -f · stop it: dlinfra destroy {run_id}", markup=False)
         return
     if outcome.state == "FAILED":
         print_failure(err, outcome)
@@ -257,116 +280,10 @@ def setup(
     out.print(setup_bucket(bucket, region, endpoint_url, log=lambda line: err.print(line, markup=False)))
 
 
-# ---------------------------------------------------------------- inspecting runs
-
-
-@app.command()
-def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
-    """Per-node state, step, heartbeat age and restarts of a run."""
-    from dlinfra.cli.views import nodes_table
-    from dlinfra.reports import run_status
-
-    report = run_status(run_id)
-    if as_json:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
-        return
-    out.print(nodes_table(report["nodes"], title=f"run {report['run_id']}: {report['status']}"))
-
-
-@app.command()
-def logs(
-    run_id: Annotated[str, typer.Argument(help="Run id.")],
-    node: Annotated[
-        str | None, typer.Option("--node", help="Node name, e.g. worker-0 (default: all).")
-    ] = None,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")
-    ] = False,
-) -> None:
-    """Print node logs of a run."""
-    from dlinfra.reports import follow_logs
-
-    for line in follow_logs(run_id, node, follow):
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-
-
-@app.command()
-def runs(as_json: JsonOpt = False) -> None:
-    """List runs, newest first: status, age, target, accuracy."""
-    from dlinfra.cli.views import runs_table
-    from dlinfra.reports import list_run_rows
-
-    rows = list_run_rows()
-    if as_json:
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
-        return
-    out.print(runs_table(rows))
-
-
-@app.command()
-def compare(
-    run_ids: Annotated[list[str], typer.Argument(help="Runs to compare (ids from `dlinfra runs`).")],
-    as_json: JsonOpt = False,
-    markdown: Annotated[
-        bool, typer.Option("--markdown", help="A markdown table (for PRs, reports).")
-    ] = False,
-    plot: Annotated[
-        Path | None, typer.Option("--plot", help="Also draw examples/s over time per run into this PNG.")
-    ] = None,
-) -> None:
-    """Runs side by side: roles, strategy, steps/s, examples/s, time, accuracy and cost."""
-    from dlinfra import compare as comparison
-
-    rows = comparison.compare(run_ids)
-    if plot is not None:
-        comparison.plot(rows, plot)
-    if as_json:
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
-    elif markdown:
-        from dlinfra.cli.views import compare_markdown
-
-        sys.stdout.write(compare_markdown(rows))
-    else:
-        from dlinfra.cli.views import compare_table
-
-        out.print(compare_table(rows))
-    if plot is not None and not as_json:
-        out.print(f"plot: {plot}")
-
-
-@app.command()
-def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
-    """A run's manifest, metrics and where its model and TensorBoard logs are."""
-    from dlinfra.reports import run_details
-
-    details = run_details(run_id)
-    if as_json:
-        sys.stdout.write(json.dumps(details, indent=2) + "\n")
-        return
-    for key, value in details.items():
-        if isinstance(value, dict):
-            value = json.dumps(value)
-        out.print(f"[bold]{key}[/]: {value}")
-
-
-@app.command()
-def destroy(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
-    """Tear down whatever a run left running (aws: terraform destroy of its stack)."""
-    from dlinfra.reports import destroy_run
-
-    out.print(destroy_run(run_id))
-
-
 @app.command()
 def version() -> None:
     """Print the dlinfra version."""
     out.print(__version__)
-
-
-def _error(message: str) -> None:
-    # Plain writes: one problem per line, never re-wrapped, greppable in CI logs.
-    sys.stderr.write(f"error: {message}\n")
 
 
 def main() -> None:

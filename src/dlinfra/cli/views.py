@@ -139,11 +139,12 @@ def print_failure(console: Console, outcome: Outcome) -> None:
 
 def runs_table(rows: list[dict[str, Any]]) -> Table:
     table = Table()
-    for column in ("run", "status", "age", "target", "strategy", "accuracy"):
+    for column in ("run", "status", "age", "target", "strategy", "accuracy", "resources"):
         table.add_column(column)
     for r in rows:
         acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
-        table.add_row(r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc)
+        up = "-" if not r["resources_up"] else "up" + _num(r["usd_per_hour"], " ${:.2f}/h")
+        table.add_row(r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc, up)
     return table
 
 

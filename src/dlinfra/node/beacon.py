@@ -164,20 +164,29 @@ def port_open(address: str) -> bool:
 
 
 def dump_stacks(pid: int) -> str:
-    """Every thread's Python stack of the trainer. --nonblocking: a stopped process cannot be paused."""
+    """Every thread's Python stack of the trainer. py-spy pauses the process for a consistent read;
+    a stopped process cannot be paused, so then it reads without pausing (and may need a retry)."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
         return "py-spy is not installed on this node. Fix: pip install py-spy\n"
-    try:
-        done = subprocess.run(
-            [py_spy, "dump", "--nonblocking", "--pid", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=STACK_DUMP_TIMEOUT,
+    failures = []
+    for extra in ([], ["--nonblocking"], ["--nonblocking"], ["--nonblocking"]):
+        try:
+            done = subprocess.run(
+                [py_spy, "dump", *extra, "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=STACK_DUMP_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:
+            failures.append(f"py-spy dump {' '.join(extra)} did not finish in {STACK_DUMP_TIMEOUT:.0f}s")
+            continue
+        if done.returncode == 0:
+            return done.stdout
+        failures.append(
+            done.stderr.strip().splitlines()[0] if done.stderr.strip() else f"exit {done.returncode}"
         )
-    except subprocess.TimeoutExpired:
-        return f"py-spy dump of pid {pid} did not finish in {STACK_DUMP_TIMEOUT:.0f}s\n"
-    return done.stdout + (f"\n{done.stderr}" if done.returncode else "")
+    return f"py-spy could not read pid {pid}: " + "; ".join(failures) + "\n"
 
 
 def _forward(trainer: subprocess.Popen[bytes], signum: int) -> None:

@@ -83,6 +83,10 @@ class Target(Protocol):
 
     def start(self, prepared: Prepared) -> Cluster: ...
 
+    def attach(self, prepared: Prepared) -> Cluster:
+        """The nodes of a run started earlier (`deploy --detach`), to watch them again."""
+        ...
+
     def teardown(self, run: Run) -> str:
         """Remove whatever the run left (after a run, and for `dlinfra destroy`); says what it did."""
         ...

@@ -63,10 +63,13 @@ class LocalTarget:
         prepared.run.update_manifest(pids=cluster.pids())
         return cluster
 
+    def attach(self, prepared: Prepared) -> AttachedNodes:
+        return AttachedNodes(prepared.run.id, prepared.run.manifest().pids)
+
     def teardown(self, run: Run) -> str:
         """Stop node process groups a crashed or killed `dlinfra deploy` left behind."""
         killed = 0
-        for pid in run.manifest().pids:
+        for pid in run.manifest().pids.values():
             if not _is_node_of(pid, run.id):
                 continue  # exited long ago; the pid may belong to someone else now
             try:
@@ -132,7 +135,7 @@ class LocalCluster:
     def kill(self, name: str) -> None:
         node = self.nodes.get(name)
         if node is not None and node.process.poll() is None:
-            _signal_group(node.process, signal.SIGKILL)
+            _signal_group(node.process.pid, signal.SIGKILL)
             node.process.wait()
 
     def _launch(self, name: str) -> None:
@@ -175,19 +178,19 @@ class LocalCluster:
             self._launch(name)
         return self.exit_codes()
 
-    def pids(self) -> list[int]:
-        return [node.process.pid for node in self.nodes.values()]
+    def pids(self) -> dict[str, int]:
+        return {name: node.process.pid for name, node in self.nodes.items()}
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM every process group, then SIGKILL what is left after `grace` seconds."""
         for node in self.nodes.values():
-            _signal_group(node.process, signal.SIGTERM)
-            _signal_group(node.process, signal.SIGCONT)  # a stopped (frozen) process must see the TERM
+            _signal_group(node.process.pid, signal.SIGTERM)
+            _signal_group(node.process.pid, signal.SIGCONT)  # a stopped process must see the TERM
         deadline = time.monotonic() + grace
         for node in self.nodes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.process.wait(max(0.0, deadline - time.monotonic()))
-            _signal_group(node.process, signal.SIGKILL)
+            _signal_group(node.process.pid, signal.SIGKILL)
             node.process.wait()
 
     def _to_loopback(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
@@ -206,9 +209,41 @@ class LocalCluster:
         }
 
 
-def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+@dataclass
+class AttachedNodes:
+    """The node process groups of a detached run, found again by their pids. They are not this
+    process's children: there are no exit codes to read (a node that is gone reads as 0, and the
+    store says how it ended) and nothing to restart; a node that dies goes silent and is lost."""
+
+    run_id: str
+    pids: dict[str, int]
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return {name: None if _is_node_of(pid, self.run_id) else 0 for name, pid in self.pids.items()}
+
+    def poll(self) -> dict[str, int | None]:
+        return self.exit_codes()
+
+    def kill(self, name: str) -> None:
+        if _is_node_of(self.pids[name], self.run_id):
+            _signal_group(self.pids[name], signal.SIGKILL)
+
+    def stop(self, grace: float = 10.0) -> None:
+        alive = [pid for pid in self.pids.values() if _is_node_of(pid, self.run_id)]
+        for pid in alive:
+            _signal_group(pid, signal.SIGTERM)
+            _signal_group(pid, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_is_node_of(pid, self.run_id) for pid in alive):
+            time.sleep(0.2)
+        for pid in alive:
+            if _is_node_of(pid, self.run_id):
+                _signal_group(pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
+        os.killpg(pid, sig)
 
 
 TARGET = LocalTarget

@@ -104,6 +104,18 @@ class AwsTarget:
             run.update_manifest(pids=cluster.emulated.pids())
         return cluster
 
+    def attach(self, prepared: Prepared) -> InstanceCluster:
+        from dlinfra.targets.aws.healing import InstanceCluster
+        from dlinfra.targets.local import AttachedNodes
+
+        run, spec = prepared.run, prepared.spec
+        manifest = run.manifest()
+        tf = stack.run_stack(run, self.options.log)
+        cluster = InstanceCluster(spec, run, tf, dict(manifest.instances), self.options.log)
+        if manifest.pids:  # emulated instances: local processes a detached deploy left running
+            cluster.emulated = AttachedNodes(run.id, manifest.pids)
+        return cluster
+
     def teardown(self, run: Run) -> str:
         return stack.destroy(run)
 

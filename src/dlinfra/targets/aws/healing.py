@@ -19,7 +19,7 @@ from dlinfra.spec import Spec
 from dlinfra.targets.aws import stack, tfvars
 from dlinfra.targets.aws.preflight import client
 from dlinfra.targets.base import Log
-from dlinfra.targets.local import LocalCluster
+from dlinfra.targets.local import AttachedNodes, LocalCluster
 from dlinfra.terraform import Terraform
 
 MAX_HEAL_ATTEMPTS = 3
@@ -35,7 +35,7 @@ class InstanceCluster:
     terraform: Terraform
     instances: dict[str, str]  # node → instance id
     log: Log
-    emulated: LocalCluster | None = None
+    emulated: LocalCluster | AttachedNodes | None = None
     check_every: float = 5.0
     _checked: float = 0.0
     _failed_heals: int = 0
@@ -114,8 +114,10 @@ class InstanceCluster:
             heals.append(Heal(node=name, old=self.instances[name], new=instance["id"], time=utc_now()))
             self.log(f"{name}: replaced by {instance['id']} at {instance['private_ip']}")
             self.instances[name] = instance["id"]
-            if self.emulated:
+            if isinstance(self.emulated, LocalCluster):
                 self.emulated.replace(name, user_data[name])
+            elif self.emulated is not None:  # re-attached: nothing here can boot its process again
+                self.log(f"{name}: an emulated instance of a detached run cannot be booted again here")
         self.run.update_manifest(heals=heals, instances=dict(self.instances))
 
 

@@ -1,0 +1,138 @@
+"""Commands that look at recorded runs (and tear them down): thin views over dlinfra.reports."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dlinfra.cli.console import out
+from dlinfra.cli.options import JsonOpt, RunArg
+from dlinfra.errors import DlinfraError
+
+inspection_app = typer.Typer()
+
+
+@inspection_app.command()
+def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
+    """Per-node state, step, heartbeat age and restarts of a run."""
+    from dlinfra.cli.views import nodes_table
+    from dlinfra.reports import run_status
+
+    report = run_status(run_id)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    out.print(nodes_table(report["nodes"], title=f"run {report['run_id']}: {report['status']}"))
+
+
+@inspection_app.command()
+def logs(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    node: Annotated[
+        str | None, typer.Option("--node", help="Node name, e.g. worker-0 (default: all).")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")
+    ] = False,
+    stacks: Annotated[
+        bool, typer.Option("--stacks", help="The stack dumps kept for a frozen or stalled run instead.")
+    ] = False,
+) -> None:
+    """Print node logs of a run."""
+    from dlinfra.reports import follow_logs, stored_stacks
+
+    lines = stored_stacks(run_id, node) if stacks else follow_logs(run_id, node, follow)
+    for line in lines:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+@inspection_app.command()
+def debug(
+    run_id: RunArg = None,
+    node: Annotated[str | None, typer.Option("--node", help="Only this node (default: all).")] = None,
+) -> None:
+    """Dump the Python stacks of a live run's trainers (py-spy, through each node's beacon)."""
+    from dlinfra.reports import live_stacks
+
+    for line in live_stacks(run_id, node):
+        sys.stdout.write(line + "\n")
+
+
+@inspection_app.command()
+def runs(as_json: JsonOpt = False) -> None:
+    """List runs, newest first: status, age, target, accuracy."""
+    from dlinfra.cli.views import runs_table
+    from dlinfra.reports import list_run_rows
+
+    rows = list_run_rows()
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    out.print(runs_table(rows))
+
+
+@inspection_app.command()
+def compare(
+    run_ids: Annotated[list[str], typer.Argument(help="Runs to compare (ids from `dlinfra runs`).")],
+    as_json: JsonOpt = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="A markdown table (for PRs, reports).")
+    ] = False,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Also draw examples/s over time per run into this PNG.")
+    ] = None,
+) -> None:
+    """Runs side by side: roles, strategy, steps/s, examples/s, time, accuracy and cost."""
+    from dlinfra import compare as comparison
+
+    rows = comparison.compare(run_ids)
+    if plot is not None:
+        comparison.plot(rows, plot)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    elif markdown:
+        from dlinfra.cli.views import compare_markdown
+
+        sys.stdout.write(compare_markdown(rows))
+    else:
+        from dlinfra.cli.views import compare_table
+
+        out.print(compare_table(rows))
+    if plot is not None and not as_json:
+        out.print(f"plot: {plot}")
+
+
+@inspection_app.command()
+def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
+    """A run's manifest, metrics and where its model and TensorBoard logs are."""
+    from dlinfra.reports import run_details
+
+    details = run_details(run_id)
+    if as_json:
+        sys.stdout.write(json.dumps(details, indent=2) + "\n")
+        return
+    for key, value in details.items():
+        if isinstance(value, dict):
+            value = json.dumps(value)
+        out.print(f"[bold]{key}[/]: {value}")
+
+
+@inspection_app.command()
+def destroy(
+    run_id: Annotated[str | None, typer.Argument(help="Run id.")] = None,
+    ended: Annotated[
+        bool, typer.Option("--ended", help="Every run that has ended but whose cloud resources are still up.")
+    ] = False,
+) -> None:
+    """Tear down whatever a run left running (aws: terraform destroy of its stack)."""
+    from dlinfra.reports import destroy_ended, destroy_run
+
+    if (run_id is None) == (not ended):
+        raise DlinfraError("destroy: name a run, or pass --ended (not both). Fix: `dlinfra runs` lists them")
+    for line in destroy_ended() if ended else [destroy_run(run_id)]:  # type: ignore[arg-type]
+        out.print(line, markup=False)

@@ -1,0 +1,82 @@
+"""Detach and re-attach on real local clusters: `deploy --detach` returns with the nodes up, the
+nodes finish the run with nobody watching, and `dlinfra watch` re-attaches (mid-run or after the
+end) and ends with the result table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support import alive_node_pids, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _env(home: Path) -> dict[str, str]:
+    return dict(os.environ, DLINFRA_HOME=str(home))
+
+
+def _wait_for(path: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout:.0f}s"
+        time.sleep(0.2)
+
+
+def test_detached_run_finishes_alone_and_watch_prints_its_result(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    started = time.monotonic()
+    detached = run_cli("deploy", "--workers", "1", "--steps", "300", "--detach", env=_env(home), cwd=tmp_path)
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    [run_dir] = (home / "runs").iterdir()
+    assert f"dlinfra watch {run_dir.name}" in detached.stdout
+    assert time.monotonic() - started < 60, "detach returns once the nodes are started, not at the end"
+    assert alive_node_pids(run_dir.name), "the nodes run on without the CLI"
+    _wait_for(run_dir / "store" / "DONE")
+    _wait_for(run_dir / "store" / "model" / "saved_model" / "saved_model.pb")
+    deadline = time.monotonic() + 60
+    while alive_node_pids(run_dir.name):  # servers see the marker and leave by themselves
+        assert time.monotonic() < deadline, "nodes of a finished detached run are still running"
+        time.sleep(0.5)
+    listed = json.loads(run_cli("runs", "--json", env=_env(home), cwd=tmp_path).stdout)
+    assert listed[0]["status"] == "DONE" and listed[0]["eval_accuracy"] >= 0.9
+    watched = run_cli("watch", run_dir.name, env=_env(home), cwd=tmp_path)
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    assert f"run {run_dir.name}: DONE" in watched.stdout and "eval accuracy" in watched.stdout
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "DONE" and manifest["metrics"]["eval_accuracy"] >= 0.9
+
+
+def test_watch_attached_mid_run_shows_progress_and_the_result(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    detached = run_cli(
+        "deploy", "--workers", "1", "--steps", "3000", "--detach", env=_env(home), cwd=tmp_path
+    )
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    [run_dir] = (home / "runs").iterdir()
+    _wait_for(run_dir / "store" / "status" / "chief-0.json")
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "dlinfra", "watch", run_dir.name],
+        env=_env(home),
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = watch.communicate(timeout=600)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+    assert watch.returncode == 0, out + err
+    progress = [line for line in out.splitlines() if "nodes up" in line]
+    assert any("step " in line and "/3000" in line for line in progress), out
+    assert f"run {run_dir.name}: DONE" in out
+    assert alive_node_pids(run_dir.name) == []
