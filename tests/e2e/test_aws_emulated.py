@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import time
 from datetime import datetime
 from pathlib import Path
@@ -372,3 +373,44 @@ def test_rerun_of_an_aws_run_applies_the_same_tfvars_and_wheel(
     assert hashlib.sha256(wheel).hexdigest() == original["wheel"]["sha256"]
     user_data = (second / "user-data" / "worker-0.yaml").read_text()
     assert f"s3://{BUCKET}/runs/{second.name}/code/{manifest['wheel']['name']}" in user_data
+
+
+def test_detached_aws_run_ends_alone_and_destroy_ended_removes_what_is_left(aws_env: dict[str, Any]) -> None:
+    """Nobody watching: the emulated instances train, write DONE and stop; the stack stays up (and
+    `runs` says so, with its price) until `destroy --ended` removes it."""
+    here = aws_env["home"] / "detached"
+    here.mkdir()
+    args = ("--target", "aws", "--workers", "1", "--steps", "300", "--yes", "--emulate-instances", "--detach")
+    result = run_cli("deploy", *args, *aws_env["args"], env=aws_env["env"], cwd=here, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_id = re.search(r"run (\S+): nodes are up, detached", result.stdout)[1]  # type: ignore[index]
+    s3 = _client(aws_env["endpoint"], "s3")
+    deadline = time.monotonic() + 600
+    while "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run_id}/DONE"):
+        assert time.monotonic() < deadline, "the detached run never finished"
+        time.sleep(1)
+    while alive_node_pids(run_id):
+        assert time.monotonic() < deadline, "the instances' nodes did not stop after DONE"
+        time.sleep(0.5)
+
+    def row() -> dict[str, Any]:
+        listed = run_cli("runs", "--json", env=aws_env["env"], cwd=here)
+        return next(r for r in json.loads(listed.stdout) if r["run_id"] == run_id)
+
+    assert row()["status"] == "DONE" and row()["resources_up"] and row()["usd_per_hour"] > 0
+    ec2 = _client(aws_env["endpoint"], "ec2")
+
+    def running() -> list[str]:
+        reservations = ec2.describe_instances(
+            Filters=[
+                {"Name": "tag:dlinfra:run-id", "Values": [run_id]},
+                {"Name": "instance-state-name", "Values": ["running"]},
+            ]
+        )["Reservations"]
+        return [i["InstanceId"] for r in reservations for i in r["Instances"]]
+
+    assert len(running()) == 3
+    destroyed = run_cli("destroy", "--ended", env=aws_env["env"], cwd=here, timeout=900)
+    assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
+    assert f"run {run_id}: stack destroyed" in destroyed.stdout
+    assert running() == [] and not row()["resources_up"]
