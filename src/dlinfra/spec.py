@@ -228,6 +228,9 @@ class AwsSpec(StrictModel):
         True, description="Attach AmazonSSMManagedInstanceCore: Session Manager instead of SSH."
     )
     tags: dict[str, str] = Field(default_factory=dict)
+    heal_timeout: float = Field(
+        300, gt=0, le=3600, description="Seconds one replacement of a vanished instance may take (3 tries)."
+    )
 
     @field_validator("endpoint_url")
     @classmethod

@@ -9,7 +9,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 from dlinfra.errors import TerraformError
 
 MIN_VERSION = (1, 5, 0)
+INTERRUPT_GRACE = 60.0  # seconds an interrupted terraform gets to stop cleanly before it is killed
 # Progress worth a line; the rest of terraform's event stream stays in the run's terraform.log.
 _SHOWN = {"apply_complete", "apply_errored", "change_summary"}
 
@@ -67,8 +70,8 @@ class Terraform:
     def show_json(self, plan_file: Path) -> dict[str, Any]:
         return json.loads(self.run(["show", "-json", str(plan_file)], json_events=False, quiet=True))
 
-    def apply(self, plan_file: Path) -> None:
-        self.run(["apply", "-input=false", "-json", "-auto-approve", str(plan_file)])
+    def apply(self, plan_file: Path, timeout: float | None = None) -> None:
+        self.run(["apply", "-input=false", "-json", "-auto-approve", str(plan_file)], timeout=timeout)
 
     def output(self) -> dict[str, Any]:
         raw = json.loads(self.run(["output", "-json"], json_events=False, quiet=True))
@@ -77,10 +80,15 @@ class Terraform:
     def destroy(self, var_file: Path) -> None:
         self.run(["destroy", "-input=false", "-json", "-auto-approve", f"-var-file={var_file}"])
 
-    def run(self, args: list[str], json_events: bool = True, quiet: bool = False) -> str:
-        """Run one terraform command, streaming its lines to terraform.log (and `log`)."""
+    def run(
+        self, args: list[str], json_events: bool = True, quiet: bool = False, timeout: float | None = None
+    ) -> str:
+        """Run one terraform command, streaming its lines to terraform.log (and `log`). Past
+        `timeout` seconds terraform is interrupted (SIGINT: it stops cleanly and saves its state),
+        and killed if it has not stopped a minute later."""
         errors: list[str] = []
         lines: list[str] = []
+        timed_out = threading.Event()
         with open(self.workdir / "terraform.log", "a", encoding="utf-8") as logfile:
             logfile.write(f"$ terraform {' '.join(args)}\n")
             proc = subprocess.Popen(
@@ -93,6 +101,15 @@ class Terraform:
                 stdin=subprocess.DEVNULL,
             )
             assert proc.stdout is not None
+            timers = []
+            if timeout is not None:
+                timers = [
+                    threading.Timer(timeout, lambda: (timed_out.set(), proc.send_signal(signal.SIGINT))),
+                    threading.Timer(timeout + INTERRUPT_GRACE, proc.kill),
+                ]
+                for timer in timers:
+                    timer.daemon = True
+                    timer.start()
             for line in proc.stdout:
                 lines.append(line)
                 if not quiet:
@@ -100,6 +117,12 @@ class Terraform:
                 if json_events:
                     self._event(line, errors)
             code = proc.wait()
+            for timer in timers:
+                timer.cancel()
+        if timed_out.is_set():
+            raise TerraformError(
+                f"terraform {args[0]} did not finish in {timeout:.0f}s (interrupted) in {self.workdir}"
+            )
         if code != 0:
             detail = "\n".join(errors) or "".join(lines[-20:]).strip()
             raise TerraformError(f"terraform {args[0]} failed in {self.workdir}:\n{detail}")

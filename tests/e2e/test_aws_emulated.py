@@ -332,6 +332,33 @@ def test_terminated_instance_is_replaced_by_reapply_and_the_run_completes(aws_en
     )
 
 
+def test_a_heal_that_keeps_failing_fails_the_run_with_exit_1_and_tears_down(aws_env: dict[str, Any]) -> None:
+    """Here moto keeps a terminated instance's private IP (see below), so every re-apply for the
+    replacement fails for real. After three attempts the run is FAILED, deploy exits 1 (a failed
+    run, not bad input) and the stack is still destroyed."""
+    here = aws_env["home"] / "heal-fails"
+    here.mkdir()
+    args = ("--target", "aws", "--workers", "1", "--steps", "3000", "--yes", "--emulate-instances")
+    bounded = ("--set", "aws.heal_timeout=20")  # the provider would retry the taken IP for 10 minutes
+    live = start_deploy(here, *args, *bounded, *aws_env["args"], env=aws_env["env"])
+    ec2 = _client(aws_env["endpoint"], "ec2")
+    live.wait_for_step("chief-0", 200)
+    instance = json.loads((live.run_dir / "manifest.json").read_text())["instances"]["worker-0"]
+    ec2.terminate_instances(InstanceIds=[instance])
+    done = live.finish(timeout=900)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        "could not replace worker-0 in 3 attempts" in done.stderr and "did not finish in 20s" in done.stderr
+    )
+    assert "Traceback" not in done.stderr
+    s3 = _client(aws_env["endpoint"], "s3")
+    failed = json.loads(s3.get_object(Bucket=BUCKET, Key=f"runs/{live.run_dir.name}/FAILED")["Body"].read())
+    assert failed["node"] == "worker-0" and failed["verdict"] == "lost"
+    assert "stack destroyed" in done.stdout
+    assert json.loads((live.run_dir / "manifest.json").read_text())["destroyed"] is True
+    assert alive_node_pids(live.run_dir.name) == []
+
+
 def _release_private_ip_as_aws_does(instance: dict[str, Any]) -> None:
     """Stand-in for AWS behaviour moto lacks: terminating an instance deletes its primary network
     interface and frees its private IP; moto keeps the IP taken until the instance object is

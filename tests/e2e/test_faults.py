@@ -209,33 +209,37 @@ def test_store_outage_of_10s_loses_nothing(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_frozen_worker_is_named_frozen_and_the_chief_is_not_blamed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("frozen", ["worker-0", "ps-0", "chief-0"])
+def test_frozen_node_is_named_frozen_and_its_peers_are_not_blamed(tmp_path: Path, frozen: str) -> None:
     """A trainer that hangs (SIGSTOP: alive, silent) is neither done nor crashed. Its beacon, a
-    separate process, keeps beating and reports it stopped; the chief, blocked in TensorFlow on the
-    frozen worker, is alive and must not be blamed. Every node's stacks are kept in the store."""
+    separate process, keeps beating and reports it stopped; its peers, blocked in TensorFlow on it,
+    are alive and must not be blamed. Every node's stacks are kept in the store."""
     timeout = 8
     live = start_deploy(tmp_path, "--workers", "1", *COMMON, "--set", f"cluster.heartbeat_timeout={timeout}")
     live.wait_for_step("chief-0", 100)
-    os.killpg(live.status("worker-0")["pid"], signal.SIGSTOP)
+    os.killpg(live.status(frozen)["pid"], signal.SIGSTOP)
     frozen_at = time.time()
     done = live.finish()
     seconds = time.time() - frozen_at
     assert done.returncode == 1, done.stdout + done.stderr
     failed = json.loads((live.store / "FAILED").read_text())
-    assert failed["verdict"] == "frozen" and failed["node"] == "worker-0", failed
-    assert (
-        failed["error"].startswith("frozen: worker-0 stopped for")
-        and "chief-0" not in failed["error"].split(";")[0]
-    )
-    assert failed["stacks"]["worker-0"].startswith("is stopped")
-    assert failed["stacks"]["chief-0"].startswith("waits in "), failed["stacks"]
-    chief_dump = (live.store / "debug" / "chief-0.stacks.txt").read_text()
-    assert '"MainThread"' in chief_dump and "train_parameter_server" in chief_dump
-    assert "worker-0" in done.stderr and "frozen" in done.stderr
+    assert failed["verdict"] == "frozen" and failed["node"] == frozen, failed
+    verdict = failed["error"].split(";")[0]
+    assert verdict.startswith(f"frozen: {frozen} stopped for"), failed["error"]
+    assert all(peer not in verdict for peer in ("chief-0", "worker-0", "ps-0") if peer != frozen)
+    assert failed["stacks"][frozen].startswith("is stopped"), failed["stacks"]
+    for node in ("chief-0", "worker-0", "ps-0"):
+        dump = (live.store / "debug" / f"{node}.stacks.txt").read_text()
+        assert "Thread " in dump, f"{node}: {dump}"
+        if node != frozen:
+            assert failed["stacks"][node].startswith("waits in "), failed["stacks"]
+    if frozen != "chief-0":
+        assert "train_parameter_server" in (live.store / "debug" / "chief-0.stacks.txt").read_text()
+    assert frozen in done.stderr and "frozen" in done.stderr
     assert timeout <= seconds < timeout + 60  # stopped for the timeout, then stacks and teardown
     assert alive_node_pids(str(live.run_dir)) == []
     report(
-        "worker frozen (SIGSTOP)",
+        f"{frozen} frozen (SIGSTOP)",
         heartbeat_timeout=timeout,
         failed_and_torn_down_after_seconds=round(seconds, 1),
     )

@@ -95,9 +95,8 @@ def test_rerun_repeats_the_locked_spec_the_bundled_code_and_the_losses(
     assert again["rerun_of"] == first.name and again["status"] == "DONE"
     assert (second / "spec.lock.yaml").read_bytes() == (first / "spec.lock.yaml").read_bytes()
     assert again["bundle"]["sha256"] == pins["bundle"]["sha256"]
-    assert (second / "store" / again["bundle"]["key"]).read_bytes() == (
-        first / "store" / pins["bundle"]["key"]
-    ).read_bytes()
+    bundle = f"code/bundle-{pins['bundle']['sha256']}.tar.gz"
+    assert (second / "store" / bundle).read_bytes() == (first / "store" / bundle).read_bytes()
     losses = home.metrics(first)["loss_series"]
     assert len(losses) == 20 and losses == home.metrics(second)["loss_series"], "deterministic sync run"
     assert home.metrics(first)["eval_accuracy"] == home.metrics(second)["eval_accuracy"]

@@ -105,7 +105,8 @@ class InstanceCluster:
         targets = tuple(tfvars.instance_address(name) for name in gone)
         self.terraform.plan(stack.var_file(self.run), plan_file, targets=targets)
         check_heal_plan(self.terraform.show_json(plan_file), gone)
-        self.terraform.apply(plan_file)
+        # Bounded: the provider retries a taken IP for minutes, and the watch loop waits on this.
+        self.terraform.apply(plan_file, timeout=self.spec.aws.heal_timeout)
         applied = tfvars.instances(self.terraform.output())
         replaced = {name: applied[name] for name in gone}
         user_data = instance_user_data(self._ec2, replaced)

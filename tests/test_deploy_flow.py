@@ -1,0 +1,88 @@
+"""The deploy flow's cleanup promises, with a stand-in target whose start and teardown fail on
+purpose (a real destroy that fails on cue cannot be arranged here; the flow is what is tested)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlinfra.deploy import _follow
+from dlinfra.errors import DlinfraError, RunFailed, TerraformError
+from dlinfra.prepare import NodeInstall, prepare
+from dlinfra.render import loopback_plan
+from dlinfra.spec import Spec
+from dlinfra.targets.base import TargetOptions
+
+
+class FailingTeardownTarget:
+    """Stands in for a cloud target whose destroy fails (e.g. credentials expired mid-run)."""
+
+    leaves_resources = True
+
+    def __init__(self) -> None:
+        self.teardowns = 0
+
+    def teardown(self, run: object) -> str:
+        self.teardowns += 1
+        raise TerraformError("terraform destroy failed: ExpiredToken")
+
+
+@pytest.fixture
+def prepared(home: Path):
+    spec = Spec()
+    return prepare(spec, loopback_plan(spec), NodeInstall())
+
+
+def _failing_start() -> None:
+    raise DlinfraError("apply failed: InsufficientInstanceCapacity")
+
+
+def test_a_failed_teardown_rides_along_and_never_hides_the_original_error(prepared) -> None:
+    target = FailingTeardownTarget()
+    lines: list[str] = []
+    with pytest.raises(DlinfraError, match="InsufficientInstanceCapacity") as caught:
+        _follow(
+            target, prepared, _failing_start, False, TargetOptions(log=lines.append), lambda s: None, None
+        )
+    assert target.teardowns == 1
+    [note] = caught.value.__notes__
+    assert "teardown failed too" in note and "ExpiredToken" in note
+    assert f"dlinfra destroy {prepared.run.id}" in note
+
+
+def test_keep_means_no_teardown_at_all(prepared) -> None:
+    target = FailingTeardownTarget()
+    with pytest.raises(DlinfraError) as caught:
+        _follow(target, prepared, _failing_start, True, TargetOptions(), lambda s: None, None)
+    assert target.teardowns == 0 and not getattr(caught.value, "__notes__", [])
+
+
+def test_a_detached_deploy_tears_nothing_down(prepared) -> None:
+    target = FailingTeardownTarget()
+    outcome = _follow(
+        target, prepared, lambda: None, False, TargetOptions(), lambda s: None, None, detach=True
+    )
+    assert outcome.state == "DETACHED" and target.teardowns == 0
+
+
+def test_cli_prints_the_original_error_first_then_the_teardown_note() -> None:
+    code = (
+        "import sys\n"
+        "from dlinfra.cli import app as cli\n"
+        "from dlinfra.errors import RunFailed\n"
+        "def boom():\n"
+        "    exc = RunFailed('run r failed: could not replace worker-0')\n"
+        "    exc.add_note('teardown failed too: ExpiredToken')\n"
+        "    raise exc\n"
+        "cli.app = boom\n"
+        "cli.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == RunFailed.exit_code == 1
+    assert done.stderr.splitlines() == [
+        "error: run r failed: could not replace worker-0",
+        "error: teardown failed too: ExpiredToken",
+    ]
