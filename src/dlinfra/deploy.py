@@ -109,13 +109,16 @@ def attach(
     keep: bool = False,
     on_update: Callable[[Snapshot], None] = lambda s: None,
 ) -> Outcome:
-    """Follow a run started earlier (`deploy --detach`) to its end, heal it, and tear it down."""
+    """Follow a run started earlier (`deploy --detach`) to its end, heal it, and tear it down.
+    Ctrl-C here only stops watching: the run goes on."""
     run = Run.open(run_id)
     manifest = run.manifest()
     target = target_for(manifest.target, options)
     prepared = Prepared.load(run)
     started = datetime.fromisoformat(manifest.started).timestamp() if manifest.started else None
-    return _follow(target, prepared, lambda: target.attach(prepared), keep, options, on_update, started)
+    return _follow(
+        target, prepared, lambda: target.attach(prepared), keep, options, on_update, started, attached=True
+    )
 
 
 def _follow(
@@ -127,6 +130,7 @@ def _follow(
     on_update: Callable[[Snapshot], None],
     started: float | None,
     detach: bool = False,
+    attached: bool = False,
 ) -> Outcome:
     run = prepared.run
     try:
@@ -135,12 +139,12 @@ def _follow(
             run.update_manifest(status="RUNNING", started=utc_now(), detached=True)
             run.publish_manifest()
             return Outcome(run, "DETACHED")
-        outcome = watch(prepared, cluster, on_update, started=started)
+        outcome = watch(prepared, cluster, on_update, started=started, stop_on_interrupt=not attached)
     except BaseException as exc:
         if target.leaves_resources and not keep:
             _teardown_after(exc, target, run, options)
         raise
-    if target.leaves_resources and not keep:
+    if target.leaves_resources and not keep and outcome.state != "DETACHED":
         options.log(_teardown(target, run))
     return outcome
 
@@ -170,14 +174,17 @@ def watch(
     on_update: Callable[[Snapshot], None] = lambda s: None,
     poll: float = 1.0,
     started: float | None = None,
+    stop_on_interrupt: bool = True,
 ) -> Outcome:
-    """Follow the run through the store until it ends; always stops the cluster."""
+    """Follow the run through the store until it ends; then stop the cluster. Ctrl-C stops the
+    run too, unless `stop_on_interrupt` is False: then it only stops watching (state DETACHED)."""
     store, run = prepared.store, prepared.run
     names = list(prepared.user_data)
     started = started or time.time()
     if run.manifest().started is None:  # re-attached runs keep their start
         run.update_manifest(status="RUNNING", started=utc_now())
     ended_unwatched = store.marker()  # a detached run may have ended before anyone looked
+    left_running = False
     try:
         while True:
             snap = _snapshot(store, names, started)
@@ -197,15 +204,22 @@ def watch(
             else:
                 time.sleep(poll)
     except KeyboardInterrupt:
+        if not stop_on_interrupt:  # `dlinfra watch`: Ctrl-C stops watching, not the run
+            left_running = True
+            return Outcome(run, "DETACHED")
         store.write_marker("STOPPED", reason="interrupted (Ctrl-C)")
         raise
     finally:
-        cluster.stop()
-        marker = store.marker()
-        finished = utc_now(ended_unwatched.time) if ended_unwatched else utc_now()
-        run.update_manifest(status=marker.marker if marker else "STOPPED", finished=finished)
-        run.publish_manifest()
+        if not left_running:
+            _stop(cluster, run, store.marker(), ended_unwatched)
     return _outcome(prepared, store, started, ended_unwatched.time if ended_unwatched else time.time())
+
+
+def _stop(cluster: Cluster, run: Run, marker: Marker | None, ended_unwatched: Marker | None) -> None:
+    cluster.stop()
+    finished = utc_now(ended_unwatched.time) if ended_unwatched else utc_now()
+    run.update_manifest(status=marker.marker if marker else "STOPPED", finished=finished)
+    run.publish_manifest()
 
 
 def _let_nodes_finish(cluster: Cluster, seconds: float) -> None:

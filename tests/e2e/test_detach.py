@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -53,16 +54,9 @@ def test_detached_run_finishes_alone_and_watch_prints_its_result(tmp_path: Path)
     assert manifest["status"] == "DONE" and manifest["metrics"]["eval_accuracy"] >= 0.9
 
 
-def test_watch_attached_mid_run_shows_progress_and_the_result(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    detached = run_cli(
-        "deploy", "--workers", "1", "--steps", "3000", "--detach", env=_env(home), cwd=tmp_path
-    )
-    assert detached.returncode == 0, detached.stdout + detached.stderr
-    [run_dir] = (home / "runs").iterdir()
-    _wait_for(run_dir / "store" / "status" / "chief-0.json")
-    watch = subprocess.Popen(
-        [sys.executable, "-m", "dlinfra", "watch", run_dir.name],
+def _watch(home: Path, tmp_path: Path, run_id: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlinfra", "watch", run_id],
         env=_env(home),
         cwd=tmp_path,
         stdin=subprocess.DEVNULL,
@@ -70,13 +64,31 @@ def test_watch_attached_mid_run_shows_progress_and_the_result(tmp_path: Path) ->
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_watch_attached_mid_run_shows_progress_and_ctrl_c_only_stops_watching(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    detached = run_cli(
+        "deploy", "--workers", "1", "--steps", "4000", "--detach", env=_env(home), cwd=tmp_path
+    )
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    [run_dir] = (home / "runs").iterdir()
+    _wait_for(run_dir / "store" / "status" / "chief-0.json")
+    first = _watch(home, tmp_path, run_dir.name)
+    time.sleep(5)
+    first.send_signal(signal.SIGINT)  # Ctrl-C on a watcher: the run goes on
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, out + err
+    assert "detached" in out and not (run_dir / "store" / "STOPPED").exists()
+    assert alive_node_pids(run_dir.name), "the run goes on without its watcher"
+    second = _watch(home, tmp_path, run_dir.name)
     try:
-        out, err = watch.communicate(timeout=600)
+        out, err = second.communicate(timeout=600)
     finally:
-        if watch.poll() is None:
-            watch.kill()
-    assert watch.returncode == 0, out + err
+        if second.poll() is None:
+            second.kill()
+    assert second.returncode == 0, out + err
     progress = [line for line in out.splitlines() if "nodes up" in line]
-    assert any("step " in line and "/3000" in line for line in progress), out
+    assert any("step " in line and "/4000" in line for line in progress), out
     assert f"run {run_dir.name}: DONE" in out
     assert alive_node_pids(run_dir.name) == []

@@ -168,7 +168,7 @@ def rerun(
     for problem in origin.pins["unpinned"]:
         err.print(f"warning (--allow-unpinned): {problem}")
     out.print(f"rerun of {run_id}" + (f", code bundle {origin.code.sha256[:12]}" if origin.code else ""))
-    request = Request(origin.spec, None, sys.argv, keep, origin)
+    request = Request(origin.spec, None, sys.argv, keep, origin=origin)
     _report(
         lambda options, progress: run_deploy(request, options, _approver(yes), progress, started),
         emulate_instances,

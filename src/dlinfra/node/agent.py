@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import sys
 import threading
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 from dlinfra import bundle
 from dlinfra.errors import DlinfraError
 from dlinfra.layout import RunStore
+from dlinfra.node.beacon import port_open
 from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
 from dlinfra.node.status import NodeStatus
 from dlinfra.node.supervision import backoff_seconds, is_transient
@@ -74,7 +74,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
 def _give_up(cfg: NodeConfig, store: RunStore, status: NodeStatus, error: str, trace: str) -> int:
     print(f"node {cfg.name} failed: {error}", file=sys.stderr, flush=True)
     status.stop(state="failed", error=error)
-    store.write_marker("FAILED", node=cfg.name, error=error, traceback=trace[-4000:])
+    store.write_marker("FAILED", node=cfg.name, verdict="failed", error=error, traceback=trace[-4000:])
     return EXIT_FAILED
 
 
@@ -266,7 +266,7 @@ def wait_for_peers(peers: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     pending = set(peers)
     while True:
-        pending = {addr for addr in pending if not _reachable(addr)}
+        pending = {addr for addr in pending if not port_open(addr)}
         if not pending:
             return
         if time.monotonic() > deadline:
@@ -275,15 +275,6 @@ def wait_for_peers(peers: list[str], timeout: float) -> None:
                 "nodes' logs (`dlinfra logs RUN --node NAME`) and that the TF port is open between nodes"
             )
         time.sleep(0.5)
-
-
-def _reachable(addr: str) -> bool:
-    host, _, port = addr.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def _bounded(fn: Callable[[], T], timeout: float, peers: list[str]) -> T:
@@ -302,7 +293,7 @@ def _bounded(fn: Callable[[], T], timeout: float, peers: list[str]) -> T:
     if errors:
         raise errors[0]
     if not result:
-        missing = [p for p in peers if not _reachable(p)] or peers
+        missing = [p for p in peers if not port_open(p)] or peers
         raise PeersUnreachable(
             f"cluster did not form within {timeout:.0f}s; unreachable: {', '.join(missing)}. "
             "Fix: check those nodes' logs (`dlinfra logs RUN --node NAME`)"
