@@ -7,7 +7,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,7 +27,9 @@ from dlinfra.cli.options import (
     with_overrides,
 )
 from dlinfra.errors import DlinfraError, SpecError
-from dlinfra.spec import Overrides, load_spec
+
+if TYPE_CHECKING:  # the spec models take pydantic most of `--help`'s time: loaded when a command runs
+    from dlinfra.spec import Overrides
 
 app = typer.Typer(
     help="Experiment files in, transient distributed TensorFlow clusters out (local processes or AWS).",
@@ -70,6 +72,7 @@ def init(
 @with_overrides(*ALL_OVERRIDES)
 def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     """Check an experiment file (and overrides) without running anything."""
+    from dlinfra.spec import load_spec
     from dlinfra.targets import target_for
 
     resolved = load_spec(spec, overrides)
@@ -101,6 +104,7 @@ def render(
     """Render every node's cloud-init user-data and node.json, without running anything."""
     from dlinfra.node.config import StoreConfig
     from dlinfra.render import build_node_configs, render_cluster
+    from dlinfra.spec import load_spec
     from dlinfra.targets import target_for
 
     resolved = load_spec(spec, overrides)
@@ -135,6 +139,7 @@ def deploy(
     """Provision a cluster for the experiment, train, collect results, tear down."""
     from dlinfra.deploy import Request
     from dlinfra.deploy import deploy as run_deploy
+    from dlinfra.spec import load_spec
 
     started = time.time()
     request = Request(load_spec(spec, overrides), spec, sys.argv, keep, detach=detach)
@@ -254,6 +259,7 @@ def plan(
     """terraform plan of an experiment on AWS: resources, instances by role, estimated $/hour."""
     from dlinfra.deploy import Request
     from dlinfra.deploy import plan as make_plan
+    from dlinfra.spec import load_spec
     from dlinfra.targets import target_for
     from dlinfra.targets.base import TargetOptions
 

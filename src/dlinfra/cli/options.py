@@ -14,8 +14,6 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from dlinfra.spec import Overrides
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 SpecArg = Annotated[
@@ -57,7 +55,16 @@ def with_overrides(*names: str) -> Callable[[F], F]:
         raise ValueError(f"no override options {sorted(unknown)}")
 
     def wrap(fn: F) -> F:
-        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "overrides"]
+        # Evaluated here, not by `eval_str`: `Overrides` itself is imported only when a command runs.
+        own = [
+            p.replace(
+                annotation=eval(p.annotation, fn.__globals__)
+                if isinstance(p.annotation, str)
+                else p.annotation
+            )
+            for p in inspect.signature(fn).parameters.values()
+            if p.name != "overrides"
+        ]
         flags = [
             inspect.Parameter(
                 name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=OVERRIDE_OPTIONS[name]
@@ -67,6 +74,8 @@ def with_overrides(*names: str) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
+            from dlinfra.spec import Overrides
+
             given = {name: kwargs.pop(name) for name in names}
             overrides = Overrides(**{k: v for k, v in given.items() if v is not None})
             return fn(**kwargs, overrides=overrides)
