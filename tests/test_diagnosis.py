@@ -157,3 +157,12 @@ def test_beacon_sees_a_stopped_process_and_dumps_its_stacks(sleeper: subprocess.
     sleeper.kill()
     sleeper.wait()
     assert process_state(sleeper.pid) == "gone"
+
+
+@pytest.mark.parametrize("trainer_ended", [-signal.SIGKILL, -signal.SIGTERM, -signal.SIGSEGV, 0, 3, 75])
+def test_beacon_ends_the_way_its_trainer_ended(trainer_ended: int) -> None:
+    """Supervisors judge the beacon's end (restart or not): it must be the trainer's, signals included
+    (SIGKILL, whose handler cannot even be reset, was once turned into exit 1 and a failed run)."""
+    code = f"import sys\nfrom dlinfra.node.beacon import _end_like\nsys.exit(_end_like({trainer_ended}))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == trainer_ended, done.stderr

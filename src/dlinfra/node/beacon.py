@@ -200,7 +200,8 @@ def _end_like(code: int) -> int:
     """The trainer's exit code, or its death by a signal re-enacted, so supervisors see what it did."""
     if code >= 0:
         return code
-    signal.signal(-code, signal.SIG_DFL)
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
+        signal.signal(-code, signal.SIG_DFL)
     sys.stdout.flush()
     os.kill(os.getpid(), -code)
     return 128 - code  # not reached for fatal signals
