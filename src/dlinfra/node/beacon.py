@@ -57,7 +57,9 @@ class Beacon:
     def __init__(self, cfg: NodeConfig, store: RunStore, work: Path, log_file: Path | None):
         self.cfg, self.store, self.work, self.log_file = cfg, store, work, log_file
         self.stopped_since: float | None = None
-        self.answered: str | None = store.stacks_request()  # requests older than this life are not ours
+        self.answered: str | None = None
+        with contextlib.suppress(Exception):  # a store outage must not end the node before it starts
+            self.answered = store.stacks_request()  # requests older than this life are not ours
         self._log_size = -1
 
     def start_trainer(self, config_path: Path) -> subprocess.Popen[bytes]:
