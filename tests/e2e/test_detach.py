@@ -75,7 +75,9 @@ def test_watch_attached_mid_run_shows_progress_and_ctrl_c_only_stops_watching(tm
     [run_dir] = (home / "runs").iterdir()
     _wait_for(run_dir / "store" / "status" / "chief-0.json")
     first = _watch(home, tmp_path, run_dir.name)
-    time.sleep(5)
+    assert first.stdout is not None
+    seen = first.stdout.readline()  # its first progress line: the watch loop is running, not starting
+    assert "nodes up" in seen, seen + first.communicate(timeout=60)[1]
     first.send_signal(signal.SIGINT)  # Ctrl-C on a watcher: the run goes on
     out, err = first.communicate(timeout=60)
     assert first.returncode == 0, out + err

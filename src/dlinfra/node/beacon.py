@@ -87,11 +87,12 @@ class Beacon:
     def watch(self, trainer: subprocess.Popen[bytes]) -> int:
         while True:
             code = trainer.poll()
-            self.publish(trainer.pid, gone=code is not None)
+            fields = read_state(state_file(self.work))  # read once a beat, for both uses below
+            self.publish(trainer.pid, fields, gone=code is not None)
             if code is not None:
                 return _end_like(code)
             self.answer_stack_requests(trainer.pid)
-            if self._past_max_runtime():
+            if self._past_max_runtime(fields):
                 self.store.write_marker(
                     "STOPPED", node=self.cfg.name, reason="max_runtime (trainer unresponsive)"
                 )
@@ -101,8 +102,7 @@ class Beacon:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 trainer.wait(self.cfg.heartbeat_interval)
 
-    def publish(self, pid: int, gone: bool) -> None:
-        fields = read_state(state_file(self.work))
+    def publish(self, pid: int, fields: dict[str, Any] | None, gone: bool) -> None:
         if fields is None:  # the trainer is still importing TensorFlow: nothing to say yet
             return
         process = "gone" if gone else process_state(pid)
@@ -133,9 +133,8 @@ class Beacon:
         except Exception as exc:
             print(f"beacon {self.cfg.name}: stack dump failed: {exc}", file=sys.stderr, flush=True)
 
-    def _past_max_runtime(self) -> bool:
-        fields = read_state(state_file(self.work)) or {}
-        first = fields.get("first_started")
+    def _past_max_runtime(self, fields: dict[str, Any] | None) -> bool:
+        first = (fields or {}).get("first_started")
         return first is not None and time.time() > first + self.cfg.max_runtime + WATCHDOG_GRACE
 
     def _sync_log(self) -> None:
