@@ -202,10 +202,10 @@ class RunStore:
     # ---------------------------------------------------------------- code and pins
 
     def put_bundle(self, sha256: str, data: bytes) -> None:
-        self.store.put_bytes(_bundle_key(sha256), data)
+        self.store.put_bytes(bundle_key(sha256), data)
 
     def bundle(self, sha256: str) -> bytes:
-        return self._pinned(_bundle_key(sha256), sha256)
+        return self._pinned(bundle_key(sha256), sha256)
 
     def put_wheel(self, path: Path) -> str:
         self.store.put_file(f"code/{path.name}", path)
@@ -229,5 +229,6 @@ class RunStore:
         return data
 
 
-def _bundle_key(sha256: str) -> str:
+def bundle_key(sha256: str) -> str:
+    """Also where the run dir keeps its copy: the run dir mirrors the store for the code."""
     return f"code/bundle-{sha256}.tar.gz"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.bundle import Bundle, file_sha256, pack_entrypoint
-from dlinfra.layout import RunStore
+from dlinfra.layout import RunStore, bundle_key
 from dlinfra.node.config import NodeConfig
 from dlinfra.records import WheelPin
 from dlinfra.render import AddressPlan, Node, build_node_configs, node_config_from_user_data, render_cluster
@@ -76,7 +76,7 @@ def prepare(
     (run.dir / "code").mkdir()
     if code is not None:
         store.put_bundle(code.sha256, code.data)
-        (run.dir / "code" / f"bundle-{code.sha256}.tar.gz").write_bytes(code.data)
+        (run.dir / bundle_key(code.sha256)).write_bytes(code.data)
     requirement, wheel_pin = install.requirement, None
     if install.wheel is not None:  # cloud nodes install exactly this wheel, from the run's store
         requirement = store.put_wheel(install.wheel)
