@@ -12,8 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dlinfra.catalog import catalog
 from dlinfra.errors import DlinfraError
-from dlinfra.pricing import PRICE_TABLE_DATE
 from dlinfra.records import Manifest
 from dlinfra.run import Run
 from dlinfra.spec import Spec
@@ -74,7 +74,7 @@ def row(run: Run) -> dict[str, Any]:
         "wall_seconds": wall,
         "eval_accuracy": metrics.eval_accuracy if metrics else None,
         "cost_usd": cost_usd(spec, manifest.target, wall),
-        "price_table": PRICE_TABLE_DATE,
+        "price_table": catalog().prices_as_of,
         "series": [(t, eps) for t, _, eps in metrics.examples_per_sec_series] if metrics else [],
     }
 

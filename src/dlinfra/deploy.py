@@ -211,14 +211,19 @@ def watch(
         raise
     finally:
         if not left_running:
-            _stop(cluster, run, store.marker(), ended_unwatched)
+            _stop(cluster, run, store, names, ended_unwatched)
     return _outcome(prepared, store, started, ended_unwatched.time if ended_unwatched else time.time())
 
 
-def _stop(cluster: Cluster, run: Run, marker: Marker | None, ended_unwatched: Marker | None) -> None:
+def _stop(
+    cluster: Cluster, run: Run, store: RunStore, names: list[str], ended_unwatched: Marker | None
+) -> None:
     cluster.stop()
+    marker = store.marker()
     finished = utc_now(ended_unwatched.time) if ended_unwatched else utc_now()
-    run.update_manifest(status=marker.marker if marker else "STOPPED", finished=finished)
+    # What each node proved it trained on, kept with the run (statuses are overwritten by reruns).
+    devices = {name: st.devices for name, st in store.statuses(names).items() if st and st.devices}
+    run.update_manifest(status=marker.marker if marker else "STOPPED", finished=finished, devices=devices)
     run.publish_manifest()
 
 

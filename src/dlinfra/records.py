@@ -47,6 +47,7 @@ class NodeState(Record):
     error: str | None = None
     resumed_from: int | None = None
     progress_at: float | None = None  # when the trainer last reported a step
+    devices: list[str] | None = None  # what TensorFlow sees on the node: "GPU:0 Tesla T4 15 GiB", "CPU:0"
     # What the node's beacon (a process beside the trainer) sees of the trainer from outside:
     process: str | None = None  # running | sleeping | disk-wait | stopped | zombie | gone
     stopped_since: float | None = None  # first seen stopped (SIGSTOP, a debugger), else None
@@ -66,7 +67,8 @@ class Marker(Record):
     error: str | None = None
     reason: str | None = None
     traceback: str | None = None
-    verdict: str | None = None  # FAILED: crashed | frozen | lost | stalled | failed (the run's own error)
+    # FAILED: crashed | frozen | lost | stalled | devices (fewer GPUs than asked) | failed (its own error)
+    verdict: str | None = None
     stacks: dict[str, str] | None = None  # node → where its main thread waits (frozen and stalled runs)
     last_checkpoint: str | None = None  # the checkpoint prefix a STOPPED run can resume from
     step: int | None = None
@@ -175,6 +177,7 @@ class Manifest(Record):
     detached: bool = False  # deployed with --detach: no watcher until `dlinfra watch`
     instances: dict[str, str] = Field(default_factory=dict)
     heals: list[Heal] = Field(default_factory=list)
+    devices: dict[str, list[str]] = Field(default_factory=dict)  # node → what TensorFlow saw on it
     plan: PlanCounts | None = None
     apply_seconds: float | None = None
     tfvars_sha256: str | None = None

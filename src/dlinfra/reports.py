@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
+from dlinfra.hardware import cluster_hardware
 from dlinfra.run import Run, list_runs
-from dlinfra.targets import target_for
+from dlinfra.targets import target_for, uses_instance_types
 
 
 def run_status(run_id: str | None) -> dict[str, Any]:
@@ -23,7 +24,22 @@ def run_status(run_id: str | None) -> dict[str, Any]:
             None if st is None else st.model_dump() | {"heartbeat_age": round(now - st.heartbeat, 1)}
         )
     marker = store.marker()
-    return {"run_id": run.id, "status": marker.marker if marker else manifest.status, "nodes": nodes}
+    typed = uses_instance_types(manifest.target)
+    roles = {
+        role: {
+            "count": hw.count,
+            "instance_type": hw.instance_type if typed else None,
+            "gpus": hw.gpus,
+            "hardware": hw.describe(typed),
+        }
+        for role, hw in cluster_hardware(run.spec(), typed).items()
+    }
+    return {
+        "run_id": run.id,
+        "status": marker.marker if marker else manifest.status,
+        "roles": roles,
+        "nodes": nodes,
+    }
 
 
 def follow_logs(run_id: str, node: str | None, follow: bool) -> Iterator[str]:

@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dlinfra.errors import SpecError
-from dlinfra.spec_errors import describe, line_index, parse_yaml
+from dlinfra.spec_errors import describe, line_index, located, parse_yaml
 
 # Run ids (name + 21 chars) name IAM roles, which AWS caps at 64 characters with our affixes.
 NAME_RE = r"^[a-z][a-z0-9-]{0,26}$"
@@ -39,10 +47,28 @@ class ChiefSpec(StrictModel):
     instance_type: str = Field("m5.xlarge", min_length=1, description="EC2 type of the chief (aws).")
 
 
+MAX_GPUS = 16
+
+
+def _gpu_count(value: Any) -> Any:
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GPUS:
+        raise ValueError(f"must be auto or a whole number of GPUs from 0 to {MAX_GPUS} (got {value!r})")
+    return value
+
+
+GpuCount = Annotated[int | Literal["auto"], BeforeValidator(_gpu_count)]
+
+
 class WorkersSpec(StrictModel):
     count: int = Field(2, ge=1, le=1000, description="Number of worker nodes.")
     instance_type: str = Field("g4dn.xlarge", min_length=1, description="EC2 type of each worker (aws).")
-    gpus: int = Field(0, ge=0, le=16, description="GPUs each worker uses (0 = CPU).")
+    gpus: GpuCount = Field(
+        "auto",
+        description="GPUs each worker trains on. auto: all of the type's GPUs on aws, none on local "
+        "(local workers share this machine: worker i gets GPUs i*gpus..). 0: CPU.",
+    )
     spot: bool = Field(False, description="Run workers on spot capacity (aws).")
 
 
@@ -155,7 +181,12 @@ class TrainingSpec(StrictModel):
     entrypoint: str | None = Field(
         None, description="User code 'path/to/file.py:function' returning a dlinfra.training.UserProgram."
     )
-    batch_size: int = Field(64, ge=1, le=65536, description="Examples per step on each worker.")
+    batch_size: int = Field(
+        64,
+        ge=1,
+        le=65536,
+        description="Examples per step on each replica (a worker has one replica per GPU, or one on CPU).",
+    )
     steps: int = Field(600, ge=1, description="Total optimizer steps (global).")
     learning_rate: float = Field(0.003, gt=0, le=10)
     optimizer: Literal["adam", "sgd", "rmsprop", "adagrad"] = "adam"
@@ -166,6 +197,14 @@ class TrainingSpec(StrictModel):
         10, ge=1, le=1000, description="Steps per remote call (ps strategy): fewer round trips per step."
     )
     deterministic: bool = Field(False, description="TF op determinism and fixed seeds.")
+    mixed_precision: bool = Field(
+        False, description="Keras mixed_float16 on the GPU workers (refused when no worker has a GPU)."
+    )
+    lr_scaling: Literal["none", "linear"] = Field(
+        "none",
+        description="multi_worker_mirrored: linear multiplies learning_rate by the replica count "
+        "(the global batch grows with it); none uses it as given.",
+    )
 
     @field_validator("entrypoint")
     @classmethod
@@ -361,11 +400,19 @@ def load_spec(path: str | Path | None = None, overrides: Overrides | None = None
         keys = tuple(dotted.split("."))
         _set_path(data, keys, value, flag, source)
         flag_of[keys] = flag
+    lines = line_index(text) if text else {}
     try:
-        return Spec.model_validate(data)
+        spec = Spec.model_validate(data)
     except ValidationError as err:
-        lines = line_index(text) if text else {}
         raise SpecError([describe(e, source, lines, flag_of, Spec) for e in err.errors()]) from None
+    # What the instance catalog says cannot work (GPUs a type lacks, mixed precision without GPUs).
+    from dlinfra.hardware import problems
+    from dlinfra.targets import uses_instance_types
+
+    found = problems(spec, uses_instance_types(spec.target))
+    if found:
+        raise SpecError([located(source, lines, flag_of, p.loc, p.message, p.fix) for p in found])
+    return spec
 
 
 def _set_path(data: dict[str, Any], keys: tuple[str, ...], value: Any, flag: str, source: str) -> None:

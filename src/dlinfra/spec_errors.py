@@ -65,18 +65,30 @@ def describe(
     root: type[BaseModel],
 ) -> str:
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    msg = error["msg"].removeprefix("Value error, ")
+    got = error.get("input")
+    quiet = error["type"] in ("missing", "extra_forbidden", "value_error") or isinstance(got, dict | list)
+    shown = "" if quiet else f" (got {got!r})"
+    return located(source, lines, flag_of, loc, msg + shown, _fix(error, loc, root))
+
+
+def located(
+    source: str,
+    lines: dict[tuple[str | int, ...], int],
+    flag_of: dict[tuple[str, ...], str],
+    loc: tuple[Any, ...],
+    message: str,
+    fix: str,
+) -> str:
+    """'file:line: field.path (from --flag): what is wrong. Fix: what to do'."""
     path = ".".join(str(p) for p in loc) or "(top level)"
     where = source
     for n in range(len(loc), 0, -1):
         if loc[:n] in lines:
             where = f"{source}:{lines[loc[:n]]}"
             break
-    msg = error["msg"].removeprefix("Value error, ")
     origin = f" (from {flag_of[loc]})" if loc in flag_of else ""
-    got = error.get("input")
-    quiet = error["type"] in ("missing", "extra_forbidden", "value_error") or isinstance(got, dict | list)
-    shown = "" if quiet else f" (got {got!r})"
-    return f"{where}: {path}{origin}: {msg}{shown}. Fix: {_fix(error, loc, root)}"
+    return f"{where}: {path}{origin}: {message}. Fix: {fix}"
 
 
 def _fix(error: dict[str, Any], loc: tuple[Any, ...], root: type[BaseModel]) -> str:
@@ -94,9 +106,12 @@ def _fix(error: dict[str, Any], loc: tuple[Any, ...], root: type[BaseModel]) -> 
         return "use a value in the allowed range"
     if kind == "literal_error":
         return "use one of the listed values"
-    if kind == "string_pattern_mismatch":
+    if kind in ("string_pattern_mismatch", "value_error"):
         field = _model_at(root, loc[:-1]).model_fields.get(str(loc[-1])) if loc else None
-        return field.description if field and field.description else "use the form the pattern describes"
+        if field and field.description:
+            return field.description
+        if kind == "string_pattern_mismatch":
+            return "use the form the pattern describes"
     return "see `dlinfra schema` for the allowed values"
 
 

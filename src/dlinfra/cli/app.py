@@ -20,6 +20,7 @@ from dlinfra.cli.options import (
     ALL_OVERRIDES,
     EmulateOpt,
     EndpointOpt,
+    JsonOpt,
     KeepOpt,
     RunArg,
     SpecArg,
@@ -29,7 +30,7 @@ from dlinfra.cli.options import (
 from dlinfra.errors import DlinfraError, SpecError
 
 if TYPE_CHECKING:  # the spec models take pydantic most of `--help`'s time: loaded when a command runs
-    from dlinfra.spec import Overrides
+    from dlinfra.spec import Overrides, Spec
 
 app = typer.Typer(
     help="Experiment files in, transient distributed TensorFlow clusters out (local processes or AWS).",
@@ -55,6 +56,23 @@ _state: dict[str, Any] = {"debug": False}
 # ---------------------------------------------------------------- spec commands
 
 
+def _load(path: Path | None, overrides: Overrides) -> Spec:
+    """The resolved spec, after warning about what is allowed but likely a mistake."""
+    from dlinfra.spec import load_spec
+
+    resolved = load_spec(path, overrides)
+    _warn_hardware(resolved)
+    return resolved
+
+
+def _warn_hardware(spec: Spec) -> None:
+    from dlinfra.hardware import warnings
+    from dlinfra.targets import uses_instance_types
+
+    for warning in warnings(spec, uses_instance_types(spec.target)):
+        err.print(f"warning: {warning}", markup=False, highlight=False)
+
+
 @app.command()
 def init(
     path: Annotated[Path, typer.Argument(help="Where to write the example.")] = Path("experiment.yaml"),
@@ -72,15 +90,19 @@ def init(
 @with_overrides(*ALL_OVERRIDES)
 def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     """Check an experiment file (and overrides) without running anything."""
-    from dlinfra.spec import load_spec
+    from dlinfra.hardware import cluster_hardware
     from dlinfra.targets import target_for
 
-    resolved = load_spec(spec, overrides)
-    plan = target_for(resolved.target).addresses(resolved)
+    resolved = _load(spec, overrides)
+    target = target_for(resolved.target)
+    plan = target.addresses(resolved)
     out.print(
         f"{spec or '<built-in default>'}: valid · {resolved.target} · {resolved.strategy} · "
-        f"{len(plan.nodes)} nodes ({', '.join(f'{k} {len(v)}' for k, v in plan.cluster().items())})"
+        f"{len(plan.nodes)} nodes ({', '.join(f'{k} {len(v)}' for k, v in plan.cluster().items())})",
+        markup=False,
     )
+    for role, hw in cluster_hardware(resolved, target.uses_instance_types).items():
+        out.print(f"  {role:<7} {hw.count:>3} x {hw.describe(target.uses_instance_types)}", markup=False)
 
 
 @app.command()
@@ -104,10 +126,9 @@ def render(
     """Render every node's cloud-init user-data and node.json, without running anything."""
     from dlinfra.node.config import StoreConfig
     from dlinfra.render import build_node_configs, render_cluster
-    from dlinfra.spec import load_spec
     from dlinfra.targets import target_for
 
-    resolved = load_spec(spec, overrides)
+    resolved = _load(spec, overrides)
     target = target_for(resolved.target)
     store = StoreConfig.for_run(resolved, f"{resolved.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID")
     configs = build_node_configs(resolved, "RUN_ID", store, target.addresses(resolved))
@@ -139,10 +160,9 @@ def deploy(
     """Provision a cluster for the experiment, train, collect results, tear down."""
     from dlinfra.deploy import Request
     from dlinfra.deploy import deploy as run_deploy
-    from dlinfra.spec import load_spec
 
     started = time.time()
-    request = Request(load_spec(spec, overrides), spec, sys.argv, keep, detach=detach)
+    request = Request(_load(spec, overrides), spec, sys.argv, keep, detach=detach)
     _report(
         lambda options, progress: run_deploy(request, options, _approver(yes), progress, started),
         emulate_instances,
@@ -170,6 +190,7 @@ def rerun(
 
     started = time.time()
     origin = load_origin(run_id, overrides, allow_unpinned)
+    _warn_hardware(origin.spec)
     for problem in origin.pins["unpinned"]:
         err.print(f"warning (--allow-unpinned): {problem}")
     out.print(f"rerun of {run_id}" + (f", code bundle {origin.code.sha256[:12]}" if origin.code else ""))
@@ -259,11 +280,10 @@ def plan(
     """terraform plan of an experiment on AWS: resources, instances by role, estimated $/hour."""
     from dlinfra.deploy import Request
     from dlinfra.deploy import plan as make_plan
-    from dlinfra.spec import load_spec
     from dlinfra.targets import target_for
     from dlinfra.targets.base import TargetOptions
 
-    resolved = load_spec(spec, overrides.model_copy(update={"target": "aws"}))
+    resolved = _load(spec, overrides.model_copy(update={"target": "aws"}))
     target = target_for("aws", TargetOptions(log=lambda line: err.print(line, markup=False)))
     prepared, review = make_plan(Request(resolved, spec, sys.argv), target)
     out.print(review.text, markup=False)
@@ -284,6 +304,37 @@ def setup(
     from dlinfra.targets.aws.stack import setup_bucket
 
     out.print(setup_bucket(bucket, region, endpoint_url, log=lambda line: err.print(line, markup=False)))
+
+
+@app.command()
+def instances(
+    gpu: Annotated[bool, typer.Option("--gpu", help="Only types with GPUs.")] = False,
+    region: Annotated[str, typer.Option("--region", help="Region of the price column.")] = "us-east-1",
+    as_json: JsonOpt = False,
+) -> None:
+    """The instance catalog: hardware and dated on-demand prices of every EC2 type dlinfra knows."""
+    from dlinfra.catalog import catalog
+
+    table = catalog()
+    kinds = [k for k in table.types.values() if k.gpus or not gpu]
+    if as_json:
+        doc = {
+            "prices_as_of": table.prices_as_of,
+            "price_source": table.price_source,
+            "price_notes": table.price_notes,
+            "spec_source": table.spec_source,
+            "regions": list(table.regions),
+            "types": [k.as_dict() for k in kinds],
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    if region not in table.regions:
+        raise DlinfraError(
+            f"--region {region}: the catalog has no prices there. Fix: use one of {', '.join(table.regions)}"
+        )
+    from dlinfra.cli.views import instances_table
+
+    out.print(instances_table(kinds, region, table.price_note()))
 
 
 @app.command()

@@ -26,6 +26,8 @@ def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
         return
+    for role, hw in report["roles"].items():
+        out.print(f"{role:<7} {hw['count']:>3} x {hw['hardware']}", markup=False)
     out.print(nodes_table(report["nodes"], title=f"run {report['run_id']}: {report['status']}"))
 
 

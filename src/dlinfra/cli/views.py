@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
+from dlinfra.catalog import InstanceType, catalog
 from dlinfra.compare import COLUMNS
 from dlinfra.deploy import Outcome, Snapshot
-from dlinfra.pricing import PRICE_TABLE_DATE
 
 
 def _num(value: Any, fmt: str = "{:.0f}") -> str:
@@ -29,14 +31,21 @@ def _mean_sd(stat: Any, fmt: str = "{:.1f}") -> str:
 # ---------------------------------------------------------------- nodes and progress
 
 
+def _devices(names: list[str] | None) -> str:
+    """What a node trains on, as TensorFlow saw it: its GPUs, else CPU."""
+    if not names:
+        return "-"
+    return ", ".join(n for n in names if n.startswith("GPU")) or "CPU"
+
+
 def nodes_table(nodes: dict[str, dict[str, Any] | None], title: str = "") -> Table:
     table = Table(title=title or None, title_justify="left")
-    for column in ("node", "state", "step", "loss", "examples/s", "heartbeat", "restarts"):
-        table.add_column(column, justify="left" if column in ("node", "state") else "right")
+    for column in ("node", "state", "step", "loss", "examples/s", "heartbeat", "restarts", "devices"):
+        table.add_column(column, justify="left" if column in ("node", "state", "devices") else "right")
     now = time.time()
     for name, st in nodes.items():
         if st is None:
-            table.add_row(name, "booting", "-", "-", "-", "-", "-")
+            table.add_row(name, "booting", "-", "-", "-", "-", "-", "-")
             continue
         total = st.get("total_steps")
         step = f"{st.get('step', 0)}/{total}" if total else "-"
@@ -51,6 +60,7 @@ def nodes_table(nodes: dict[str, dict[str, Any] | None], title: str = "") -> Tab
             _num(st.get("examples_per_sec")),
             f"{now - st['heartbeat']:.0f}s ago" if st.get("heartbeat") else "-",
             str(st.get("restarts", 0)),
+            _devices(st.get("devices")),
         )
     return table
 
@@ -127,7 +137,8 @@ def result_table(outcome: Outcome) -> Table:
 
 def print_failure(console: Console, outcome: Outcome) -> None:
     console.print(
-        f"[bold red]run {outcome.run.id} {outcome.state}[/]: node {outcome.failed_node}: {outcome.error}"
+        f"[bold red]run {outcome.run.id} {outcome.state}[/]: node {outcome.failed_node}: "
+        + escape(outcome.error or "")
     )
     if outcome.log_tail:
         console.print(
@@ -145,6 +156,39 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
         acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
         up = "-" if not r["resources_up"] else "up" + _num(r["usd_per_hour"], " ${:.2f}/h")
         table.add_row(r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc, up)
+    return table
+
+
+# ---------------------------------------------------------------- the instance catalog
+
+
+def instances_table(kinds: list[InstanceType], region: str, note: str) -> Table:
+    table = Table(
+        caption=f"GiB: memory; Gbps: network, peak and baseline; $/h: on-demand, {region}; {note}",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for column in ("type", "vCPU", "GiB", "GPUs", "GPU", "GiB/GPU", "Gbps", "base", "EFA", "$/h"):
+        table.add_column(
+            column,
+            justify="left" if column in ("type", "GPU") else "right",
+            no_wrap=True,
+            min_width={"$/h": 7, "base": 5}.get(column, len(column)),
+        )
+    for k in kinds:
+        table.add_row(
+            k.name,
+            str(k.vcpus),
+            f"{k.memory_gib:g}",
+            str(k.gpus) if k.gpus else "-",
+            (k.gpu_model or "-").removeprefix("NVIDIA "),
+            _num(k.gpu_memory_gib, "{:g}"),
+            f"{k.network_gbps:g}",
+            f"{k.network_baseline_gbps:g}",
+            "yes" if k.efa else "-",
+            _num(k.price(region), "{:.4f}"),
+        )
     return table
 
 
@@ -170,7 +214,7 @@ def compare_cells(r: dict[str, Any]) -> list[str]:
 
 def compare_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(
-        caption=f"cost: instance-hours x on-demand prices of {PRICE_TABLE_DATE}, NAT gateway included; "
+        caption=f"cost: instance-hours x on-demand prices of {catalog().prices_as_of}, NAT gateway included; "
         "local runs cost 0"
     )
     for column in COLUMNS:
@@ -184,7 +228,7 @@ def compare_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(compare_cells(r)) + " |" for r in rows]
     lines.append(
-        f"\nCost: instance-hours x on-demand prices of {PRICE_TABLE_DATE}, NAT gateway included "
-        "(src/dlinfra/pricing.py)."
+        f"\nCost: instance-hours x on-demand prices of {catalog().prices_as_of}, NAT gateway included "
+        "(`dlinfra instances`; src/dlinfra/instance_types.json)."
     )
     return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from dlinfra import bundle
 from dlinfra.errors import DlinfraError
 from dlinfra.layout import RunStore
+from dlinfra.node import devices
 from dlinfra.node.beacon import port_open
 from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
 from dlinfra.node.status import NodeStatus
@@ -43,6 +44,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     status = NodeStatus(store, cfg.name, cfg.role, cfg.index, work)
     os.environ["TF_CONFIG"] = json.dumps(tf_config(cfg.cluster, cfg.role, cfg.index))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    visible = devices.limit_visible_gpus(cfg)  # before TensorFlow loads
     life = f"life {status.restarts + 1}" if status.restarts else "first life"
     print(
         f"dlinfra node {cfg.name} of run {cfg.run_id}: {cfg.strategy}, pid {os.getpid()}, {life}", flush=True
@@ -57,6 +59,11 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         status.update(state=f"restarting in {delay:.0f}s")
         time.sleep(delay)
     try:
+        found = devices.probe()
+        status.update(devices=found.names)
+        print(f"devices: {', '.join(found.names)} (CUDA_VISIBLE_DEVICES={visible!r})", flush=True)
+        if problem := devices.shortfall(cfg, found, visible):
+            return _give_up(cfg, store, status, problem, "", verdict="devices")
         if cfg.strategy == "parameter_server" and cfg.role != "chief":
             return _serve(cfg, store, status)
         return _train(cfg, store, status, work)
@@ -71,10 +78,12 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         return _give_up(cfg, store, status, error, trace)
 
 
-def _give_up(cfg: NodeConfig, store: RunStore, status: NodeStatus, error: str, trace: str) -> int:
+def _give_up(
+    cfg: NodeConfig, store: RunStore, status: NodeStatus, error: str, trace: str, verdict: str = "failed"
+) -> int:
     print(f"node {cfg.name} failed: {error}", file=sys.stderr, flush=True)
     status.stop(state="failed", error=error)
-    store.write_marker("FAILED", node=cfg.name, verdict="failed", error=error, traceback=trace[-4000:])
+    store.write_marker("FAILED", node=cfg.name, verdict=verdict, error=error, traceback=trace[-4000:])
     return EXIT_FAILED
 
 

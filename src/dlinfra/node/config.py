@@ -62,6 +62,9 @@ class NodeConfig(BaseModel):
     heartbeat_interval: float
     max_runtime: float
     max_restarts: int = 5
+    instance_type: str | None = None  # what the node runs on (None: a process on the deploying machine)
+    gpus: int = 0  # GPUs the node trains on; it fails at once if TensorFlow sees fewer
+    gpu_offset: int = 0  # its first GPU among its machine's (nodes sharing a machine split its GPUs)
 
     @property
     def name(self) -> str:

@@ -54,6 +54,7 @@ class NodeStatus:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "error": None,
+            "devices": previous.devices if previous else None,
         }
         self._write()
 

@@ -13,6 +13,7 @@ import yaml
 from dlinfra.node.config import FINAL_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 
 VENV = "/opt/dlinfra"
+WHEEL_DIR = "/opt/dlinfra-wheel"
 
 
 @cache
@@ -26,17 +27,37 @@ def _template() -> jinja2.Template:
     return env.get_template("user-data.yaml.j2")
 
 
+def node_extras(config: NodeConfig) -> str:
+    """dlinfra's extras a node installs: the GPU build of TensorFlow only where it trains on GPUs
+    (3 GB of CUDA wheels), the CPU build everywhere else."""
+    return "train-gpu,aws" if config.gpus else "train,aws"
+
+
 def render_user_data(config: NodeConfig, install: str | None = None) -> str:
     """The user-data for one node. `install` is what a cloud node installs: the s3:// URI of this
-    run's dlinfra wheel, or a pip requirement (e.g. ``dlinfra[train,aws]==0.1.0``); local nodes
-    already have dlinfra and get none."""
+    run's dlinfra wheel, or a release pin (``dlinfra==0.1.0``), each with the extras this node needs;
+    local nodes already have dlinfra and get none."""
     node_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
+    wheel = pip_target = None
+    if install:
+        extras = node_extras(config)
+        if install.startswith("s3://"):
+            wheel = install.rsplit("/", 1)[-1]
+            pip_target = f"{WHEEL_DIR}/{wheel}[{extras}]"
+        else:
+            name, pin, version = install.partition("==")
+            pip_target = f"{name}[{extras}]{pin}{version}"
     return _template().render(
         config=config,
         node_json=node_json,
         node_json_path=NODE_JSON_PATH,
         install=install,
-        wheel=install.rsplit("/", 1)[-1] if install and install.startswith("s3://") else None,
+        wheel=wheel,
+        wheel_dir=WHEEL_DIR,
+        pip_target=pip_target,
+        tensorflow_build=f"GPU (tensorflow[and-cuda]) for {config.gpus} GPU(s)"
+        if config.gpus
+        else "CPU (tensorflow-cpu)",
         venv=VENV,
         # the agent's own watchdog fires first; the OS one is the backstop a hung agent cannot skip
         shutdown_minutes=math.ceil(config.max_runtime / 60) + 5,

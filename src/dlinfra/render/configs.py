@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dlinfra.hardware import cluster_hardware
 from dlinfra.node.config import NodeConfig, StoreConfig
 from dlinfra.render.addresses import AddressPlan
 from dlinfra.spec import Spec
+from dlinfra.targets import uses_instance_types
 
 if TYPE_CHECKING:
     from dlinfra.bundle import Bundle
@@ -18,6 +20,14 @@ def build_node_configs(
     cluster = plan.cluster()
     # Heartbeats come several times per timeout so one slow write is never read as a lost node.
     heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
+    typed = uses_instance_types(spec.target)
+    hardware = cluster_hardware(spec, typed)
+    # Nodes that share a machine (local processes) take consecutive slices of its GPUs.
+    gpu_offset: dict[str, int] = {}
+    taken: dict[str, int] = {}
+    for node in plan:
+        gpu_offset[node.name] = taken.get(node.host, 0)
+        taken[node.host] = gpu_offset[node.name] + hardware[node.role].gpus
     return {
         node.name: NodeConfig(
             run_id=run_id,
@@ -33,6 +43,9 @@ def build_node_configs(
             heartbeat_interval=heartbeat,
             max_runtime=spec.cluster.max_runtime,
             max_restarts=spec.cluster.max_restarts,
+            instance_type=hardware[node.role].instance_type if typed else None,
+            gpus=hardware[node.role].gpus,
+            gpu_offset=gpu_offset[node.name],
         )
         for node in plan
     }

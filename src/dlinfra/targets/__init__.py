@@ -22,6 +22,13 @@ REGISTRY = {
 }
 
 
+def uses_instance_types(name: str) -> bool:
+    """Whether the target runs each node on the spec's instance type (what `gpus: auto` reads)."""
+    if name not in REGISTRY:
+        raise SpecError([f"target: {name!r} is not a target. Fix: use one of {', '.join(REGISTRY)}"])
+    return bool(importlib.import_module(REGISTRY[name]).TARGET.uses_instance_types)
+
+
 def target_for(name: str, options: TargetOptions | None = None) -> Target:
     if name not in REGISTRY:
         raise SpecError([f"target: {name!r} is not a target. Fix: use one of {', '.join(REGISTRY)}"])

@@ -35,33 +35,65 @@ class Hooks:
     restore_from: Path | None = None  # a local checkpoint prefix (…/ckpt-N) to resume from
 
 
+@dataclass(frozen=True)
+class Scale:
+    """How a run's batch and learning rate relate to its replicas (stated in the metrics)."""
+
+    replicas: int  # model copies computing gradients: one per GPU of every worker, or per CPU worker
+    global_batch: int  # examples behind one optimizer update
+    learning_rate: float  # as used, after lr_scaling
+    lr_scaling: str  # the rule, in words
+
+
 @dataclass
 class Outcome:
     model: Any
     step: int
+    scale: Scale
     examples_per_sec: list[float] = field(default_factory=list)
     steps_per_sec: list[float] = field(default_factory=list)
 
 
-def make_optimizer(cfg: NodeConfig) -> Any:
+def mirrored_scale(cfg: NodeConfig, replicas: int) -> Scale:
+    """Sync all-reduce: one update averages every replica's batch, so the global batch grows with
+    the replicas; `linear` grows the learning rate with it (Goyal et al., 2017)."""
+    t = cfg.training
+    if t.lr_scaling == "linear":
+        return Scale(replicas, t.batch_size * replicas, t.learning_rate * replicas, f"linear (x{replicas})")
+    return Scale(replicas, t.batch_size * replicas, t.learning_rate, "none (learning_rate as given)")
+
+
+def async_scale(cfg: NodeConfig) -> Scale:
+    """Async parameter servers: every update is one worker's batch, applied as it comes."""
+    t = cfg.training
+    return Scale(cfg.num_workers, t.batch_size, t.learning_rate, "none (async: one batch per update)")
+
+
+def make_optimizer(cfg: NodeConfig, learning_rate: float) -> Any:
+    """The spec's optimizer; under mixed precision wrapped in a dynamic loss scale, so float16
+    gradients do not underflow to zero."""
     import keras
 
-    lr = cfg.training.learning_rate
-    return {
-        "adam": lambda: keras.optimizers.Adam(lr),
-        "sgd": lambda: keras.optimizers.SGD(lr, momentum=0.9),
-        "rmsprop": lambda: keras.optimizers.RMSprop(lr),
-        "adagrad": lambda: keras.optimizers.Adagrad(lr),
+    optimizer = {
+        "adam": lambda: keras.optimizers.Adam(learning_rate),
+        "sgd": lambda: keras.optimizers.SGD(learning_rate, momentum=0.9),
+        "rmsprop": lambda: keras.optimizers.RMSprop(learning_rate),
+        "adagrad": lambda: keras.optimizers.Adagrad(learning_rate),
     }[cfg.training.optimizer]()
+    if cfg.training.mixed_precision:
+        return keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
 
 
-def seed_everything(cfg: NodeConfig) -> None:
+def configure_keras(cfg: NodeConfig) -> None:
+    """Seeds, determinism and the precision policy: before any layer exists."""
     import keras
     import tensorflow as tf
 
     keras.utils.set_random_seed(cfg.training.seed)
     if cfg.training.deterministic:
         tf.config.experimental.enable_op_determinism()
+    keras.mixed_precision.set_global_policy("mixed_float16" if cfg.training.mixed_precision else "float32")
 
 
 def _batched(ds: Any, batch: int, shuffle_seed: int | None, skip_batches: int = 0) -> Any:
@@ -123,14 +155,15 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
     """Runs on the chief: variables live on the ps tasks, steps run on the workers."""
     import tensorflow as tf
 
-    seed_everything(cfg)
+    configure_keras(cfg)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     t = cfg.training
+    scale = async_scale(cfg)
     with strategy.scope():
         model = program.build_model()
-        optimizer = make_optimizer(cfg)
+        optimizer = make_optimizer(cfg, scale.learning_rate)
         optimizer.build(model.trainable_variables)  # slot variables must exist before remote steps
     ckpt, manager = _checkpoint(model, optimizer, hooks.work_dir / "checkpoints")
     _restore(ckpt, hooks)
@@ -148,7 +181,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         def replica_fn(x: Any, y: Any) -> Any:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-            grads = tape.gradient(loss, model.trainable_variables)
+            grads = tape.gradient(optimizer.scale_loss(loss), model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
@@ -194,7 +227,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
             break
         # Async updates may race on the step counter: schedule what the counter still lacks.
         scheduled = step
-    return Outcome(model, global_step(), meter.examples_per_sec, meter.steps_per_sec)
+    return Outcome(model, global_step(), scale, meter.examples_per_sec, meter.steps_per_sec)
 
 
 # ---------------------------------------------------------------- multi-worker mirrored (sync)
@@ -210,12 +243,13 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     """Runs on every worker: synchronous all-reduce; worker 0 (the chief) saves for real."""
     import tensorflow as tf
 
-    seed_everything(cfg)
+    configure_keras(cfg)
     t = cfg.training
-    global_batch = t.batch_size * strategy.num_replicas_in_sync
+    scale = mirrored_scale(cfg, strategy.num_replicas_in_sync)  # every GPU of every worker
+    global_batch = scale.global_batch
     with strategy.scope():
         model = program.build_model()
-        optimizer = make_optimizer(cfg)
+        optimizer = make_optimizer(cfg, scale.learning_rate)
         optimizer.build(model.trainable_variables)
     # Every worker must take part in saving (the save is collective); only the chief's copy counts.
     ckpt_dir = hooks.work_dir / ("checkpoints" if cfg.is_chief else f"checkpoints-tmp-{cfg.index}")
@@ -239,7 +273,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             with tf.GradientTape() as tape:
                 per_example = loss_fn(y, model(x, training=True))
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            grads = tape.gradient(loss, model.trainable_variables)
+            grads = tape.gradient(optimizer.scale_loss(loss), model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
@@ -262,7 +296,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             if cfg.is_chief:
                 hooks.on_checkpoint(step, ckpt_dir)
             last_ckpt = step
-    return Outcome(model, step, meter.examples_per_sec, meter.steps_per_sec)
+    return Outcome(model, step, scale, meter.examples_per_sec, meter.steps_per_sec)
 
 
 # ---------------------------------------------------------------- evaluation and export

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 
 def install_requirement() -> str:
-    """What a node pip-installs when there is no wheel to ship: exactly this dlinfra release."""
-    return f"dlinfra[train,aws]=={__version__}"
+    """What a node pip-installs when there is no wheel to ship: exactly this dlinfra release (the
+    renderer adds each node's extras: the GPU or the CPU build of TensorFlow)."""
+    return f"dlinfra=={__version__}"
 
 
 class AwsTarget:

@@ -1,33 +1,37 @@
-"""What a person reviews before an apply: resource counts from the plan, instances by role, and the
-estimated cost from the dated price table."""
+"""What a person reviews before an apply: resource counts from the plan, instances by role with their
+hardware, and the estimated cost, all from the instance catalog."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from dlinfra.pricing import (
-    NAT_GATEWAY_USD_PER_HOUR,
-    ON_DEMAND_USD_PER_HOUR,
-    PRICE_SOURCE,
-    PRICE_TABLE_DATE,
-    HourlyCost,
-)
+from dlinfra.catalog import catalog
+from dlinfra.hardware import RoleHardware, cluster_hardware
+from dlinfra.pricing import HourlyCost
 from dlinfra.spec import Spec
 
 NAT_GATEWAY = "NAT gateway"
 
 
 def hourly_cost(spec: Spec) -> HourlyCost:
+    region = spec.aws.region
     per_role: dict[str, float | None] = {}
-    unknown: list[str] = []
+    unpriced: list[str] = []
     for role, shape in spec.roles().items():
-        price = ON_DEMAND_USD_PER_HOUR.get(shape.instance_type)
+        kind = catalog().get(shape.instance_type)
+        price = kind.price(region) if kind else None
         per_role[role] = None if price is None else price * shape.count
         if price is None:
-            unknown.append(shape.instance_type)
-    extras = {NAT_GATEWAY: NAT_GATEWAY_USD_PER_HOUR} if spec.aws.egress == "nat" else {}
-    return HourlyCost(per_role, extras, tuple(unknown))
+            unpriced.append(f"{shape.instance_type} in {region}")
+    extras = {}
+    if spec.aws.egress == "nat":
+        nat = catalog().nat_gateway_usd_per_hour.get(region)
+        if nat is None:
+            unpriced.append(f"the NAT gateway in {region}")
+        else:
+            extras[NAT_GATEWAY] = nat
+    return HourlyCost(per_role, extras, tuple(unpriced))
 
 
 @dataclass(frozen=True)
@@ -40,42 +44,49 @@ class PlanSummary:
     spec: Spec
     cost: HourlyCost
 
-    def _roles(self) -> list[tuple[str, int, str, float | None]]:
-        return [
-            (role, shape.count, shape.instance_type, self.cost.per_role[role])
-            for role, shape in self.spec.roles().items()
-        ]
+    def _roles(self) -> list[tuple[RoleHardware, float | None]]:
+        hardware = cluster_hardware(self.spec, typed=True)
+        return [(hw, self.cost.per_role[role]) for role, hw in hardware.items()]
 
     def text(self) -> str:
         counts = f"{self.add} to add, {self.change} to change, {self.destroy} to destroy"
         lines = [f"Plan for run {self.run_id}: {counts}."]
-        for role, count, itype, usd in self._roles():
-            price = "?" if usd is None else f"${usd:.3f}/h"
-            lines.append(f"  {role:<7} {count:>3} x {itype:<14} {price}")
+        for hw, usd in self._roles():
+            price = "$?/h" if usd is None else f"${usd:.3f}/h"
+            lines.append(f"  {hw.role:<7} {hw.count:>3} x {hw.describe(typed=True)} · {price}")
         lines.append(self._cost_line())
         return "\n".join(lines)
 
     def markdown(self) -> str:
         rows = "\n".join(
-            f"| {role} | {count} | `{itype}` | " + ("unknown" if usd is None else f"${usd:.3f}") + " |"
-            for role, count, itype, usd in self._roles()
+            f"| {hw.role} | {hw.count} | `{hw.instance_type}` | {_cell(hw.kind.vcpus if hw.kind else None)} "
+            f"| {_gpu_cell(hw)} | " + ("unknown" if usd is None else f"${usd:.3f}") + " |"
+            for hw, usd in self._roles()
         )
         return (
             f"### dlinfra plan: `{self.name}` (run `{self.run_id}`)\n\n"
             f"**{self.add}** to add, **{self.change}** to change, **{self.destroy}** to destroy.\n\n"
-            "| role | nodes | instance type | $/hour (all nodes) |\n|---|---:|---|---:|\n"
+            "| role | nodes | instance type | vCPUs each | GPUs each (used) | $/hour (all nodes) |\n"
+            "|---|---:|---|---:|---|---:|\n"
             f"{rows}\n\n{self._cost_line()}\n"
         )
 
     def _cost_line(self) -> str:
         roles_usd = self.cost.known - sum(self.cost.extras.values())
         extras = "".join(f" + {name} ${usd:.3f}/h" for name, usd in self.cost.extras.items())
-        unknown = self.cost.unknown_types
-        warn = f" (no price for {', '.join(unknown)}: not counted)" if unknown else ""
-        return (
-            f"Estimated ${roles_usd:.2f}/hour on demand{extras}{warn}. "
-            f"Prices: {PRICE_SOURCE}, as of {PRICE_TABLE_DATE}."
-        )
+        unpriced = self.cost.unpriced
+        warn = f" (no price for {', '.join(unpriced)}: not counted)" if unpriced else ""
+        return f"Estimated ${roles_usd:.2f}/hour on demand{extras}{warn}. Prices: {catalog().price_note()}."
+
+
+def _cell(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _gpu_cell(hw: RoleHardware) -> str:
+    if hw.kind is None:
+        return f"? ({hw.gpus})"
+    return f"{hw.kind.gpu_text()} ({hw.gpus})" if hw.kind.gpus else "-"
 
 
 def summarize(plan_json: dict[str, Any], run_id: str, spec: Spec) -> PlanSummary:
