@@ -88,6 +88,22 @@ def addresses(spec, target: str | None = None):
     return target_for(target or spec.target).addresses(spec)
 
 
+def node_configs(spec, run_id: str, url: str, target: str | None = None, code=None):
+    """Every node's config, as the spec's target (or `target`) would prepare them, storing to `url`."""
+    from dlinfra.render import build_node_configs
+    from dlinfra.targets import target_for
+
+    chosen = target_for(target or spec.target)
+    return build_node_configs(
+        spec,
+        run_id,
+        store_config(spec, url),
+        chosen.addresses(spec),
+        code,
+        typed=chosen.uses_instance_types,
+    )
+
+
 def store_config(spec, url: str):
     from dlinfra.node.config import StoreConfig
 

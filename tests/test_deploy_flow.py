@@ -33,7 +33,7 @@ class FailingTeardownTarget:
 @pytest.fixture
 def prepared(home: Path):
     spec = Spec()
-    return prepare(spec, loopback_plan(spec), NodeInstall())
+    return prepare(spec, loopback_plan(spec), NodeInstall(), typed=False)
 
 
 def _failing_start() -> None:

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlinfra.render import build_node_configs, node_config_from_user_data, render_cluster
-from dlinfra.spec import Overrides, load_spec
+from dlinfra import __version__
+from dlinfra.render import node_config_from_user_data, render_cluster
+from dlinfra.spec_loading import Overrides, load_spec
 from dlinfra.targets.aws import install_requirement
-from support import FAKE_CREDS, Cli, addresses, store_config
+from support import FAKE_CREDS, Cli, node_configs
 
 CLOUD_INIT = shutil.which("cloud-init")
 
@@ -21,9 +22,7 @@ CLOUD_INIT = shutil.which("cloud-init")
 def _render(target: str, strategy: str, workers: int) -> dict[str, tuple[str, object]]:
     sets = ["aws.subnet_cidr=10.42.0.0/23"] if workers > 100 else []
     spec = load_spec(None, Overrides(target=target, strategy=strategy, workers=workers, sets=sets))
-    configs = build_node_configs(
-        spec, "digits-cnn-20261122-000000-abcd", store_config(spec, "s3://bucket/runs/x"), addresses(spec)
-    )
+    configs = node_configs(spec, "digits-cnn-20261122-000000-abcd", "s3://bucket/runs/x")
     install = install_requirement() if target == "aws" else None
     rendered = render_cluster(configs, install)
     return {name: (rendered[name], configs[name]) for name in configs}
@@ -65,15 +64,18 @@ def test_every_user_data_passes_cloud_init_schema_and_round_trips(
 
 def test_aws_user_data_installs_the_runs_wheel_from_the_store(tmp_path: Path) -> None:
     spec = load_spec(None, Overrides(target="aws", workers=2))
-    configs = build_node_configs(spec, "r-1", store_config(spec, "s3://bucket/runs/r-1"), addresses(spec))
+    configs = node_configs(spec, "r-1", "s3://bucket/runs/r-1")
     wheel = "s3://bucket/runs/r-1/code/dlinfra-0.1.0-py3-none-any.whl"
-    text = render_cluster(configs, wheel)["worker-0"]
-    commands = [" ".join(map(str, c)) for c in yaml.safe_load(text)["runcmd"]]
-    fetch = commands.index(f"aws s3 cp {wheel} /opt/dlinfra-wheel/")
-    install = commands.index(
-        "/opt/dlinfra/bin/pip install --quiet /opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl[train,aws]"
-    )
-    assert fetch < install < commands.index("systemctl start --no-block dlinfra-node.service")
+    rendered = render_cluster(configs, wheel)
+    for node, extras in (("worker-0", "train-gpu,aws"), ("chief-0", "train,aws")):  # g4dn / m5 nodes
+        commands = [" ".join(map(str, c)) for c in yaml.safe_load(rendered[node])["runcmd"]]
+        fetch = commands.index(f"aws s3 cp {wheel} /opt/dlinfra-wheel/")
+        install = commands.index(
+            "/opt/dlinfra/bin/pip install --quiet "
+            f"/opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl[{extras}]"
+        )
+        assert fetch < install < commands.index("systemctl start --no-block dlinfra-node.service")
+    text = rendered["worker-0"]
     path = tmp_path / "worker-0.yaml"
     path.write_text(text)
     result = subprocess.run(
@@ -98,7 +100,7 @@ def test_aws_user_data_installs_this_exact_version_and_starts_the_agent() -> Non
     text, _ = _render("aws", "parameter_server", 1)["worker-0"]
     doc = yaml.safe_load(text)
     commands = [" ".join(map(str, c)) for c in doc["runcmd"]]
-    assert any(install_requirement() in c for c in commands)
+    assert any(f"dlinfra[train-gpu,aws]=={__version__}" in c for c in commands), "g4dn: the GPU build"
     unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
     assert "dlinfra node run /etc/dlinfra/node.json" in unit
     assert "Restart=on-failure" in unit

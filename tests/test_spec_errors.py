@@ -84,6 +84,56 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
     ("flag-set-wrong-type", None, ["--set", "training.batch_size=huge"], "training.batch_size"),
     ("flag-endpoint", None, ["--endpoint-url", "nope"], "aws.endpoint_url"),
     ("flag-unknown", None, ["--wokers", "3"], "--wokers"),
+    # GPUs against the instance catalog, mixed precision, learning-rate scaling
+    ("gpus-more-than-type", "cluster:\n  workers:\n    gpus: 2\n", [], "cluster.workers.gpus"),
+    (
+        "gpus-on-cpu-type",
+        "cluster:\n  workers:\n    instance_type: m5.xlarge\n    gpus: 1\n",
+        [],
+        "m5.xlarge is a CPU type",
+    ),
+    ("gpus-negative", "cluster:\n  workers:\n    gpus: -1\n", [], "cluster.workers.gpus"),
+    ("gpus-word", "cluster:\n  workers:\n    gpus: many\n", [], "cluster.workers.gpus"),
+    ("gpus-over-max", "cluster:\n  workers:\n    gpus: 17\n", [], "cluster.workers.gpus"),
+    ("gpus-bool", "cluster:\n  workers:\n    gpus: true\n", [], "cluster.workers.gpus"),
+    ("gpus-fraction", "cluster:\n  workers:\n    gpus: 0.5\n", [], "cluster.workers.gpus"),
+    ("gpus-on-chief", "cluster:\n  chief:\n    gpus: 1\n", [], "cluster.chief.gpus"),
+    (
+        "gpus-auto-unknown-type-aws",
+        "target: aws\ncluster:\n  workers:\n    instance_type: x9.huge\n",
+        [],
+        "x9.huge is not in dlinfra's instance catalog",
+    ),
+    (
+        "gpus-auto-multi-gpu-under-ps",
+        "target: aws\ncluster:\n  workers:\n    instance_type: g4dn.12xlarge\n",
+        [],
+        "cluster.workers.gpus",
+    ),
+    (
+        "gpus-explicit-multi-gpu-under-ps",
+        "cluster:\n  workers:\n    instance_type: g5.12xlarge\n    gpus: 2\n",
+        [],
+        "multi_worker_mirrored",
+    ),
+    ("flag-gpus-over-type", None, ["--set", "cluster.workers.gpus=4"], "(from --set cluster.workers.gpus)"),
+    ("mixed-precision-local-auto", "training:\n  mixed_precision: true\n", [], "training.mixed_precision"),
+    (
+        "mixed-precision-cpu-type-aws",
+        "target: aws\ncluster:\n  workers:\n    instance_type: c5.xlarge\n"
+        "training:\n  mixed_precision: true\n",
+        [],
+        "training.mixed_precision",
+    ),
+    (
+        "mixed-precision-gpus-zero",
+        "target: aws\ncluster:\n  workers:\n    gpus: 0\ntraining:\n  mixed_precision: true\n",
+        [],
+        "training.mixed_precision",
+    ),
+    ("mixed-precision-not-bool", "training:\n  mixed_precision: maybe\n", [], "training.mixed_precision"),
+    ("lr-scaling-unknown", "training:\n  lr_scaling: sqrt\n", [], "training.lr_scaling"),
+    ("lr-scaling-under-ps", "training:\n  lr_scaling: linear\n", [], "training.lr_scaling"),
 ]
 
 

@@ -16,10 +16,10 @@ from dlinfra.layout import RunStore
 from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, FINAL_EXIT_CODES
 from dlinfra.node.supervision import backoff_seconds, is_transient, should_restart
 from dlinfra.records import NodeState
-from dlinfra.render import build_node_configs, render_cluster
+from dlinfra.render import render_cluster
 from dlinfra.spec import Spec
 from dlinfra.store import Store
-from support import addresses, store_config
+from support import node_configs
 
 
 def test_signals_and_retry_restart_final_codes_do_not() -> None:
@@ -47,9 +47,7 @@ def test_lost_peers_are_transient_and_user_errors_are_not() -> None:
 
 def test_systemd_unit_restarts_exactly_what_the_launcher_restarts() -> None:
     spec = Spec.model_validate({"target": "aws"})
-    configs = build_node_configs(
-        spec, "r-1", store_config(spec, "s3://bucket/runs/r-1"), addresses(spec, "aws")
-    )
+    configs = node_configs(spec, "r-1", "s3://bucket/runs/r-1", "aws")
     text = render_cluster(configs, "dlinfra==0")["worker-0"]
     doc = yaml.safe_load(text)
     unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
@@ -64,7 +62,7 @@ def test_systemd_unit_restarts_exactly_what_the_launcher_restarts() -> None:
 def _node(tmp_path: Path, max_restarts: int, status: dict | None = None, marker: str | None = None) -> Path:
     spec = Spec.model_validate({"cluster": {"max_restarts": max_restarts}})
     store = tmp_path / "store"
-    configs = build_node_configs(spec, "r-1", store_config(spec, store.as_uri()), addresses(spec, "local"))
+    configs = node_configs(spec, "r-1", store.as_uri(), "local")
     config = tmp_path / "chief-0.json"
     config.write_text(configs["chief-0"].model_dump_json())
     run_store = RunStore(Store.from_url(store.as_uri()))

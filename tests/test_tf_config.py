@@ -8,9 +8,9 @@ import pytest
 
 from dlinfra.errors import SpecError
 from dlinfra.node.config import tf_config
-from dlinfra.render import build_node_configs
-from dlinfra.spec import Overrides, Spec, load_spec
-from support import addresses, store_config
+from dlinfra.spec import Spec
+from dlinfra.spec_loading import Overrides, load_spec
+from support import addresses, node_configs
 
 PS_CLUSTER = {"chief": ["h:1"], "worker": ["h:2", "h:3", "h:4"], "ps": ["h:5", "h:6"]}
 MWMS_CLUSTER = {"worker": ["h:1", "h:2"]}
@@ -110,8 +110,8 @@ def test_aws_plan_refuses_a_subnet_too_small() -> None:
 
 def test_mirrored_worker_zero_is_the_chief() -> None:
     spec = Spec(strategy="multi_worker_mirrored")
-    configs = build_node_configs(spec, "r", store_config(spec, "file:///tmp/s/r"), addresses(spec))
+    configs = node_configs(spec, "r", "file:///tmp/s/r")
     assert [name for name, c in configs.items() if c.is_chief] == ["worker-0"]
     spec = Spec()
-    configs = build_node_configs(spec, "r", store_config(spec, "file:///tmp/s/r"), addresses(spec))
+    configs = node_configs(spec, "r", "file:///tmp/s/r")
     assert [name for name, c in configs.items() if c.is_chief] == ["chief-0"]

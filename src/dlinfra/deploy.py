@@ -74,6 +74,7 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
         request.argv,
         code=origin.code if origin else None,
         pins=origin.pins if origin else None,
+        typed=target.uses_instance_types,
     )
     return prepared, target.plan(prepared)
 

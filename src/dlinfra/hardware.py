@@ -9,24 +9,14 @@ not (local processes share this machine: ask for its GPUs explicitly).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
 
 from dlinfra.catalog import InstanceType, catalog
-
-if TYPE_CHECKING:
-    from dlinfra.spec import Spec
+from dlinfra.spec import Spec
+from dlinfra.spec_loading import Problem
 
 AUTO = "auto"
 TRAINING_ROLE = "worker"
 GPU_TYPES_HINT = "`dlinfra instances --gpu` lists the GPU types"
-
-
-class Problem(NamedTuple):
-    """A spec the catalog says cannot work: the field, what is wrong, how to fix it."""
-
-    loc: tuple[str, ...]
-    message: str
-    fix: str
 
 
 @dataclass(frozen=True)
@@ -101,6 +91,15 @@ def problems(spec: Spec, typed: bool) -> list[Problem]:
                 "dlinfra's instance catalog",
                 "set cluster.workers.gpus to the number of GPUs to train on (0 for a CPU type), or use "
                 "a type from `dlinfra instances`",
+            )
+        )
+    if spec.strategy == "parameter_server" and spec.training.lr_scaling != "none":
+        found.append(
+            Problem(
+                ("training", "lr_scaling"),
+                f"{spec.training.lr_scaling} scaling needs a synchronous global batch, and under "
+                "parameter_server every update is one worker's batch",
+                "set lr_scaling: none, or use strategy: multi_worker_mirrored",
             )
         )
     if found:

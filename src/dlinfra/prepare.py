@@ -63,10 +63,12 @@ def prepare(
     argv: list[str] | None = None,
     code: Bundle | None = None,
     pins: dict[str, Any] | None = None,
+    *,
+    typed: bool,
 ) -> Prepared:
     """Create the run record, store the code bundle, render every node's user-data into the run dir.
     `code` (a rerun's pinned bundle) replaces packing the entrypoint's directory; `pins` are extra
-    manifest fields (e.g. `rerun_of`)."""
+    manifest fields (e.g. `rerun_of`); `typed`: the target runs nodes on their instance types."""
     base = spec_path.absolute().parent if spec_path else Path.cwd()
     if code is None and spec.training.entrypoint:
         code = pack_entrypoint(spec.training.entrypoint, base)
@@ -82,7 +84,7 @@ def prepare(
         requirement = store.put_wheel(install.wheel)
         shutil.copy2(install.wheel, run.dir / "code" / install.wheel.name)
         wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=requirement)
-    configs = build_node_configs(spec, run.id, run.manifest().store, plan, code)
+    configs = build_node_configs(spec, run.id, run.manifest().store, plan, code, typed=typed)
     user_data = render_cluster(configs, requirement)
     out = run.dir / "user-data"
     out.mkdir()

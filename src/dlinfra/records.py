@@ -89,7 +89,12 @@ class Metrics(Record):
     strategy: str
     workers: int
     ps: int
-    batch_size: int
+    batch_size: int  # per replica
+    replicas: int | None = None  # model copies computing gradients (every GPU, or one per CPU worker)
+    global_batch: int | None = None  # examples behind one optimizer update
+    learning_rate: float | None = None  # as used
+    lr_scaling: str | None = None  # the rule that turned training.learning_rate into it
+    mixed_precision: bool = False
     train_seconds: float
     first_step_at: float | None = None
     finished_at: float

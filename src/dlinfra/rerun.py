@@ -15,7 +15,9 @@ from dlinfra.bundle import Bundle
 from dlinfra.errors import SpecError
 from dlinfra.records import Manifest, WheelPin
 from dlinfra.run import Run, home
-from dlinfra.spec import Overrides, Spec, load_spec
+from dlinfra.spec import Spec
+from dlinfra.spec_loading import Overrides, load_spec
+from dlinfra.targets import hardware_problems
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def load_origin(run_id: str, overrides: Overrides, allow_unpinned: bool) -> Orig
             [f"rerun {run_id}: {gap}" for gap in gaps]
             + ["Or accept the difference: dlinfra rerun RUN --allow-unpinned"]
         )
-    spec = load_spec(run.dir / "spec.lock.yaml", overrides)
+    spec = load_spec(run.dir / "spec.lock.yaml", overrides, check=hardware_problems)
     code = None
     if pin := manifest.bundle:
         code = Bundle(run.store().bundle(pin.sha256), pin.entrypoint)

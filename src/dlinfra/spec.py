@@ -1,4 +1,4 @@
-"""The experiment spec: pydantic models, YAML loading with file:line errors, CLI overrides, JSON Schema.
+"""The experiment spec: pydantic models and their JSON Schema (loading is spec_loading).
 
 The models are the single place where defaults live: `dlinfra schema` is generated from them, the
 commented example `dlinfra init` writes is kept equal to them by a test, and a spec-less
@@ -18,13 +18,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
-
-from dlinfra.errors import SpecError
-from dlinfra.spec_errors import describe, line_index, located, parse_yaml
 
 # Run ids (name + 21 chars) name IAM roles, which AWS caps at 64 characters with our affixes.
 NAME_RE = r"^[a-z][a-z0-9-]{0,26}$"
@@ -343,87 +339,6 @@ class Spec(StrictModel):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
-
-
-# ---------------------------------------------------------------- loading
-
-
-class Overrides(BaseModel):
-    """CLI flags that change a spec; each maps to one field path."""
-
-    workers: int | None = None
-    ps: int | None = None
-    strategy: str | None = None
-    steps: int | None = None
-    target: str | None = None
-    endpoint_url: str | None = None
-    sets: list[str] = []
-
-    def as_paths(self) -> list[tuple[str, str, Any]]:
-        """(flag, dotted path, value) for every override given."""
-        flags = [
-            ("--workers", "cluster.workers.count", self.workers),
-            ("--ps", "cluster.ps.count", self.ps),
-            ("--strategy", "strategy", self.strategy),
-            ("--steps", "training.steps", self.steps),
-            ("--target", "target", self.target),
-            ("--endpoint-url", "aws.endpoint_url", self.endpoint_url),
-        ]
-        out = [(flag, path, value) for flag, path, value in flags if value is not None]
-        for item in self.sets:
-            path, sep, raw = item.partition("=")
-            if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", path.strip()):
-                raise SpecError(
-                    [f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set training.batch_size=256"]
-                )
-            try:
-                value = yaml.safe_load(raw) if raw.strip() else ""
-            except yaml.YAMLError:
-                value = raw
-            out.append((f"--set {path.strip()}", path.strip(), value))
-        return out
-
-
-def load_spec(path: str | Path | None = None, overrides: Overrides | None = None) -> Spec:
-    """Read, override and validate an experiment file (``None``: the built-in default)."""
-    source = str(path) if path else "<built-in default>"
-    text = ""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise SpecError([f"{source}: no such file. Fix: check the path, or run `dlinfra init {source}`"])
-        text = p.read_text(encoding="utf-8")
-        data = parse_yaml(text, source)
-    flag_of: dict[tuple[str, ...], str] = {}
-    for flag, dotted, value in (overrides or Overrides()).as_paths():
-        keys = tuple(dotted.split("."))
-        _set_path(data, keys, value, flag, source)
-        flag_of[keys] = flag
-    lines = line_index(text) if text else {}
-    try:
-        spec = Spec.model_validate(data)
-    except ValidationError as err:
-        raise SpecError([describe(e, source, lines, flag_of, Spec) for e in err.errors()]) from None
-    # What the instance catalog says cannot work (GPUs a type lacks, mixed precision without GPUs).
-    from dlinfra.hardware import problems
-    from dlinfra.targets import uses_instance_types
-
-    found = problems(spec, uses_instance_types(spec.target))
-    if found:
-        raise SpecError([located(source, lines, flag_of, p.loc, p.message, p.fix) for p in found])
-    return spec
-
-
-def _set_path(data: dict[str, Any], keys: tuple[str, ...], value: Any, flag: str, source: str) -> None:
-    node = data
-    for i, key in enumerate(keys[:-1]):
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            path = ".".join(keys[: i + 1])
-            raise SpecError([f"{source}: {path}: {flag} needs a mapping here, the file has {child!r}"])
-        node = child
-    node[keys[-1]] = value
 
 
 def json_schema() -> dict[str, Any]:

@@ -62,6 +62,10 @@ def aws_env(
         f"storage.url=s3://{BUCKET}/runs",
         "--set",
         f"aws.ami={ami}",
+        # Emulated instances are processes on this GPU-less machine: the g4dn workers train on its
+        # CPU (they would fail their device check asking for the T4 they do not have here).
+        "--set",
+        "cluster.workers.gpus=0",
     ]
     return {"env": env, "home": home, "args": args, "endpoint": moto_endpoint, "cwd": home}
 
@@ -109,7 +113,7 @@ def test_plan_prints_the_summary_and_writes_markdown(aws_env: dict[str, Any], tm
     assert "no price for x9.unpriced" in result.stdout, "an unpriced type is a warning, not a failure"
     text = md.read_text()
     assert text.startswith("### dlinfra plan") and "| worker | 3 | `g4dn.xlarge` |" in text
-    assert "Prices: AWS EC2 On-Demand pricing page" in text
+    assert "Prices: AWS EC2 On-Demand pricing" in text and "as of 2026-01" in text
 
 
 def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(

@@ -30,7 +30,8 @@ from dlinfra.cli.options import (
 from dlinfra.errors import DlinfraError, SpecError
 
 if TYPE_CHECKING:  # the spec models take pydantic most of `--help`'s time: loaded when a command runs
-    from dlinfra.spec import Overrides, Spec
+    from dlinfra.spec import Spec
+    from dlinfra.spec_loading import Overrides
 
 app = typer.Typer(
     help="Experiment files in, transient distributed TensorFlow clusters out (local processes or AWS).",
@@ -58,9 +59,10 @@ _state: dict[str, Any] = {"debug": False}
 
 def _load(path: Path | None, overrides: Overrides) -> Spec:
     """The resolved spec, after warning about what is allowed but likely a mistake."""
-    from dlinfra.spec import load_spec
+    from dlinfra.spec_loading import load_spec
+    from dlinfra.targets import hardware_problems
 
-    resolved = load_spec(path, overrides)
+    resolved = load_spec(path, overrides, check=hardware_problems)
     _warn_hardware(resolved)
     return resolved
 
@@ -131,7 +133,9 @@ def render(
     resolved = _load(spec, overrides)
     target = target_for(resolved.target)
     store = StoreConfig.for_run(resolved, f"{resolved.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID")
-    configs = build_node_configs(resolved, "RUN_ID", store, target.addresses(resolved))
+    configs = build_node_configs(
+        resolved, "RUN_ID", store, target.addresses(resolved), typed=target.uses_instance_types
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in render_cluster(configs, target.node_install(ship_wheel=False).requirement).items():
         (out_dir / f"{name}.user-data.yaml").write_text(text, encoding="utf-8")

@@ -121,6 +121,9 @@ def result_table(outcome: Outcome) -> Table:
     rows = [
         ("strategy", m.strategy if m else "-"),
         ("workers / ps", f"{m.workers} / {m.ps}" if m else "- / -"),
+        ("replicas · global batch", f"{_num(m.replicas)} · {_num(m.global_batch)}" if m else "-"),
+        ("learning rate", f"{m.learning_rate:g}, scaling {m.lr_scaling}" if m and m.learning_rate else "-"),
+        ("precision", ("mixed_float16" if m.mixed_precision else "float32") if m else "-"),
         ("steps", _num(m.steps if m else None)),
         ("global steps/s", _mean_sd(m.global_steps_per_sec if m else None)),
         ("examples/s", _mean_sd(m.examples_per_sec if m else None, "{:.0f}")),

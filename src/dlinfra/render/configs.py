@@ -8,19 +8,24 @@ from dlinfra.hardware import cluster_hardware
 from dlinfra.node.config import NodeConfig, StoreConfig
 from dlinfra.render.addresses import AddressPlan
 from dlinfra.spec import Spec
-from dlinfra.targets import uses_instance_types
 
 if TYPE_CHECKING:
     from dlinfra.bundle import Bundle
 
 
 def build_node_configs(
-    spec: Spec, run_id: str, store: StoreConfig, plan: AddressPlan, code: Bundle | None = None
+    spec: Spec,
+    run_id: str,
+    store: StoreConfig,
+    plan: AddressPlan,
+    code: Bundle | None = None,
+    *,
+    typed: bool,
 ) -> dict[str, NodeConfig]:
+    """`typed`: the target runs each node on its instance type (see hardware)."""
     cluster = plan.cluster()
     # Heartbeats come several times per timeout so one slow write is never read as a lost node.
     heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
-    typed = uses_instance_types(spec.target)
     hardware = cluster_hardware(spec, typed)
     # Nodes that share a machine (local processes) take consecutive slices of its GPUs.
     gpu_offset: dict[str, int] = {}

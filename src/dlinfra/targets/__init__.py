@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from dlinfra.errors import SpecError
 
 if TYPE_CHECKING:
+    from dlinfra.spec import Spec
+    from dlinfra.spec_loading import Problem
     from dlinfra.targets.base import Target, TargetOptions
 
 # name → module defining `TARGET`, a class implementing targets.base.Target. Imported on use:
@@ -20,6 +22,13 @@ REGISTRY = {
     "local": "dlinfra.targets.local",
     "aws": "dlinfra.targets.aws",
 }
+
+
+def hardware_problems(spec: Spec) -> list[Problem]:
+    """What the instance catalog says cannot work on the spec's target (load_spec's `check`)."""
+    from dlinfra.hardware import problems
+
+    return problems(spec, uses_instance_types(spec.target))
 
 
 def uses_instance_types(name: str) -> bool:

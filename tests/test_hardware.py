@@ -1,0 +1,187 @@
+"""The instance catalog and what a spec's nodes train on: GPUs per type, per-node TensorFlow builds,
+each node's slice of its machine's GPUs, and the plan's hardware and prices."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlinfra.catalog import catalog
+from dlinfra.hardware import cluster_hardware, cuda_visible_devices, problems, warnings
+from dlinfra.spec import Spec
+from dlinfra.targets.aws.review import hourly_cost, summarize
+from support import Cli, node_configs
+
+FAMILIES = ("t3", "m5", "m6i", "m7i", "c5", "c6i", "c7i", "r5", "r6i", "g4dn", "g5", "g6", "p3", "p4d", "p5")
+
+
+def _aws(**fields: object) -> Spec:
+    return Spec.model_validate({"target": "aws", **fields})
+
+
+# ---------------------------------------------------------------- the catalog
+
+
+def test_catalog_covers_the_families_people_train_on_with_dated_sourced_prices() -> None:
+    table = catalog()
+    assert re.fullmatch(r"20\d\d-\d\d", table.prices_as_of)
+    assert table.price_source.startswith("AWS EC2 On-Demand pricing") and "https://" in table.price_source
+    assert {k.family for k in table.types.values()} >= set(FAMILIES)
+    for kind in table.types.values():
+        assert kind.vcpus > 0 and kind.memory_gib > 0, kind
+        assert 0 < kind.network_baseline_gbps <= kind.network_gbps, kind
+        assert kind.usd_per_hour.get("us-east-1", 0) > 0, f"{kind.name} has no us-east-1 price"
+        assert set(kind.usd_per_hour) <= set(table.regions)
+        if kind.gpus:
+            assert kind.gpu_model and kind.gpu_memory_gib, kind
+        else:
+            assert kind.gpu_model is None and kind.gpu_memory_gib is None, kind
+    assert set(table.nat_gateway_usd_per_hour) == set(table.regions)
+
+
+def test_catalog_knows_the_gpus_of_the_common_training_types() -> None:
+    expected = {
+        "g4dn.xlarge": (1, "T4"),
+        "g4dn.12xlarge": (4, "T4"),
+        "g5.48xlarge": (8, "A10G"),
+        "g6.xlarge": (1, "L4"),
+        "p3.16xlarge": (8, "V100"),
+        "p4d.24xlarge": (8, "A100"),
+        "p5.48xlarge": (8, "H100"),
+        "m5.xlarge": (0, None),
+    }
+    for name, (gpus, model) in expected.items():
+        kind = catalog().get(name)
+        assert kind is not None, name
+        assert kind.gpus == gpus and (model is None or model in (kind.gpu_model or "")), kind
+
+
+def test_instances_command_lists_the_catalog(cli: Cli) -> None:
+    full = json.loads(cli("instances", "--json").stdout)
+    assert [t["type"] for t in full["types"]] == list(catalog().types)
+    assert full["prices_as_of"] == catalog().prices_as_of
+    gpu = json.loads(cli("instances", "--gpu", "--json").stdout)
+    assert gpu["types"] and all(t["gpus"] > 0 for t in gpu["types"])
+    assert len(gpu["types"]) == sum(1 for k in catalog().types.values() if k.gpus)
+    text = cli("instances", "--gpu").stdout
+    assert "g4dn.xlarge" in text and "m5.xlarge" not in text and "0.5260" in text
+    bad = cli("instances", "--region", "eu-north-9")
+    assert bad.returncode == 2 and "--region" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_prices_come_from_the_catalog_per_region() -> None:
+    west = hourly_cost(_aws(aws={"region": "us-west-2"}))
+    assert west.total == pytest.approx(0.192 + 2 * 0.526 + 0.192 + 0.045)
+    elsewhere = hourly_cost(_aws(aws={"region": "eu-west-1"}))
+    assert elsewhere.total is None, "a region the catalog does not price is never guessed"
+    assert "g4dn.xlarge in eu-west-1" in elsewhere.unpriced
+
+
+# ---------------------------------------------------------------- GPUs per role
+
+
+def test_auto_means_the_types_gpus_on_aws_and_none_locally() -> None:
+    assert cluster_hardware(_aws(), typed=True)["worker"].gpus == 1
+    assert cluster_hardware(Spec(), typed=False)["worker"].gpus == 0
+    big = _aws(strategy="multi_worker_mirrored", cluster={"workers": {"instance_type": "g5.12xlarge"}})
+    assert cluster_hardware(big, typed=True)["worker"].gpus == 4
+    roles = cluster_hardware(_aws(), typed=True)
+    assert roles["chief"].gpus == roles["ps"].gpus == 0, "only workers train"
+
+
+def test_a_multi_gpu_mirrored_spec_is_valid_and_a_ps_one_is_refused() -> None:
+    mirrored = _aws(strategy="multi_worker_mirrored", cluster={"workers": {"instance_type": "p3.8xlarge"}})
+    assert problems(mirrored, typed=True) == []
+    ps = _aws(cluster={"workers": {"instance_type": "p3.8xlarge"}})
+    [problem] = problems(ps, typed=True)
+    assert problem.loc == ("cluster", "workers", "gpus") and "multi_worker_mirrored" in problem.fix
+
+
+def test_warnings_name_paid_idle_gpus_and_unknown_types() -> None:
+    idle = warnings(_aws(cluster={"workers": {"gpus": 0}, "chief": {"instance_type": "g5.xlarge"}}), True)
+    assert any("cluster.chief.instance_type: g5.xlarge" in w for w in idle)
+    assert any("cluster.workers.gpus: 0 of g4dn.xlarge's 1 GPUs" in w for w in idle)
+    unknown = warnings(_aws(cluster={"ps": {"instance_type": "x9.huge"}}), True)
+    assert any("x9.huge is not in dlinfra's instance catalog" in w for w in unknown)
+    assert warnings(Spec(), typed=False) == [], "local runs ignore instance types"
+
+
+def test_validate_prints_each_roles_hardware_and_warnings(cli: Cli) -> None:
+    result = cli("validate", "--target", "aws", "--set", "cluster.workers.gpus=0")
+    assert result.returncode == 0, result.stderr
+    assert "worker    2 x g4dn.xlarge: 4 vCPU, 1 x NVIDIA T4 16 GiB; trains on CPU" in result.stdout
+    assert "warning: cluster.workers.gpus: 0 of g4dn.xlarge's 1 GPUs are used" in result.stderr
+
+
+def test_nodes_sharing_a_machine_take_consecutive_gpus_and_cpu_nodes_see_none() -> None:
+    local = Spec.model_validate(
+        {"cluster": {"workers": {"count": 3, "gpus": 2, "instance_type": "g5.12xlarge"}}}
+    )
+    configs = node_configs(local, "r", "file:///tmp/s/r")
+    assert [(configs[f"worker-{i}"].gpus, configs[f"worker-{i}"].gpu_offset) for i in range(3)] == [
+        (2, 0),
+        (2, 2),
+        (2, 4),
+    ]
+    assert configs["chief-0"].gpus == configs["ps-0"].gpus == 0
+    assert configs["worker-0"].instance_type is None, "a local node runs on this machine, not a type"
+    cloud = node_configs(_aws(cluster={"workers": {"count": 3}}), "r", "s3://b/r")
+    assert {(c.gpus, c.gpu_offset, c.instance_type) for n, c in cloud.items() if n.startswith("worker")} == {
+        (1, 0, "g4dn.xlarge")
+    }
+
+
+@pytest.mark.parametrize(
+    ("gpus", "offset", "inherited", "expected"),
+    [
+        (0, 0, None, ""),  # a CPU node must not take GPU memory from the trainers
+        (0, 0, "0,1", ""),
+        (1, 0, None, "0"),
+        (2, 2, None, "2,3"),
+        (1, 1, "4,6", "6"),  # slots index what the user left visible
+        (2, 1, "4,6", "6"),  # fewer than asked: the node's device check then fails, naming it
+        (1, 0, "", ""),  # the user hid every GPU: it stays hidden
+    ],
+)
+def test_cuda_visible_devices(gpus: int, offset: int, inherited: str | None, expected: str) -> None:
+    assert cuda_visible_devices(gpus, offset, inherited) == expected
+
+
+# ---------------------------------------------------------------- rendered installs and the plan
+
+
+def test_default_aws_render_installs_the_gpu_build_on_workers_only(cli: Cli, tmp_path: Path) -> None:
+    result = cli("render", "--target", "aws", "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    files = sorted((tmp_path / "out").glob("*.user-data.yaml"))
+    assert [f.name.split(".")[0] for f in files] == ["chief-0", "ps-0", "worker-0", "worker-1"]
+    cloud_init = shutil.which("cloud-init")
+    assert cloud_init, "cloud-init must be installed (the README's test command installs it)"
+    for path in files:
+        text = path.read_text()
+        pip = [" ".join(c) for c in yaml.safe_load(text)["runcmd"] if "install" in c]
+        if path.name.startswith("worker"):
+            assert pip == ["/opt/dlinfra/bin/pip install --quiet dlinfra[train-gpu,aws]==0.1.0"], pip
+            assert "TensorFlow build of this node: GPU (tensorflow[and-cuda]) for 1 GPU" in text
+        else:
+            assert pip == ["/opt/dlinfra/bin/pip install --quiet dlinfra[train,aws]==0.1.0"], pip
+            assert "TensorFlow build of this node: CPU (tensorflow-cpu)" in text
+        checked = subprocess.run(
+            [cloud_init, "schema", "--config-file", str(path)], capture_output=True, text=True
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_plan_summary_shows_vcpus_gpus_and_prices_per_role() -> None:
+    summary = summarize({"resource_changes": []}, "r-1", _aws(cluster={"workers": {"count": 3}}))
+    text = summary.text()
+    assert "worker    3 x g4dn.xlarge: 4 vCPU, 1 x NVIDIA T4 16 GiB; trains on 1 GPU · $1.578/h" in text
+    assert "chief     1 x m5.xlarge: 4 vCPU; CPU · $0.192/h" in text
+    assert "as of 2026-01" in text
+    assert "| worker | 3 | `g4dn.xlarge` | 4 | 1 x NVIDIA T4 16 GiB (1) | $1.578 |" in summary.markdown()
