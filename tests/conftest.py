@@ -14,6 +14,36 @@ import pytest
 from support import PROVIDER_MIRROR, Cli, free_port, run_cli
 
 
+def _machine_has_a_gpu() -> bool:
+    """Cheap and without TensorFlow: an NVIDIA driver that lists at least one GPU."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    return listed.returncode == 0 and "GPU" in listed.stdout
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests run where a GPU is, or when asked for by marker; elsewhere they are deselected
+    (counted in pytest's summary line), never skipped silently."""
+    wanted = "gpu" in (config.getoption("markexpr") or "")
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests or wanted or _machine_has_a_gpu():
+        return
+    config.hook.pytest_deselected(items=gpu_tests)
+    items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+    config.stash[_GPU_DESELECTED] = len(gpu_tests)
+
+
+_GPU_DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if count := config.stash.get(_GPU_DESELECTED, 0):
+        terminalreporter.write_line(
+            f"{count} gpu test(s) deselected: no GPU on this machine (README, 'GPUs': run them with -m gpu)"
+        )
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "dlinfra-home"

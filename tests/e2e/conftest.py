@@ -42,10 +42,10 @@ class Deployed:
         return json.loads((self.store / "metrics.json").read_text())
 
 
-def deploy(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Deployed:
+def deploy(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> Deployed:
     home = tmp / "home"
     full_env = dict(os.environ, DLINFRA_HOME=str(home), **(env or {}))
-    result = run_cli("deploy", *args, env=full_env, cwd=tmp, timeout=600)
+    result = run_cli("deploy", *args, env=full_env, cwd=tmp, timeout=timeout)
     runs = sorted((home / "runs").iterdir()) if (home / "runs").exists() else []
     assert runs, result.stdout + result.stderr
     return Deployed(result, home, runs[-1])

@@ -79,6 +79,24 @@ def test_mirrored_run_has_workers_only(mirrored_run: Deployed) -> None:
     assert mirrored_run.metrics["strategy"] == "multi_worker_mirrored"
 
 
+def test_runs_state_their_replicas_global_batch_and_lr_rule(ps_run: Deployed, mirrored_run: Deployed) -> None:
+    ps, mirrored = ps_run.metrics, mirrored_run.metrics
+    assert (ps["replicas"], ps["global_batch"], ps["lr_scaling"]) == (
+        3,
+        64,
+        "none (async: one batch per update)",
+    )
+    assert (mirrored["replicas"], mirrored["global_batch"]) == (2, 128), "one replica per CPU worker"
+    assert mirrored["learning_rate"] == 0.003 and mirrored["lr_scaling"] == "none (learning_rate as given)"
+    assert "replicas · global batch" in mirrored_run.result.stdout
+
+
+def test_every_node_records_the_devices_it_trained_on(ps_run: Deployed) -> None:
+    devices = ps_run.manifest["devices"]
+    assert sorted(devices) == NODES
+    assert all(names == ["CPU:0"] for names in devices.values()), devices  # this machine has no GPU
+
+
 def test_each_node_booted_from_its_own_user_data(ps_run: Deployed) -> None:
     for name in NODES:
         user_data = (ps_run.run_dir / "user-data" / f"{name}.yaml").read_text()
