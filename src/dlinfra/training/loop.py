@@ -70,19 +70,17 @@ def async_scale(cfg: NodeConfig) -> Scale:
 
 
 def make_optimizer(cfg: NodeConfig, learning_rate: float) -> Any:
-    """The spec's optimizer; under mixed precision wrapped in a dynamic loss scale, so float16
-    gradients do not underflow to zero."""
+    """The spec's optimizer. Mixed precision runs without loss scaling: Keras 3's LossScaleOptimizer
+    fails inside tf.distribute replica contexts ("No gradients provided", measured with 3.15), so
+    variables stay float32 and gradients flow through float16 activations unscaled."""
     import keras
 
-    optimizer = {
+    return {
         "adam": lambda: keras.optimizers.Adam(learning_rate),
         "sgd": lambda: keras.optimizers.SGD(learning_rate, momentum=0.9),
         "rmsprop": lambda: keras.optimizers.RMSprop(learning_rate),
         "adagrad": lambda: keras.optimizers.Adagrad(learning_rate),
     }[cfg.training.optimizer]()
-    if cfg.training.mixed_precision:
-        return keras.optimizers.LossScaleOptimizer(optimizer)
-    return optimizer
 
 
 def configure_keras(cfg: NodeConfig) -> None:
@@ -181,7 +179,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         def replica_fn(x: Any, y: Any) -> Any:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-            grads = tape.gradient(optimizer.scale_loss(loss), model.trainable_variables)
+            grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
@@ -273,7 +271,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             with tf.GradientTape() as tape:
                 per_example = loss_fn(y, model(x, training=True))
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            grads = tape.gradient(optimizer.scale_loss(loss), model.trainable_variables)
+            grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 

@@ -49,13 +49,13 @@ variable "ami_id" {
 }
 
 variable "ami_ssm_parameter" {
-  description = "Public SSM parameter holding the AMI id, read when ami_id is null. Default: AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04), x86_64."
+  description = "Public SSM parameter holding the AMI id, read when ami_id is null. Default: AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04), x86_64."
   type        = string
-  default     = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+  default     = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
 
   validation {
     condition     = can(regex("^/[A-Za-z0-9_.\\-/]+$", var.ami_ssm_parameter))
-    error_message = "ami_ssm_parameter must be an SSM parameter path starting with '/', e.g. \"/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id\"."
+    error_message = "ami_ssm_parameter must be an SSM parameter path starting with '/', e.g. \"/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id\"."
   }
 }
 

@@ -61,8 +61,8 @@ run "ssm_parameter_resolves_the_ami_when_no_id_is_given" {
   }
 
   assert {
-    condition     = data.aws_ssm_parameter.ami[0].name == "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-    error_message = "the default AMI is the Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)"
+    condition     = data.aws_ssm_parameter.ami[0].name == "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
+    error_message = "the default AMI is the Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)"
   }
   assert {
     condition     = output.ami_id == "ami-0fromssm0000000000"

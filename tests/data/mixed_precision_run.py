@@ -1,0 +1,45 @@
+"""Train the built-in digits program for 30 steps under multi_worker_mirrored (one worker, no
+TF_CONFIG: no server, no port) with training.mixed_precision, and print what a test checks."""
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import keras
+
+from dlinfra.node.config import NodeConfig, StoreConfig
+from dlinfra.spec import TrainingSpec
+from dlinfra.training import loop
+from dlinfra.training.program import builtin_program
+
+work = Path(tempfile.mkdtemp())
+training = TrainingSpec(steps=30, mixed_precision=True, log_every=10, checkpoint_every=30)
+cfg = NodeConfig(
+    run_id="r",
+    role="worker",
+    index=0,
+    strategy="multi_worker_mirrored",
+    cluster={"worker": ["127.0.0.1:1"]},
+    store=StoreConfig(url=f"file://{work}/store"),
+    training=training,
+    startup_timeout=30,
+    heartbeat_interval=5,
+    max_runtime=300,
+)
+program = builtin_program(training, work / "data")
+losses: list[float] = []
+hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps: losses.append(loss))
+outcome = loop.train_mirrored(cfg, program, hooks, loop.make_mirrored_strategy())
+accuracy, _ = loop.export(outcome.model, program, work / "model")
+json.dump(
+    {
+        "policy": keras.mixed_precision.global_policy().name,
+        "compute_dtype": outcome.model.layers[0].compute_dtype,
+        "variable_dtype": outcome.model.trainable_variables[0].dtype,
+        "step": outcome.step,
+        "losses": losses,
+        "accuracy": accuracy,
+    },
+    sys.stdout,
+)
