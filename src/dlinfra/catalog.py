@@ -8,18 +8,18 @@ type or region missing from it is a warning, never a guess.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 CATALOG_PATH = Path(__file__).with_name("instance_types.json")
 
 
-@dataclass(frozen=True)
-class InstanceType:
-    name: str
+class InstanceType(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
     vcpus: int
     memory_gib: float
     gpus: int
@@ -31,8 +31,12 @@ class InstanceType:
     usd_per_hour: dict[str, float]  # region → on-demand Linux price
 
     @property
+    def name(self) -> str:
+        return self.type
+
+    @property
     def family(self) -> str:
-        return self.name.split(".", 1)[0]
+        return self.type.split(".", 1)[0]
 
     def price(self, region: str) -> float | None:
         return self.usd_per_hour.get(region)
@@ -44,33 +48,26 @@ class InstanceType:
         memory = f" {self.gpu_memory_gib:g} GiB" if self.gpu_memory_gib else ""
         return f"{self.gpus} x {self.gpu_model}{memory}"
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.name,
-            "vcpus": self.vcpus,
-            "memory_gib": self.memory_gib,
-            "gpus": self.gpus,
-            "gpu_model": self.gpu_model,
-            "gpu_memory_gib": self.gpu_memory_gib,
-            "network_gbps": self.network_gbps,
-            "network_baseline_gbps": self.network_baseline_gbps,
-            "efa": self.efa,
-            "usd_per_hour": dict(self.usd_per_hour),
-        }
 
+class Catalog(BaseModel):
+    """The file as it is: `dlinfra instances --json` prints it back (filtered)."""
 
-@dataclass(frozen=True)
-class Catalog:
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     prices_as_of: str  # YYYY-MM
     price_source: str
     spec_source: str
+    regions: list[str]
     price_notes: str
-    regions: tuple[str, ...]
     nat_gateway_usd_per_hour: dict[str, float]
-    types: dict[str, InstanceType]
+    types: list[InstanceType]
+
+    @cached_property
+    def by_name(self) -> dict[str, InstanceType]:
+        return {kind.type: kind for kind in self.types}
 
     def get(self, name: str) -> InstanceType | None:
-        return self.types.get(name)
+        return self.by_name.get(name)
 
     def price_note(self) -> str:
         return f"{self.price_source}, as of {self.prices_as_of}"
@@ -78,28 +75,4 @@ class Catalog:
 
 @cache
 def catalog() -> Catalog:
-    data = json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
-    types = {
-        row["type"]: InstanceType(
-            name=row["type"],
-            vcpus=row["vcpus"],
-            memory_gib=row["memory_gib"],
-            gpus=row["gpus"],
-            gpu_model=row["gpu_model"],
-            gpu_memory_gib=row["gpu_memory_gib"],
-            network_gbps=row["network_gbps"],
-            network_baseline_gbps=row["network_baseline_gbps"],
-            efa=row["efa"],
-            usd_per_hour=row["usd_per_hour"],
-        )
-        for row in data["types"]
-    }
-    return Catalog(
-        prices_as_of=data["prices_as_of"],
-        price_source=data["price_source"],
-        spec_source=data["spec_source"],
-        price_notes=data["price_notes"],
-        regions=tuple(data["regions"]),
-        nat_gateway_usd_per_hour=data["nat_gateway_usd_per_hour"],
-        types=types,
-    )
+    return Catalog.model_validate_json(CATALOG_PATH.read_text(encoding="utf-8"))

@@ -155,17 +155,3 @@ def warnings(spec: Spec, typed: bool) -> list[str]:
                 f"the rest ({hw.kind.gpu_text()}) is paid for and idle"
             )
     return found
-
-
-def cuda_visible_devices(gpus: int, offset: int, inherited: str | None) -> str:
-    """The CUDA_VISIBLE_DEVICES of a node that trains on `gpus` GPUs starting at slot `offset` of
-    its machine. Slots index the devices the machine lets us see (an inherited CUDA_VISIBLE_DEVICES),
-    so a user who fenced off GPUs keeps them fenced. A CPU node sees none: it must not take GPU
-    memory from the nodes that train."""
-    if gpus == 0:
-        return ""
-    if inherited is not None:  # "" hides every GPU, and stays so
-        visible = [d.strip() for d in inherited.split(",") if d.strip()]
-    else:
-        visible = [str(i) for i in range(offset + gpus)]
-    return ",".join(visible[offset : offset + gpus])

@@ -17,6 +17,7 @@ from typing import Any
 import boto3
 import pytest
 
+from dlinfra.catalog import catalog
 from e2e.conftest import start_deploy
 from support import FAKE_CREDS, alive_node_pids, run_cli
 
@@ -113,7 +114,7 @@ def test_plan_prints_the_summary_and_writes_markdown(aws_env: dict[str, Any], tm
     assert "no price for x9.unpriced" in result.stdout, "an unpriced type is a warning, not a failure"
     text = md.read_text()
     assert text.startswith("### dlinfra plan") and "| worker | 3 | `g4dn.xlarge` |" in text
-    assert "Prices: AWS EC2 On-Demand pricing" in text and "as of 2026-01" in text
+    assert f"Prices: {catalog().price_note()}" in text
 
 
 def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(

@@ -320,17 +320,9 @@ def instances(
     from dlinfra.catalog import catalog
 
     table = catalog()
-    kinds = [k for k in table.types.values() if k.gpus or not gpu]
+    kinds = [k for k in table.types if k.gpus or not gpu]
     if as_json:
-        doc = {
-            "prices_as_of": table.prices_as_of,
-            "price_source": table.price_source,
-            "price_notes": table.price_notes,
-            "spec_source": table.spec_source,
-            "regions": list(table.regions),
-            "types": [k.as_dict() for k in kinds],
-        }
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.write(table.model_copy(update={"types": kinds}).model_dump_json(indent=2) + "\n")
         return
     if region not in table.regions:
         raise DlinfraError(

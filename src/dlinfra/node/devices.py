@@ -12,7 +12,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from dlinfra.hardware import cuda_visible_devices
 from dlinfra.node.config import NodeConfig
 
 
@@ -28,6 +27,20 @@ def limit_visible_gpus(cfg: NodeConfig) -> str:
     visible = cuda_visible_devices(cfg.gpus, cfg.gpu_offset, os.environ.get("CUDA_VISIBLE_DEVICES"))
     os.environ["CUDA_VISIBLE_DEVICES"] = visible
     return visible
+
+
+def cuda_visible_devices(gpus: int, offset: int, inherited: str | None) -> str:
+    """The CUDA_VISIBLE_DEVICES of a node that trains on `gpus` GPUs starting at slot `offset` of
+    its machine. Slots index the devices the machine lets us see (an inherited CUDA_VISIBLE_DEVICES),
+    so a user who fenced off GPUs keeps them fenced. A CPU node sees none: it must not take GPU
+    memory from the nodes that train."""
+    if gpus == 0:
+        return ""
+    if inherited is not None:  # "" hides every GPU, and stays so
+        visible = [d.strip() for d in inherited.split(",") if d.strip()]
+    else:
+        visible = [str(i) for i in range(offset + gpus)]
+    return ",".join(visible[offset : offset + gpus])
 
 
 def probe() -> Devices:
