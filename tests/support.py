@@ -52,11 +52,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def s3_client(endpoint: str):
+    return aws_client(endpoint, "s3")
+
+
+def ec2_client(endpoint: str):
+    return aws_client(endpoint, "ec2")
+
+
+def aws_client(endpoint: str, service: str):
     import boto3
 
     return boto3.client(
-        "s3",
+        service,
         endpoint_url=endpoint,
         region_name="us-east-1",
         aws_access_key_id=FAKE_CREDS["AWS_ACCESS_KEY_ID"],

@@ -15,7 +15,14 @@ from dlinfra.bundle import Bundle, file_sha256, pack_entrypoint
 from dlinfra.layout import RunStore, bundle_key
 from dlinfra.node.config import NodeConfig
 from dlinfra.records import WheelPin
-from dlinfra.render import AddressPlan, Node, build_node_configs, node_config_from_user_data, render_cluster
+from dlinfra.render import (
+    AddressPlan,
+    Install,
+    Node,
+    build_node_configs,
+    node_config_from_user_data,
+    render_cluster,
+)
 from dlinfra.run import Run, package_version
 from dlinfra.spec import Spec
 
@@ -85,7 +92,7 @@ def prepare(
         shutil.copy2(install.wheel, run.dir / "code" / install.wheel.name)
         wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=requirement)
     configs = build_node_configs(spec, run.id, run.manifest().store, plan, code, typed=typed)
-    user_data = render_cluster(configs, requirement)
+    user_data = render_cluster(configs, node_install(spec, requirement, wheel_pin))
     out = run.dir / "user-data"
     out.mkdir()
     for name, text in user_data.items():
@@ -102,6 +109,14 @@ def prepare(
     )
     run.publish_manifest()
     return Prepared(spec, run, plan, configs, user_data)
+
+
+def node_install(spec: Spec, requirement: str | None, wheel: WheelPin | None) -> Install | None:
+    """What the user-data tells a cloud node to install (nothing for local processes)."""
+    if requirement is None:
+        return None
+    sha256 = wheel.sha256 if wheel else None
+    return Install(requirement, sha256, spec.aws.pip_index_url, spec.aws.pip_extra_ca)
 
 
 def dataset_pin(spec: Spec, base: Path) -> dict[str, Any]:

@@ -130,6 +130,15 @@ class WheelPin(BaseModel):
     uri: str
 
 
+class ImagePin(BaseModel):
+    """The image nodes booted: an AMI id or a local image's name; `digest` its recipe digest
+    (None: a base image, whose nodes installed at boot)."""
+
+    id: str
+    digest: str | None = None
+    dlinfra_version: str | None = None
+
+
 class BundlePin(BaseModel):
     sha256: str
     entrypoint: str
@@ -170,6 +179,7 @@ class Manifest(Record):
     bundle: BundlePin | None = None
     wheel: WheelPin | None = None
     install: str | None = None
+    image: ImagePin | None = None
     dataset: dict[str, Any] | None = None
     seeds: dict[str, Any] | None = None
     rerun_of: str | None = None

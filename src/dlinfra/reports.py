@@ -140,6 +140,23 @@ def destroy_ended() -> list[str]:
     return done or ["no ended run has resources up"]
 
 
+def consoles(run_id: str, node: str | None) -> Iterator[str]:
+    """The serial consoles of a run's VMs (what EC2's get-console-output shows of an instance)."""
+    from dlinfra.targets.aws.vms import console_log
+
+    run = Run.open(run_id)
+    names = [node] if node else run.manifest().nodes
+    paths = {name: console_log(run.dir, name) for name in names}
+    if not any(p.is_file() for p in paths.values()):
+        raise DlinfraError(
+            f"run {run.id} has no VM consoles: only runs deployed with --emulate-instances=vm do"
+        )
+    for name, path in paths.items():
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                yield line if node else f"{name} | {line}"
+
+
 def stored_stacks(run_id: str, node: str | None) -> Iterator[str]:
     """The stack dumps a frozen or stalled run left in its store."""
     run = Run.open(run_id)

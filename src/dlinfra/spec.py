@@ -266,6 +266,40 @@ class AwsSpec(StrictModel):
     heal_timeout: float = Field(
         300, gt=0, le=3600, description="Seconds one replacement of a vanished instance may take (3 tries)."
     )
+    image: Literal["auto", "baked", "base"] = Field(
+        "auto",
+        description="auto: the AMI `dlinfra image build --target aws` baked for this dlinfra, else the base "
+        "AMI with an install at boot; baked: that AMI or an error; base: always install at boot.",
+    )
+    pip_index_url: str | None = Field(
+        None, description="Package index nodes install from (a private mirror); default: PyPI."
+    )
+    pip_extra_ca: str | None = Field(
+        None, description="PEM certificate nodes trust besides the system's (a mirror's or a proxy's CA)."
+    )
+
+    @field_validator("pip_index_url")
+    @classmethod
+    def _index_url(cls, v: str | None) -> str | None:
+        v = _http_url(v)
+        if v and "@" in v.split("/")[2]:
+            raise ValueError(
+                "must not carry credentials: user-data is readable by anyone who may describe the "
+                "instance. Use a mirror the nodes reach without a password (in the VPC, or behind the "
+                "instance profile)"
+            )
+        return v
+
+    @field_validator("pip_extra_ca")
+    @classmethod
+    def _pem(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if "PRIVATE KEY" in v:
+            raise ValueError("holds a private key: give only the CA's certificate (it lands in user-data)")
+        if not re.search(r"-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----", v):
+            raise ValueError("must be PEM text: -----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----")
+        return v.strip() + "\n"
 
     @field_validator("endpoint_url")
     @classmethod

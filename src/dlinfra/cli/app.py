@@ -14,6 +14,7 @@ import typer
 from dlinfra import __version__
 from dlinfra.cli.console import err, out
 from dlinfra.cli.console import error as _error
+from dlinfra.cli.images import image_app
 from dlinfra.cli.inspection import inspection_app
 from dlinfra.cli.node import node_app
 from dlinfra.cli.options import (
@@ -42,6 +43,7 @@ app = typer.Typer(
 )
 app.add_typer(inspection_app)  # status, logs, runs, compare, show, debug, destroy
 app.add_typer(node_app, name="node")
+app.add_typer(image_app, name="image")
 
 
 @app.callback()
@@ -127,6 +129,7 @@ def render(
 ) -> None:
     """Render every node's cloud-init user-data and node.json, without running anything."""
     from dlinfra.node.config import StoreConfig
+    from dlinfra.prepare import node_install
     from dlinfra.render import build_node_configs, render_cluster
     from dlinfra.targets import target_for
 
@@ -137,7 +140,8 @@ def render(
         resolved, "RUN_ID", store, target.addresses(resolved), typed=target.uses_instance_types
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in render_cluster(configs, target.node_install(ship_wheel=False).requirement).items():
+    install = node_install(resolved, target.node_install(ship_wheel=False).requirement, None)
+    for name, text in render_cluster(configs, install).items():
         (out_dir / f"{name}.user-data.yaml").write_text(text, encoding="utf-8")
         (out_dir / f"{name}.json").write_text(
             configs[name].model_dump_json(indent=2) + "\n", encoding="utf-8"
@@ -154,7 +158,7 @@ def deploy(
     spec: SpecArg = None,
     yes: YesOpt = False,
     keep: KeepOpt = False,
-    emulate_instances: EmulateOpt = False,
+    emulate_instances: EmulateOpt = None,
     detach: Annotated[
         bool, typer.Option("--detach", help="Return once the nodes are up; follow with `dlinfra watch RUN`.")
     ] = False,
@@ -183,7 +187,7 @@ def rerun(
     ] = False,
     yes: YesOpt = False,
     keep: KeepOpt = False,
-    emulate_instances: EmulateOpt = False,
+    emulate_instances: EmulateOpt = None,
     *,
     overrides: Overrides,
 ) -> None:
@@ -211,10 +215,10 @@ def watch(run_id: RunArg = None, keep: KeepOpt = False) -> None:
     healing, the result table, and the teardown."""
     from dlinfra.deploy import attach
 
-    _report(lambda options, progress: attach(run_id, options, keep, progress), emulate=False)
+    _report(lambda options, progress: attach(run_id, options, keep, progress), emulate=None)
 
 
-def _report(follow: Any, emulate: bool) -> None:
+def _report(follow: Any, emulate: str | None) -> None:
     """Run `follow(options, progress)` with live progress, then print how the run ended."""
     import signal
 

@@ -43,11 +43,20 @@ def logs(
     stacks: Annotated[
         bool, typer.Option("--stacks", help="The stack dumps kept for a frozen or stalled run instead.")
     ] = False,
+    console: Annotated[
+        bool,
+        typer.Option(
+            "--console", help="The VMs' serial consoles (--emulate-instances=vm): boot, cloud-init."
+        ),
+    ] = False,
 ) -> None:
     """Print node logs of a run."""
-    from dlinfra.reports import follow_logs, stored_stacks
+    from dlinfra.reports import consoles, follow_logs, stored_stacks
 
-    lines = stored_stacks(run_id, node) if stacks else follow_logs(run_id, node, follow)
+    if console:
+        lines = consoles(run_id, node)
+    else:
+        lines = stored_stacks(run_id, node) if stacks else follow_logs(run_id, node, follow)
     for line in lines:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()

@@ -24,8 +24,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output."
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")]
 KeepOpt = Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")]
 EmulateOpt = Annotated[
-    bool,
-    typer.Option("--emulate-instances", help="aws + endpoint: boot instances' user-data as local processes."),
+    str | None,
+    typer.Option(
+        "--emulate-instances",
+        flag_value="process",
+        metavar="[process|vm]",
+        help="aws + endpoint: boot instances' user-data as local processes (process, the default: fast) "
+        "or as qemu VMs from a local image (vm: real cloud-init and systemd).",
+    ),
 ]
 
 # Overrides field → its flag. Help names the spec field each one sets.

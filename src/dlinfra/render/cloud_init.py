@@ -4,16 +4,34 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import jinja2
 import yaml
 
+from dlinfra.images import IMAGE_JSON_PATH, VENV, flavor_for
 from dlinfra.node.config import FINAL_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 
-VENV = "/opt/dlinfra"
 WHEEL_DIR = "/opt/dlinfra-wheel"
+
+
+@dataclass(frozen=True)
+class Install:
+    """What a cloud node installs when its image does not already hold it: `source` is the s3:// URI
+    of this run's dlinfra wheel (`wheel_sha256` its digest) or a release pin (``dlinfra==0.1.0``).
+    `index_url` and `extra_ca` (PEM text) point pip at a private mirror and trust its CA."""
+
+    source: str
+    wheel_sha256: str | None = None
+    index_url: str | None = None
+    extra_ca: str | None = None
+
+    @property
+    def want(self) -> str:
+        """How a baked image's record must name it for the node to skip installing."""
+        return f"sha256:{self.wheel_sha256}" if self.wheel_sha256 else self.source
 
 
 @cache
@@ -33,28 +51,37 @@ def node_extras(config: NodeConfig) -> str:
     return "train-gpu,aws" if config.gpus else "train,aws"
 
 
-def render_user_data(config: NodeConfig, install: str | None = None) -> str:
-    """The user-data for one node. `install` is what a cloud node installs: the s3:// URI of this
-    run's dlinfra wheel, or a release pin (``dlinfra==0.1.0``), each with the extras this node needs;
-    local nodes already have dlinfra and get none."""
+def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
+    """The user-data for one node; local nodes already have dlinfra and get no `install`. Each
+    node installs the extras it needs: the GPU or the CPU build of TensorFlow."""
     node_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
     wheel = pip_target = None
+    pip_options = ""
     if install:
         extras = node_extras(config)
-        if install.startswith("s3://"):
-            wheel = install.rsplit("/", 1)[-1]
+        if install.source.startswith("s3://"):
+            wheel = install.source.rsplit("/", 1)[-1]
             pip_target = f"{WHEEL_DIR}/{wheel}[{extras}]"
         else:
-            name, pin, version = install.partition("==")
+            name, pin, version = install.source.partition("==")
             pip_target = f"{name}[{extras}]{pin}{version}"
+        if install.index_url:
+            pip_options += f"--index-url {install.index_url} "
+        if install.extra_ca:  # pip trusts certifi's bundle, not the system's: name the system's
+            pip_options += "--cert /etc/ssl/certs/ca-certificates.crt "
     return _template().render(
         config=config,
         node_json=node_json,
         node_json_path=NODE_JSON_PATH,
-        install=install,
+        image_json_path=IMAGE_JSON_PATH,
+        install=install.source if install else None,
+        want=install.want if install else None,
+        flavor=flavor_for(config.gpus),
         wheel=wheel,
         wheel_dir=WHEEL_DIR,
         pip_target=pip_target,
+        pip_options=pip_options,
+        extra_ca=install.extra_ca.strip() if install and install.extra_ca else None,
         tensorflow_build=f"GPU (tensorflow[and-cuda]) for {config.gpus} GPU(s)"
         if config.gpus
         else "CPU (tensorflow-cpu)",
@@ -65,7 +92,7 @@ def render_user_data(config: NodeConfig, install: str | None = None) -> str:
     )
 
 
-def render_cluster(configs: dict[str, NodeConfig], install: str | None = None) -> dict[str, str]:
+def render_cluster(configs: dict[str, NodeConfig], install: Install | None = None) -> dict[str, str]:
     return {name: render_user_data(cfg, install) for name, cfg in configs.items()}
 
 

@@ -28,7 +28,8 @@ class TargetOptions:
     """How the caller wants the target to behave; `log` receives progress lines."""
 
     log: Log = lambda line: None
-    emulate_instances: bool = False  # cloud targets on an emulator: boot instances as local processes
+    # cloud targets on an emulator: boot instances as local processes ("process") or qemu VMs ("vm")
+    emulate_instances: str | None = None
 
 
 @dataclass(frozen=True)

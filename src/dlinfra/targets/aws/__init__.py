@@ -94,7 +94,25 @@ class AwsTarget:
         tf = stack.run_stack(run, self.options.log)
         instances = tfvars.instances(tf.output())
         cluster = InstanceCluster(spec, run, tf, {n: i["id"] for n, i in instances.items()}, self.options.log)
-        if self.options.emulate_instances:
+        if self.options.emulate_instances == "vm":
+            from dlinfra.targets.aws.vms import VmCluster, node_image
+
+            wheel = run.manifest().wheel
+            image = node_image(
+                spec.aws.image, run.dir / "code" / wheel.name if wheel else None, self.options.log
+            )
+            ec2 = preflight.client(spec, "ec2")
+            vms = VmCluster(spec, run.dir, image, ec2, cluster.instances, self.options.log)
+            cluster.emulated = vms
+            try:
+                vms.start(
+                    instance_user_data(ec2, instances), {n: i["private_ip"] for n, i in instances.items()}
+                )
+            except BaseException:
+                vms.stop()
+                raise
+            run.update_manifest(image=image.pin())
+        elif self.options.emulate_instances:
             mirrored = spec.strategy == "multi_worker_mirrored"
             cluster.emulated = LocalCluster(run.dir, remap=True, restart_together=mirrored)
             try:

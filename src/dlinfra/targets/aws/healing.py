@@ -18,6 +18,7 @@ from dlinfra.run import Run, utc_now
 from dlinfra.spec import Spec
 from dlinfra.targets.aws import stack, tfvars
 from dlinfra.targets.aws.preflight import client
+from dlinfra.targets.aws.vms import VmCluster
 from dlinfra.targets.base import Log
 from dlinfra.targets.local import AttachedNodes, LocalCluster
 from dlinfra.terraform import Terraform
@@ -27,15 +28,15 @@ MAX_HEAL_ATTEMPTS = 3
 
 @dataclass
 class InstanceCluster:
-    """`emulated` boots each instance's user-data as a local process instead (an emulator has no
-    machines)."""
+    """`emulated` boots each instance's user-data as a local process or a VM instead (an emulator
+    has no machines)."""
 
     spec: Spec
     run: Run
     terraform: Terraform
     instances: dict[str, str]  # node → instance id
     log: Log
-    emulated: LocalCluster | AttachedNodes | None = None
+    emulated: LocalCluster | VmCluster | AttachedNodes | None = None
     check_every: float = 5.0
     _checked: float = 0.0
     _failed_heals: int = 0
@@ -115,7 +116,7 @@ class InstanceCluster:
             heals.append(Heal(node=name, old=self.instances[name], new=instance["id"], time=utc_now()))
             self.log(f"{name}: replaced by {instance['id']} at {instance['private_ip']}")
             self.instances[name] = instance["id"]
-            if isinstance(self.emulated, LocalCluster):
+            if isinstance(self.emulated, LocalCluster | VmCluster):
                 self.emulated.replace(name, user_data[name])
             elif self.emulated is not None:  # re-attached: nothing here can boot its process again
                 self.log(f"{name}: an emulated instance of a detached run cannot be booted again here")

@@ -34,12 +34,19 @@ def results_bucket(spec: Spec) -> str:
     return parse_s3_url(url)[0]
 
 
-def preflight(spec: Spec, emulate_instances: bool) -> str:
+def preflight(spec: Spec, emulate_instances: str | None) -> str:
     """Fail before anything is planned; returns the AWS account id."""
     if emulate_instances and not spec.aws.endpoint_url:
         raise SpecError(
             ["--emulate-instances: only with an emulator. Fix: add --endpoint-url http://HOST:PORT"]
         )
+    if emulate_instances not in (None, "process", "vm"):
+        raise SpecError([f"--emulate-instances={emulate_instances}: Fix: use process or vm"])
+    if emulate_instances == "vm":
+        from dlinfra.targets.aws.vms import preflight_problems
+
+        if problems := preflight_problems(spec):
+            raise SpecError(problems)
     find_terraform()
     bucket = results_bucket(spec)
     _check_region(spec)

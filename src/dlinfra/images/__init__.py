@@ -1,0 +1,123 @@
+"""Node images: the environment a node runs in (a venv with this exact dlinfra wheel and its
+TensorFlow build), baked once by one recipe instead of pip-installed at every boot.
+
+    recipe      the provisioning script, rendered from package data; its digest names the image
+    local.py    mmdebstrap + the recipe in a chroot → kernel, initrd, rootfs (qemu VMs)
+    wheelhouse  the wheels a recipe or a node installs, served to VMs from the host's loopback
+    targets/aws/images.py   the same recipe on a builder instance → an AMI
+
+Every image carries /etc/dlinfra/image.json (an ImageRecord); a booting node compares it with the
+wheel it was told to run and skips pip when they match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+import jinja2
+from pydantic import BaseModel, ConfigDict
+
+from dlinfra import __version__
+from dlinfra.bundle import file_sha256
+from dlinfra.run import home
+
+Flavor = Literal["cpu", "gpu"]
+FLAVORS: tuple[Flavor, ...] = ("cpu", "gpu")
+IMAGE_JSON_PATH = "/etc/dlinfra/image.json"
+VENV = "/opt/dlinfra"
+EXTRAS: dict[str, str] = {"cpu": "train,aws", "gpu": "train-gpu,aws"}
+
+
+def images_home() -> Path:
+    """Built local images and wheelhouses: $DLINFRA_IMAGE_CACHE, else the dlinfra home's images/
+    (an image is a few GB and is keyed by content: one cache serves every run that matches it)."""
+    return Path(os.environ.get("DLINFRA_IMAGE_CACHE") or home() / "images").absolute()
+
+
+def flavor_for(gpus: int) -> Flavor:
+    """The image a node needs: the GPU build of TensorFlow only where it trains on GPUs."""
+    return "gpu" if gpus else "cpu"
+
+
+class ImageRecord(BaseModel):
+    """/etc/dlinfra/image.json: what an image holds, written by the recipe at the end of a build."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dlinfra_version: str
+    flavor: Flavor
+    wheel: str
+    wheel_sha256: str
+    recipe_digest: str
+    builder: Literal["local", "aws"]
+    tensorflow: str | None = None  # "tensorflow-cpu 2.21.0", filled in by the recipe from the venv
+
+
+@dataclass(frozen=True)
+class Recipe:
+    flavor: Flavor
+    wheel: Path
+
+    @property
+    def wheel_sha256(self) -> str:
+        return file_sha256(self.wheel)
+
+    @property
+    def digest(self) -> str:
+        """What goes into the image, not where pip fetches it from: the recipe itself, the flavor and
+        the wheel. Equal digests mean equal node environments, on any backend."""
+        h = hashlib.sha256()
+        for part in (_template_source(), self.flavor, self.wheel_sha256, __version__):
+            h.update(part.encode() + b"\0")
+        return h.hexdigest()
+
+    def record(self, builder: Literal["local", "aws"]) -> ImageRecord:
+        return ImageRecord(
+            dlinfra_version=__version__,
+            flavor=self.flavor,
+            wheel=self.wheel.name,
+            wheel_sha256=self.wheel_sha256,
+            recipe_digest=self.digest,
+            builder=builder,
+        )
+
+    def render(self, wheel_path: str, pip_options: str, builder: Literal["local", "aws"]) -> str:
+        """The script for one backend: `wheel_path` is where the wheel sits in the build environment,
+        `pip_options` where pip finds the dependencies (a copied-in wheelhouse, a private index)."""
+        record_json = json.dumps(self.record(builder).model_dump(mode="json"), sort_keys=True)
+        if "'" in record_json:
+            raise ValueError("an image record may not contain a single quote")  # it sits in '...'
+        return _template().render(
+            flavor=self.flavor,
+            venv=VENV,
+            wheel_path=wheel_path,
+            extras=EXTRAS[self.flavor],
+            pip_options=pip_options,
+            record_json=record_json,
+            digest=self.digest[:16],
+        )
+
+
+_TEMPLATES = Path(__file__).parent / "templates"
+
+
+@cache
+def _template_source() -> str:
+    return (_TEMPLATES / "recipe.sh.j2").read_text(encoding="utf-8")
+
+
+@cache
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # shell, not HTML
+    )
+    return env.get_template("recipe.sh.j2")

@@ -1,0 +1,170 @@
+"""Local node images: Debian bookworm from mmdebstrap, the node recipe run in its chroot, turned
+into what qemu boots directly (kernel, initrd, an ext4 root disk). Cached by digest under
+images_home(); `--emulate-instances=vm` boots instances from them.
+
+A `base` image has no node environment (the stand-in for a cloud base image: nodes install at
+boot); a `cpu` or `gpu` image has the recipe baked in."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from dlinfra.errors import DlinfraError
+from dlinfra.images import EXTRAS, IMAGE_JSON_PATH, ImageRecord, Recipe, images_home
+from dlinfra.images.wheelhouse import wheelhouse
+from dlinfra.records import ImagePin
+
+Log = Callable[[str], None]
+LocalFlavor = Literal["base", "cpu", "gpu"]
+SUITE = "bookworm"
+MIRRORS = (
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+)
+PACKAGES = (
+    "systemd-sysv,udev,dbus,cloud-init,python3,python3-venv,ca-certificates,netbase,iproute2,"
+    "ifupdown,isc-dhcp-client,curl,kmod,procps,linux-image-cloud-amd64,initramfs-tools,e2fsprogs"
+)
+TOOLS = {"mmdebstrap": "mmdebstrap", "mke2fs": "e2fsprogs", "qemu-system-x86_64": "qemu-system-x86"}
+SETUP = Path(__file__).parent / "templates" / "local-setup.sh"
+HEADROOM_GB = 3  # free space on the root disk: a node that installs at boot unpacks TensorFlow there
+
+
+@dataclass(frozen=True)
+class LocalImage:
+    dir: Path
+
+    @property
+    def kernel(self) -> Path:
+        return self.dir / "vmlinuz"
+
+    @property
+    def initrd(self) -> Path:
+        return self.dir / "initrd.img"
+
+    @property
+    def rootfs(self) -> Path:
+        return self.dir / "rootfs.img"
+
+    @property
+    def record(self) -> ImageRecord | None:
+        path = self.dir / "image.json"
+        return ImageRecord.model_validate_json(path.read_text()) if path.is_file() else None
+
+    def pin(self) -> ImagePin:
+        record = self.record
+        if record is None:
+            return ImagePin(id=self.dir.name)
+        return ImagePin(id=self.dir.name, digest=record.recipe_digest, dlinfra_version=record.dlinfra_version)
+
+
+def missing_tools() -> list[str]:
+    return [pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None]
+
+
+def _check_host() -> None:
+    if missing := missing_tools():
+        raise DlinfraError(
+            f"local images need {', '.join(missing)}. Fix: apt-get install -y {' '.join(missing)}"
+        )
+    if os.geteuid() != 0:
+        raise DlinfraError("local images are built as root (mmdebstrap, chroot). Fix: run it with sudo")
+
+
+def image_key(flavor: LocalFlavor, recipe: Recipe | None) -> str:
+    h = hashlib.sha256((SETUP.read_text() + PACKAGES + "\n".join(MIRRORS)).encode())
+    if recipe is not None:
+        h.update(recipe.digest.encode())
+    return f"{flavor}-{h.hexdigest()[:16]}"
+
+
+def find(flavor: LocalFlavor, wheel: Path | None) -> LocalImage | None:
+    recipe = Recipe(flavor, wheel) if flavor != "base" and wheel is not None else None
+    image = LocalImage(images_home() / image_key(flavor, recipe))
+    return image if image.rootfs.is_file() else None
+
+
+def build(flavor: LocalFlavor, wheel: Path | None, log: Log) -> LocalImage:
+    """The image for `flavor` (and this wheel), from the cache or built now (a few minutes)."""
+    if flavor != "base" and wheel is None:
+        raise DlinfraError(
+            "a node image bakes a dlinfra wheel, and this dlinfra is not a source checkout. "
+            "Fix: run `dlinfra image build` from a checkout of dlinfra"
+        )
+    recipe = Recipe(flavor, wheel) if flavor != "base" and wheel is not None else None
+    image = LocalImage(images_home() / image_key(flavor, recipe))
+    if image.rootfs.is_file():
+        log(f"image {image.dir.name}: cached at {image.dir}")
+        return image
+    _check_host()
+    t0 = time.monotonic()
+    requirements = ["awscli"]
+    if recipe is not None:
+        requirements = [f"{recipe.wheel}[{EXTRAS[flavor]}]", "awscli", "py-spy>=0.3.14"]
+    log(f"image {image.dir.name}: downloading wheels ({', '.join(requirements)})")
+    house = wheelhouse(requirements)
+    image.dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=image.dir.parent, prefix=".build-") as tmp:
+        work = Path(tmp)
+        stage = work / "stage"
+        shutil.copytree(house, stage / "wheelhouse", ignore=shutil.ignore_patterns("simple"))
+        shutil.copy2(SETUP, stage / "setup.sh")
+        if recipe is not None:
+            shutil.copy2(recipe.wheel, stage / recipe.wheel.name)
+            script = recipe.render(
+                f"/tmp/dlinfra-build/{recipe.wheel.name}",
+                "--no-index --find-links /tmp/dlinfra-build/wheelhouse",
+                builder="local",
+            )
+            (stage / "recipe.sh").write_text(script, encoding="utf-8")
+        out = work / "out"
+        out.mkdir()
+        rootfs = work / "rootfs"
+        log(f"image {image.dir.name}: mmdebstrap {SUITE} and the {flavor} setup (a few minutes)")
+        _run(
+            [
+                "mmdebstrap",
+                "--quiet",
+                "--variant=minbase",
+                f"--include={PACKAGES}",
+                f"--customize-hook=copy-in {stage} /tmp",
+                '--customize-hook=mv "$1/tmp/stage" "$1/tmp/dlinfra-build"',
+                '--customize-hook=chroot "$1" sh /tmp/dlinfra-build/setup.sh',
+                '--customize-hook=rm -rf "$1/tmp/dlinfra-build"',
+                f'--customize-hook=cp -L "$1"/boot/vmlinuz-* {out}/vmlinuz',
+                f'--customize-hook=cp -L "$1"/boot/initrd.img-* {out}/initrd.img',
+                f'--customize-hook=if [ -f "$1{IMAGE_JSON_PATH}" ]; then cp "$1{IMAGE_JSON_PATH}" {out}/; fi',
+                SUITE,
+                str(rootfs),
+                *MIRRORS,
+            ],
+            "mmdebstrap",
+        )
+        used = sum(f.stat().st_size for f in rootfs.rglob("*") if f.is_file() and not f.is_symlink())
+        size_mb = used // 2**20 + HEADROOM_GB * 1024
+        disk = out / "rootfs.img"
+        mke2fs = ["mke2fs", "-q", "-t", "ext4", "-L", "rootfs", "-d", str(rootfs), str(disk), f"{size_mb}M"]
+        _run(mke2fs, "mke2fs")
+        shutil.rmtree(rootfs)
+        if image.dir.exists():
+            shutil.rmtree(image.dir)
+        out.rename(image.dir)
+    log(f"image {image.dir.name}: built in {time.monotonic() - t0:.0f}s at {image.dir}")
+    return image
+
+
+def _run(cmd: list[str], what: str) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        output = (result.stderr or result.stdout)[-3000:]
+        raise DlinfraError(f"{what} failed (exit {result.returncode}):\n{output}")

@@ -1,0 +1,240 @@
+"""One qemu VM booted from a local image, with cloud-init's NoCloud seed: the user-data exactly as a
+cloud would hand it over, the vendor-data of the emulated platform, and a network-config that puts
+the VM on two networks:
+
+    nic 0  qemu user networking (NAT): the host's loopback is reachable at the network's .2 address
+    nic 1  a private L2 segment shared with the run's other VMs (a multicast socket on the host's
+           loopback), carrying the instance's private IP: the VPC subnet, emulated
+
+The serial console goes to console.log; a second serial port is a root shell bound to a unix
+socket next to it (like EC2's serial console: for people and tests, never reachable on a network).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlinfra.images.local import LocalImage
+
+MEMORY_MB = 2048  # TensorFlow's import alone takes ~0.7 GB
+NAT_CANDIDATES = ("10.0.2.0/24", "192.168.76.0/24", "172.31.254.0/24")
+
+
+def kvm_usable() -> bool:
+    """Whether qemu can use /dev/kvm here. Some hosts expose a paravirtual /dev/kvm (PVM) that
+    stock guest kernels cannot run under: only a real boot tells, so it is asked for explicitly."""
+    return os.environ.get("DLINFRA_VM_ACCEL") == "kvm" and os.access("/dev/kvm", os.R_OK | os.W_OK)
+
+
+def nat_network(avoid: str) -> ipaddress.IPv4Network:
+    """qemu's NAT network, chosen so it never overlaps the emulated VPC."""
+    vpc = ipaddress.IPv4Network(avoid)
+    for candidate in map(ipaddress.IPv4Network, NAT_CANDIDATES):
+        if not candidate.overlaps(vpc):
+            return candidate
+    raise ValueError(f"no NAT network outside {avoid}")
+
+
+def host_address(nat: ipaddress.IPv4Network) -> str:
+    """Where a guest reaches the host's loopback through qemu's NAT."""
+    return str(nat[2])
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A private L2 network for a run's VMs: a multicast group on the host's loopback."""
+
+    group: str
+    port: int
+    cidr: str
+
+    @classmethod
+    def for_run(cls, run_id: str, cidr: str) -> Segment:
+        h = int.from_bytes(run_id.encode()[-8:].ljust(8, b"\0"), "big")
+        # One group and port per run: two runs' VMs never share a segment.
+        return cls(f"239.255.{(h >> 8) % 250 + 1}.{h % 250 + 1}", 20000 + (h >> 16) % 40000, cidr)
+
+
+@dataclass(frozen=True)
+class Seed:
+    instance_id: str
+    hostname: str
+    user_data: str
+    vendor_data: str
+    private_ip: str
+
+
+def _mac(nic: int, private_ip: str) -> str:
+    """qemu's locally administered prefix, the NIC, and the private IP's last two octets: unique
+    within a run (one subnet) and stable across a replaced instance."""
+    _, _, o3, o4 = ipaddress.IPv4Address(private_ip).packed
+    return f"52:54:00:{nic:02x}:{o3:02x}:{o4:02x}"
+
+
+@dataclass
+class Vm:
+    name: str
+    image: LocalImage
+    seed: Seed
+    segment: Segment
+    dir: Path
+    nat: ipaddress.IPv4Network
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+
+    @property
+    def console(self) -> Path:
+        return self.dir / "console.log"
+
+    @property
+    def shell_socket(self) -> Path:
+        return self.dir / "shell.sock"
+
+    def _write_seed(self) -> Path:
+        seed_dir = self.dir / "seed"
+        seed_dir.mkdir(parents=True, exist_ok=True)
+        net = ipaddress.IPv4Network(self.segment.cidr)
+        files = {
+            "user-data": self.seed.user_data,
+            "vendor-data": self.seed.vendor_data,
+            "meta-data": f"instance-id: {self.seed.instance_id}\nlocal-hostname: {self.seed.hostname}\n",
+            "network-config": (
+                "version: 2\n"
+                "ethernets:\n"
+                "  nat:\n"
+                f'    match: {{macaddress: "{self._nat_mac}"}}\n'
+                "    set-name: eth0\n"
+                f"    addresses: [{self.nat[15]}/{self.nat.prefixlen}]\n"
+                f"    gateway4: {self.nat[2]}\n"
+                "  vpc:\n"
+                f'    match: {{macaddress: "{self._vpc_mac}"}}\n'
+                "    set-name: eth1\n"
+                f"    addresses: [{self.seed.private_ip}/{net.prefixlen}]\n"
+            ),
+        }
+        for name, text in files.items():
+            (seed_dir / name).write_text(text, encoding="utf-8")
+        iso = self.dir / "seed.iso"
+        subprocess.run(
+            ["genisoimage", "-quiet", "-output", str(iso), "-volid", "cidata", "-joliet", "-rock", *files],
+            cwd=seed_dir,
+            check=True,
+            capture_output=True,
+        )
+        return iso
+
+    @property
+    def _nat_mac(self) -> str:
+        return _mac(0, self.seed.private_ip)
+
+    @property
+    def _vpc_mac(self) -> str:
+        return _mac(1, self.seed.private_ip)
+
+    def command(self, iso: Path, disk: Path) -> list[str]:
+        tcg = ["-accel", "tcg,tb-size=256", "-cpu", "max"]
+        accel = ["-accel", "kvm", "-cpu", "host"] if kvm_usable() else tcg
+        seg = self.segment
+        return [
+            "qemu-system-x86_64",
+            *accel,
+            "-m", str(MEMORY_MB), "-smp", "1",
+            "-nodefaults", "-no-user-config", "-nographic", "-monitor", "none",
+            "-name", self.name,
+            "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
+            "-append", "root=/dev/vda rw console=ttyS0",
+            "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe",
+            "-drive", f"file={iso},if=virtio,format=raw,readonly=on",
+            "-device", "virtio-rng-pci",
+            "-chardev", "file,id=console,path=console.log",
+            "-serial", "chardev:console",
+            "-chardev", "socket,id=shell,path=shell.sock,server=on,wait=off",
+            "-serial", "chardev:shell",
+            "-netdev", f"user,id=nat,net={self.nat},restrict=off",
+            "-device", f"virtio-net-pci,netdev=nat,mac={self._nat_mac}",
+            "-netdev", f"socket,id=vpc,mcast={seg.group}:{seg.port},localaddr=127.0.0.1",
+            "-device", f"virtio-net-pci,netdev=vpc,mac={self._vpc_mac}",
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        disk = self.dir / "disk.qcow2"
+        disk.unlink(missing_ok=True)
+        self.shell_socket.unlink(missing_ok=True)
+        subprocess.run(
+            ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.image.rootfs), "-F", "raw", str(disk)],
+            check=True,
+            capture_output=True,
+        )
+        iso = self._write_seed()
+        with open(self.dir / "qemu.log", "ab") as log:
+            # cwd: the sockets' and console's paths stay short (unix sockets allow 108 bytes)
+            self.process = subprocess.Popen(
+                self.command(iso, disk),
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started = time.time()
+
+    def poll(self) -> int | None:
+        """None while the VM runs; qemu's exit code once the guest powered off (0) or qemu failed."""
+        return self.process.poll() if self.process else 0
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.process and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        (self.dir / "disk.qcow2").unlink(missing_ok=True)  # the instance's disk dies with it
+
+
+def shell(sock: Path, command: str, timeout: float = 120.0) -> str:
+    """Run one command in a VM's root shell on its second serial port; its output (a test's and an
+    operator's way in, like EC2's serial console)."""
+    marker = f"__dlinfra_{time.monotonic_ns()}__"
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(sock))
+        buf = b""
+        s.sendall(f"\n{command}; echo {marker[:-2]}_END__\n".encode())
+        end = f"{marker[:-2]}_END__".encode()
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                # the echo of the command line holds the marker once, its output a second time
+                if buf.count(end) >= 2:
+                    break
+        else:
+            raise TimeoutError(f"no answer from the VM's shell in {timeout:.0f}s: {buf[-500:]!r}")
+    text = buf.decode(errors="replace")
+    body = text.split(end.decode())[1] if text.count(end.decode()) >= 2 else text
+    return body.strip()
+
+
+def have_qemu() -> bool:
+    return all(shutil.which(t) for t in ("qemu-system-x86_64", "qemu-img", "genisoimage"))

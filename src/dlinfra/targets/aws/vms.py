@@ -1,0 +1,163 @@
+"""`--emulate-instances=vm`: every instance Terraform created in the emulator boots as a qemu VM
+from a local image, with its own user-data read back through the EC2 API, byte for byte what EC2
+would run. What EC2 itself supplies comes as cloud-init vendor-data, cloud-init's mechanism for a
+platform's part: credentials (an emulator takes any) and the endpoint, reached through qemu's NAT.
+
+A VM that powers off is terminated in the emulator, as `instance_initiated_shutdown_behavior =
+terminate` does on EC2; consoles stay in the run dir (`dlinfra logs RUN --node X --console`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from dlinfra.errors import DlinfraError
+from dlinfra.images import images_home
+from dlinfra.images.local import LocalImage, find, missing_tools
+from dlinfra.images.vm import Seed, Segment, Vm, host_address, nat_network
+from dlinfra.spec import Spec
+from dlinfra.targets.base import Log
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+def vms_dir(run_dir: Path) -> Path:
+    return run_dir / "vms"
+
+
+def console_log(run_dir: Path, node: str) -> Path:
+    return vms_dir(run_dir) / node / "console.log"
+
+
+def preflight_problems(spec: Spec) -> list[str]:
+    problems = []
+    if missing := missing_tools():
+        problems.append(
+            f"--emulate-instances=vm needs {', '.join(missing)}. Fix: apt-get install -y {' '.join(missing)}"
+        )
+    if spec.cluster.workers.gpus not in (0, "auto"):
+        problems.append("--emulate-instances=vm: VMs have no GPUs. Fix: --set cluster.workers.gpus=0")
+    return problems
+
+
+def node_image(choice: str, wheel: Path | None, log: Log) -> LocalImage:
+    """The local image VMs boot, as `aws.image` chooses an AMI: `baked` the one baked with this
+    run's wheel; `base` the stand-in for a cloud base image (nodes install at boot); `auto` the
+    baked one, else the newest baked for another wheel (nodes reinstall only dlinfra, on top of the
+    TensorFlow already there), else the base image."""
+    build = "dlinfra image build --target local"
+    if choice != "base" and (exact := find("cpu", wheel)) is not None:
+        return exact
+    if choice == "baked":
+        raise DlinfraError(f"aws.image: baked, and no local image bakes this dlinfra. Fix: {build}")
+    others = sorted(images_home().glob("cpu-*/rootfs.img"), key=lambda p: p.stat().st_mtime)
+    if choice == "auto" and others:
+        image = LocalImage(others[-1].parent)
+        log(f"VMs boot {image.dir.name}, baked for another dlinfra wheel: nodes install this run's at boot")
+        return image
+    base = find("base", None)
+    if base is None:
+        raise DlinfraError(
+            f"--emulate-instances=vm: no local image to boot. Fix: {build} "
+            f"(or {build} --flavor base for nodes that install at boot); a few minutes, once"
+        )
+    log(f"VMs boot the base image {base.dir.name}: nodes install dlinfra and TensorFlow at boot")
+    return base
+
+
+def vendor_data(spec: Spec, nat_host: str) -> str:
+    """The emulated platform's part of a boot: a shell script cloud-init runs before the user's
+    commands. Credentials are the emulator's placeholders, never the deploying machine's."""
+    endpoint = spec.aws.endpoint_url or ""
+    parts = urlsplit(endpoint)
+    lines = [
+        "#!/bin/sh",
+        "# dlinfra's VM emulation of EC2: what the platform supplies (IAM role, endpoint), not the user.",
+        "set -eu",
+        "mkdir -p /root/.aws",
+        f"printf '[default]\\nregion = {spec.aws.region}\\nendpoint_url = {endpoint}\\n' > /root/.aws/config",
+        "printf '[default]\\naws_access_key_id = emulator\\naws_secret_access_key = emulator\\n' "
+        "> /root/.aws/credentials",
+        "chmod 600 /root/.aws/credentials",
+    ]
+    if parts.hostname in LOOPBACK_HOSTS:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        # The endpoint is the host's loopback, the address node.json names: carry the guest's own
+        # loopback port there, through qemu's NAT.
+        lines += [
+            f"printf '[Socket]\\nListenStream=127.0.0.1:{port}\\n' "
+            "> /etc/systemd/system/dlinfra-emulator.socket",
+            "printf '[Service]\\nExecStart=/lib/systemd/systemd-socket-proxyd "
+            f"{nat_host}:{port}\\n' > /etc/systemd/system/dlinfra-emulator.service",
+            "systemctl daemon-reload",
+            "systemctl start dlinfra-emulator.socket",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class VmCluster:
+    """The run's instances as VMs. `instances` is the watcher's own node → instance id map: a
+    healed node's new VM boots as its new instance."""
+
+    spec: Spec
+    run_dir: Path
+    image: LocalImage
+    ec2: Any
+    instances: dict[str, str]
+    log: Log
+    vms: dict[str, Vm] = field(default_factory=dict)
+    private_ips: dict[str, str] = field(default_factory=dict)
+    terminated: set[str] = field(default_factory=set)
+
+    def start(self, user_data: dict[str, str], private_ips: dict[str, str]) -> None:
+        self.private_ips.update(private_ips)
+        nat = nat_network(self.spec.aws.vpc_cidr)
+        segment = Segment.for_run(self.run_dir.name, self.spec.aws.subnet_cidr)
+        vendor = vendor_data(self.spec, host_address(nat))
+        for name in sorted(user_data, key=lambda n: n.startswith("chief")):
+            seed = Seed(self.instances[name], name, user_data[name], vendor, self.private_ips[name])
+            vm = Vm(name, self.image, seed, segment, vms_dir(self.run_dir) / name, nat)
+            vm.start()
+            self.vms[name] = vm
+            self.terminated.discard(self.instances[name])
+        self.log(
+            f"booted {len(user_data)} VMs from {self.image.dir.name} (consoles in {vms_dir(self.run_dir)})"
+        )
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return {name: vm.poll() for name, vm in self.vms.items()}
+
+    def poll(self) -> dict[str, int | None]:
+        codes = self.exit_codes()
+        for name, code in codes.items():
+            instance = self.instances[name]
+            if code is not None and instance not in self.terminated:
+                self.ec2.terminate_instances(InstanceIds=[instance])
+                self.terminated.add(instance)
+                self.log(f"{name}: the VM powered off; instance {instance} terminated")
+        return codes
+
+    def kill(self, name: str) -> None:
+        if name in self.vms:
+            self.vms[name].kill()
+
+    def replace(self, name: str, user_data: str) -> None:
+        self.kill(name)
+        self.start({name: user_data}, {})
+
+    def stop(self) -> None:
+        for vm in self.vms.values():
+            vm.stop()
+        self.poll()  # what powered off in the meantime is terminated too
+
+    def wait_powered_off(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(code is not None for code in self.poll().values()):
+                return True
+            time.sleep(1)
+        return False

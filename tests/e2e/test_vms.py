@@ -1,0 +1,196 @@
+"""Real Linux VMs (qemu, under TCG here) boot the aws target's unchanged user-data with real cloud-init
+and systemd, against a moto server: `--emulate-instances=vm`. What this stands in for: EC2 machines
+(the image is Debian bookworm built here, not the Deep Learning AMI). Everything inside a VM is real:
+cloud-init, the install script, the systemd unit and its restart rules, the agent, TensorFlow.
+
+Slow (minutes per test on two emulated cores): run alone with `-m vm`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlinfra.images.vm import shell
+from dlinfra.images.wheelhouse import serve, wheelhouse
+from e2e.conftest import deploy, start_deploy
+from support import FAKE_CREDS, REPO, ec2_client, run_cli, s3_client
+
+pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm]
+BUCKET = "dlinfra-vm-results"
+# Built once per checkout (a few minutes) and reused while the recipe, packages and wheel are the same.
+IMAGE_CACHE = REPO / ".dlinfra" / "test-images"
+
+
+@pytest.fixture(scope="module")
+def vm_env(
+    moto_endpoint: str, tf_cli_config: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    s3 = s3_client(moto_endpoint)
+    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=BUCKET)
+    ami = ec2_client(moto_endpoint).describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | FAKE_CREDS
+    env |= {
+        "TF_CLI_CONFIG_FILE": str(tf_cli_config),
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "DLINFRA_IMAGE_CACHE": str(IMAGE_CACHE),
+    }
+    args = [
+        "--target", "aws", "--yes", "--keep", "--emulate-instances=vm",
+        "--endpoint-url", moto_endpoint,
+        "--set", f"storage.url=s3://{BUCKET}/runs",
+        "--set", f"aws.ami={ami}",
+        "--set", "cluster.workers.gpus=0",
+        # Boots under software emulation take minutes before the first beat.
+        "--set", "cluster.startup_timeout=900",
+    ]  # fmt: skip
+    return {"env": env, "args": args, "endpoint": moto_endpoint}
+
+
+@pytest.fixture(scope="module")
+def baked_image(vm_env: dict[str, Any]) -> Path:
+    """`dlinfra image build --target local`: the node image of this checkout's wheel."""
+    result = run_cli("image", "build", "--target", "local", env=vm_env["env"], timeout=1800)
+    assert result.returncode == 0, result.stderr
+    image = Path(result.stdout.strip().splitlines()[-1])
+    record = json.loads((image / "image.json").read_text())
+    assert record["flavor"] == "cpu" and record["tensorflow"].startswith("tensorflow-cpu 2.21")
+    return image
+
+
+def _instances(endpoint: str, run_id: str) -> dict[str, str]:
+    found = ec2_client(endpoint).describe_instances(
+        Filters=[{"Name": "tag:dlinfra:run-id", "Values": [run_id]}]
+    )
+    return {
+        next(t["Value"] for t in i["Tags"] if t["Key"] == "Name"): i["State"]["Name"]
+        for r in found["Reservations"]
+        for i in r["Instances"]
+    }
+
+
+def _destroy(run_id: str, home: Path, env: dict[str, str]) -> None:
+    result = run_cli("destroy", run_id, "--yes", env=env | {"DLINFRA_HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+
+
+def test_three_vms_train_from_the_baked_image_and_power_off(
+    baked_image: Path, vm_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """1 chief + 1 worker + 1 ps, each a VM running its own unchanged user-data: the baked image
+    skips pip, the nodes train digits, DONE and the model land in moto's S3, every VM powers off by
+    itself and its instance ends terminated."""
+    t0 = time.monotonic()
+    run = deploy(tmp_path, *vm_env["args"], "--workers", "1", "--steps", "30", env=vm_env["env"], timeout=900)
+    wall = time.monotonic() - t0
+    assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
+    manifest = run.manifest
+    run_id = manifest["run_id"]
+    try:
+        assert manifest["status"] == "DONE"
+        assert manifest["image"]["id"] == baked_image.name
+        s3 = s3_client(vm_env["endpoint"])
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run_id}/")["Contents"]}
+        assert f"runs/{run_id}/DONE" in keys
+        assert any("/model/" in k for k in keys), sorted(keys)
+        for node in ("chief-0", "worker-0", "ps-0"):
+            console = (run.run_dir / "vms" / node / "console.log").read_text(errors="replace")
+            # real cloud-init ran the user-data: the install script found the baked environment
+            assert re.search(
+                r"dlinfra: the image \([0-9a-f]{12}\) bakes sha256:[0-9a-f]+: no install", console
+            )
+            assert "reboot: Power down" in console, f"{node} did not power off by itself"
+            assert f"{node}: the VM powered off; instance" in run.result.stdout
+        assert set(_instances(vm_env["endpoint"], run_id).values()) == {"terminated"}
+        shown = run_cli(
+            "logs",
+            run_id,
+            "--node",
+            "chief-0",
+            "--console",
+            env=vm_env["env"] | {"DLINFRA_HOME": str(run.home)},
+        )
+        assert "Cloud-init v." in shown.stdout
+        print(f"3-VM run: {wall:.0f}s wall, boot to first step {run.metrics.get('first_step_at', 0):.0f}")
+        assert wall < 900
+    finally:
+        _destroy(run_id, run.home, vm_env["env"])
+
+
+def test_install_path_on_a_base_image_and_systemd_restarts_a_killed_agent(
+    vm_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """A VM without the baked venv: the user-data's install path copies the run's wheel from S3,
+    makes the venv and pip-installs from a private index (a wheelhouse on the host's loopback: no
+    VM needs the internet), then starts the agent's systemd unit. `kill -9` of the agent: systemd
+    starts it again, per the unit's Restart= rule."""
+    base = run_cli("image", "build", "--target", "local", "--flavor", "base", env=vm_env["env"], timeout=1800)
+    assert base.returncode == 0, base.stderr
+    from dlinfra.wheel import node_wheel
+
+    house = wheelhouse([f"{node_wheel()}[train,aws]"])
+    with serve(house) as port:
+        args = [
+            *vm_env["args"],
+            "--strategy", "multi_worker_mirrored", "--workers", "1", "--steps", "60",
+            "--set", "aws.image=base",
+            # the host's loopback, as qemu's NAT shows it to a guest
+            "--set", f"aws.pip_index_url=http://10.0.2.2:{port}/simple",
+        ]  # fmt: skip
+        live = start_deploy(tmp_path, *args, env=vm_env["env"])
+        try:
+            run_dir = live.run_dir
+            status = _wait_for_status(live, "worker-0", lambda s: s is not None, timeout=1500)
+            console = (run_dir / "vms" / "worker-0" / "console.log").read_text(errors="replace")
+            assert "no baked dlinfra image (/etc/dlinfra/image.json is missing): installing" in console
+            sock = run_dir / "vms" / "worker-0" / "shell.sock"
+            before = shell(sock, "systemctl show -p NRestarts --value dlinfra-node")
+            killed = shell(sock, "systemctl kill -s KILL dlinfra-node && echo killed")
+            assert "killed" in killed
+            restarted = _wait_for_status(live, "worker-0", lambda s: s and s["restarts"] > status["restarts"])
+            after = shell(sock, "systemctl show -p NRestarts --value dlinfra-node")
+            assert int(_last_number(after)) == int(_last_number(before)) + 1
+            assert restarted["started"] > status["started"]
+        finally:
+            done = live.finish(timeout=1500)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    try:
+        assert manifest["status"] == "DONE"
+        assert manifest["image"]["digest"] is None  # a base image: the nodes installed at boot
+    finally:
+        _destroy(manifest["run_id"], live.home, vm_env["env"])
+
+
+def _last_number(text: str) -> str:
+    return re.findall(r"\d+", text)[-1]
+
+
+def _wait_for_status(live: Any, node: str, ok: Any, timeout: float = 600) -> dict[str, Any]:
+    """The node's status as its agent published it to moto's S3."""
+    from dlinfra.store import parse_s3_url
+
+    manifest = json.loads((live.run_dir / "manifest.json").read_text())
+    bucket, prefix = parse_s3_url(manifest["store"]["url"])
+    s3 = s3_client(manifest["store"]["endpoint_url"])
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        assert live.proc.poll() is None, live.proc.communicate()
+        try:
+            body = s3.get_object(Bucket=bucket, Key=f"{prefix}/status/{node}.json")["Body"].read()
+            status = json.loads(body)
+        except s3.exceptions.NoSuchKey:
+            status = None
+        if ok(status):
+            return status
+        time.sleep(3)
+    raise AssertionError(f"{node}: no such status in {timeout:.0f}s (last: {status})")
