@@ -7,10 +7,19 @@ profile="${1:-run}"
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if [ "$profile" = dev ] && ! command -v cloud-init >/dev/null 2>&1; then
-  echo "install.sh: installing Debian's cloud-init (its schema validator checks every rendered user-data)"
+# dev: cloud-init's schema validator checks every rendered user-data; qemu, mmdebstrap and
+# genisoimage build node images and boot them as VMs (the vm tests).
+missing=()
+if [ "$profile" = dev ]; then
+  for tool in cloud-init:cloud-init qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils \
+      mmdebstrap:mmdebstrap genisoimage:genisoimage mke2fs:e2fsprogs; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
+  done
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install.sh: installing Debian's ${missing[*]}"
   as_root apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends cloud-init >/dev/null
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

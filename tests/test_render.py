@@ -11,6 +11,8 @@ import pytest
 import yaml
 
 from dlinfra import __version__
+from dlinfra.prepare import node_install
+from dlinfra.records import WheelPin
 from dlinfra.render import node_config_from_user_data, render_cluster
 from dlinfra.spec_loading import Overrides, load_spec
 from dlinfra.targets.aws import install_requirement
@@ -23,7 +25,7 @@ def _render(target: str, strategy: str, workers: int) -> dict[str, tuple[str, ob
     sets = ["aws.subnet_cidr=10.42.0.0/23"] if workers > 100 else []
     spec = load_spec(None, Overrides(target=target, strategy=strategy, workers=workers, sets=sets))
     configs = node_configs(spec, "digits-cnn-20261122-000000-abcd", "s3://bucket/runs/x")
-    install = install_requirement() if target == "aws" else None
+    install = node_install(spec, install_requirement(), None) if target == "aws" else None
     rendered = render_cluster(configs, install)
     return {name: (rendered[name], configs[name]) for name in configs}
 
@@ -63,18 +65,38 @@ def test_every_user_data_passes_cloud_init_schema_and_round_trips(
 
 
 def test_aws_user_data_installs_the_runs_wheel_from_the_store(tmp_path: Path) -> None:
-    spec = load_spec(None, Overrides(target="aws", workers=2))
+    """Unless the image bakes exactly this wheel, the install script fetches it from the store and
+    pip-installs it with the node's TensorFlow build, from the private index and trusting its CA."""
+    ca = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text(
+        yaml.safe_dump({"aws": {"pip_index_url": "https://pypi.internal.example/simple", "pip_extra_ca": ca}})
+    )
+    spec = load_spec(experiment, Overrides(target="aws", workers=2))
     configs = node_configs(spec, "r-1", "s3://bucket/runs/r-1")
     wheel = "s3://bucket/runs/r-1/code/dlinfra-0.1.0-py3-none-any.whl"
-    rendered = render_cluster(configs, wheel)
+    rendered = render_cluster(
+        configs, node_install(spec, wheel, WheelPin(name="w", sha256="ab" * 32, uri=wheel))
+    )
     for node, extras in (("worker-0", "train-gpu,aws"), ("chief-0", "train,aws")):  # g4dn / m5 nodes
-        commands = [" ".join(map(str, c)) for c in yaml.safe_load(rendered[node])["runcmd"]]
-        fetch = commands.index(f"aws s3 cp {wheel} /opt/dlinfra-wheel/")
-        install = commands.index(
-            "/opt/dlinfra/bin/pip install --quiet "
-            f"/opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl[{extras}]"
+        doc = yaml.safe_load(rendered[node])
+        commands = [" ".join(map(str, c)) for c in doc["runcmd"]]
+        install = commands.index("sh /usr/local/lib/dlinfra/install.sh")
+        assert install < commands.index("systemctl start --no-block dlinfra-node.service")
+        files = {f["path"]: f["content"] for f in doc["write_files"]}
+        script = files["/usr/local/lib/dlinfra/install.sh"]
+        assert f'"sha256:{"ab" * 32}" "{"gpu" if extras.startswith("train-gpu") else "cpu"}"' in script
+        lines = script.splitlines()
+        fetch = lines.index(f'aws s3 cp "{wheel}" /opt/dlinfra-wheel/')
+        pip = lines.index(
+            "/opt/dlinfra/bin/pip install --quiet --disable-pip-version-check "
+            "--index-url https://pypi.internal.example/simple --cert /etc/ssl/certs/ca-certificates.crt "
+            f'"/opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl[{extras}]"'
         )
-        assert fetch < install < commands.index("systemctl start --no-block dlinfra-node.service")
+        assert (
+            lines.index("[ -x /opt/dlinfra/bin/python ] || python3 -m venv /opt/dlinfra") < fetch < lines.index("update-ca-certificates") < pip
+        )
+        assert files["/usr/local/share/ca-certificates/dlinfra-extra-ca.crt"] == ca
     text = rendered["worker-0"]
     path = tmp_path / "worker-0.yaml"
     path.write_text(text)
@@ -100,7 +122,8 @@ def test_aws_user_data_installs_this_exact_version_and_starts_the_agent() -> Non
     text, _ = _render("aws", "parameter_server", 1)["worker-0"]
     doc = yaml.safe_load(text)
     commands = [" ".join(map(str, c)) for c in doc["runcmd"]]
-    assert any(f"dlinfra[train-gpu,aws]=={__version__}" in c for c in commands), "g4dn: the GPU build"
+    script = next(f for f in doc["write_files"] if f["path"].endswith("install.sh"))["content"]
+    assert f'"dlinfra[train-gpu,aws]=={__version__}"' in script, "g4dn: the GPU build"
     unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
     assert "dlinfra node run /etc/dlinfra/node.json" in unit
     assert "Restart=on-failure" in unit

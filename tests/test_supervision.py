@@ -16,7 +16,7 @@ from dlinfra.layout import RunStore
 from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, FINAL_EXIT_CODES
 from dlinfra.node.supervision import backoff_seconds, is_transient, should_restart
 from dlinfra.records import NodeState
-from dlinfra.render import render_cluster
+from dlinfra.render import Install, render_cluster
 from dlinfra.spec import Spec
 from dlinfra.store import Store
 from support import node_configs
@@ -48,7 +48,7 @@ def test_lost_peers_are_transient_and_user_errors_are_not() -> None:
 def test_systemd_unit_restarts_exactly_what_the_launcher_restarts() -> None:
     spec = Spec.model_validate({"target": "aws"})
     configs = node_configs(spec, "r-1", "s3://bucket/runs/r-1", "aws")
-    text = render_cluster(configs, "dlinfra==0")["worker-0"]
+    text = render_cluster(configs, Install("dlinfra==0"))["worker-0"]
     doc = yaml.safe_load(text)
     unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
     prevented = re.search(r"^RestartPreventExitStatus=(.*)$", unit, re.M)

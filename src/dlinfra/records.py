@@ -179,7 +179,7 @@ class Manifest(Record):
     bundle: BundlePin | None = None
     wheel: WheelPin | None = None
     install: str | None = None
-    image: ImagePin | None = None
+    images: dict[str, ImagePin] = Field(default_factory=dict)  # role → the image it booted
     dataset: dict[str, Any] | None = None
     seeds: dict[str, Any] | None = None
     rerun_of: str | None = None

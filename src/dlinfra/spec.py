@@ -297,8 +297,11 @@ class AwsSpec(StrictModel):
             return v
         if "PRIVATE KEY" in v:
             raise ValueError("holds a private key: give only the CA's certificate (it lands in user-data)")
-        if not re.search(r"-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----", v):
-            raise ValueError("must be PEM text: -----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----")
+        if not re.search(r"-----BEGIN CERTIFICATE-----\n[\s\S]+?\n-----END CERTIFICATE-----", v):
+            raise ValueError(
+                "must be PEM text with its line breaks: -----BEGIN CERTIFICATE-----, base64 lines, "
+                "-----END CERTIFICATE----- (in YAML, a block scalar: `pip_extra_ca: |`)"
+            )
         return v.strip() + "\n"
 
     @field_validator("endpoint_url")

@@ -92,7 +92,7 @@ module "role" {
   nodes  = each.value.nodes
 
   instance = {
-    ami_id               = local.ami_id
+    ami_id               = coalesce(each.value.ami_id, local.ami_id)
     instance_type        = each.value.instance_type
     iam_instance_profile = module.node_iam.instance_profile_name
     spot                 = each.value.spot

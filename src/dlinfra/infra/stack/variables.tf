@@ -150,6 +150,7 @@ variable "roles" {
   description = "Cluster shape: TensorFlow task type (\"chief\", \"worker\", \"ps\", \"evaluator\") to its machine settings and nodes. Node names are \"<role>-<index>\"; each node has a fixed private IP inside network.subnet_cidr and its raw cloud-init user data. Absent roles are simply not created."
   type = map(object({
     instance_type   = string
+    ami_id          = optional(string) # a baked node image of this role's flavor; null: var.ami_id
     spot            = optional(bool, false)
     placement_group = optional(bool, false)
     root_volume_gb  = optional(number, 100)
@@ -159,6 +160,10 @@ variable "roles" {
     }))
   }))
 
+  validation {
+    condition     = alltrue([for r in values(var.roles) : r.ami_id == null || can(regex("^ami-[0-9a-z]+$", r.ami_id))])
+    error_message = "roles[*].ami_id must be an AMI id such as \"ami-0123456789abcdef0\", or null for ami_id."
+  }
   validation {
     condition     = length(var.roles) > 0 && alltrue([for r in values(var.roles) : length(r.nodes) > 0])
     error_message = "roles must hold at least one role, and every role at least one node."

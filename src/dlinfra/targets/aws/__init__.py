@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, ClassVar
 from dlinfra import __version__
 from dlinfra.prepare import NodeInstall
 from dlinfra.pricing import HourlyCost
-from dlinfra.records import PlanCounts
+from dlinfra.records import ImagePin, PlanCounts
 from dlinfra.render import AddressPlan, private_ip_plan
-from dlinfra.targets.aws import preflight, review, stack, tfvars
+from dlinfra.targets.aws import amis, preflight, review, stack, tfvars
 from dlinfra.targets.base import Review, TargetOptions
 
 if TYPE_CHECKING:
@@ -59,10 +59,11 @@ class AwsTarget:
     def plan(self, prepared: Prepared) -> Review:
         run = prepared.run
         tf = stack.run_stack(run, self.options.log)
-        inputs = stack.write_inputs(run, tfvars.stack_tfvars(prepared), tf)
+        images = self._images(prepared)
+        inputs = stack.write_inputs(run, tfvars.stack_tfvars(prepared, images), tf)
         plan_file = run.dir / "tfplan"
         tf.plan(inputs, plan_file)
-        summary = review.summarize(tf.show_json(plan_file), run.id, prepared.spec)
+        summary = review.summarize(tf.show_json(plan_file), run.id, prepared.spec, amis.describe(images))
         markdown = summary.markdown()
         (run.dir / "plan.md").write_text(markdown, encoding="utf-8")
         counts = PlanCounts(
@@ -70,6 +71,17 @@ class AwsTarget:
         )
         run.update_manifest(status="PLANNED", plan=counts)
         return Review(summary.text(), markdown, needs_approval=True, plan_file=plan_file)
+
+    def _images(self, prepared: Prepared) -> dict[str, ImagePin | None]:
+        """Each role's AMI; VMs boot a local image instead (chosen when they start)."""
+        manifest = prepared.run.manifest()
+        if self.options.emulate_instances == "vm":
+            return {}
+        pinned = manifest.images if manifest.rerun_of else {}
+        ec2 = preflight.client(prepared.spec, "ec2")
+        chosen = amis.choose(prepared.spec, amis.role_flavors(prepared.configs), ec2, pinned)
+        prepared.run.update_manifest(images={role: pin for role, pin in chosen.items() if pin})
+        return chosen
 
     def provision(self, prepared: Prepared, plan: Review) -> None:
         assert plan.plan_file is not None
@@ -111,7 +123,7 @@ class AwsTarget:
             except BaseException:
                 vms.stop()
                 raise
-            run.update_manifest(image=image.pin())
+            run.update_manifest(images=dict.fromkeys(spec.roles(), image.pin()))
         elif self.options.emulate_instances:
             mirrored = spec.strategy == "multi_worker_mirrored"
             cluster.emulated = LocalCluster(run.dir, remap=True, restart_together=mirrored)

@@ -43,6 +43,7 @@ class PlanSummary:
     destroy: int
     spec: Spec
     cost: HourlyCost
+    images: str = ""
 
     def _roles(self) -> list[tuple[RoleHardware, float | None]]:
         hardware = cluster_hardware(self.spec, typed=True)
@@ -55,6 +56,8 @@ class PlanSummary:
             price = "$?/h" if usd is None else f"${usd:.3f}/h"
             lines.append(f"  {hw.role:<7} {hw.count:>3} x {hw.describe(typed=True)} · {price}")
         lines.append(self._cost_line())
+        if self.images:
+            lines.append(self.images)
         return "\n".join(lines)
 
     def markdown(self) -> str:
@@ -68,7 +71,7 @@ class PlanSummary:
             f"**{self.add}** to add, **{self.change}** to change, **{self.destroy}** to destroy.\n\n"
             "| role | nodes | instance type | vCPUs each | GPUs each (used) | $/hour (all nodes) |\n"
             "|---|---:|---|---:|---|---:|\n"
-            f"{rows}\n\n{self._cost_line()}\n"
+            f"{rows}\n\n{self._cost_line()}\n" + (f"\n{self.images}\n" if self.images else "")
         )
 
     def _cost_line(self) -> str:
@@ -89,12 +92,19 @@ def _gpu_cell(hw: RoleHardware) -> str:
     return f"{hw.kind.gpu_text()} ({hw.gpus})" if hw.kind.gpus else "-"
 
 
-def summarize(plan_json: dict[str, Any], run_id: str, spec: Spec) -> PlanSummary:
+def summarize(plan_json: dict[str, Any], run_id: str, spec: Spec, images: str = "") -> PlanSummary:
     counts = {"create": 0, "update": 0, "delete": 0}
     for change in plan_json.get("resource_changes", []):
         for action in change.get("change", {}).get("actions", []):
             if action in counts:
                 counts[action] += 1
     return PlanSummary(
-        run_id, spec.name, counts["create"], counts["update"], counts["delete"], spec, hourly_cost(spec)
+        run_id,
+        spec.name,
+        counts["create"],
+        counts["update"],
+        counts["delete"],
+        spec,
+        hourly_cost(spec),
+        images,
     )

@@ -9,12 +9,13 @@ from dlinfra.store import parse_s3_url
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared
+    from dlinfra.records import ImagePin
     from dlinfra.spec import Spec
 
 
-def stack_tfvars(prepared: Prepared) -> dict[str, Any]:
+def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None = None) -> dict[str, Any]:
     """The run stack's inputs (infra/stack/variables.tf): one instance group per role, one user-data
-    and fixed private IP per node."""
+    and fixed private IP per node; `images` the roles that boot a baked AMI."""
     spec, run_id = prepared.spec, prepared.run.id
     bucket, prefix = parse_s3_url(prepared.run.manifest().store.url)
     shapes = spec.roles()
@@ -29,6 +30,7 @@ def stack_tfvars(prepared: Prepared) -> dict[str, Any]:
                 # (emulators have no placement groups: moto lacks CreatePlacementGroup)
                 "placement_group": node.role in ("worker", "ps") and not spec.aws.endpoint_url,
                 "root_volume_gb": spec.aws.root_volume_gb,
+                "ami_id": pin.id if (pin := (images or {}).get(node.role)) else None,
                 "nodes": {},
             },
         )

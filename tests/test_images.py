@@ -1,0 +1,179 @@
+"""Node images without booting anything: the recipe and its digest, the boot-time decision to skip pip
+(the install script's own code, run here against image records), the emulated platform's vendor-data,
+the VMs' networks, the private-mirror settings, and each role's AMI choice against moto."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlinfra.errors import SpecError
+from dlinfra.images import IMAGE_JSON_PATH, Recipe
+from dlinfra.images.vm import Segment, nat_network
+from dlinfra.images.wheelhouse import _write_index, serve
+from dlinfra.prepare import node_install
+from dlinfra.records import ImagePin, WheelPin
+from dlinfra.render import render_cluster
+from dlinfra.spec_loading import Overrides, load_spec
+from dlinfra.targets.aws import amis
+from dlinfra.targets.aws.vms import vendor_data
+from support import FAKE_CREDS, Cli, ec2_client, node_configs
+
+
+@pytest.fixture
+def wheel(tmp_path: Path) -> Path:
+    path = tmp_path / "dlinfra-0.1.0-py3-none-any.whl"
+    path.write_bytes(b"not really a wheel, but bytes with a digest")
+    return path
+
+
+def test_recipe_digest_names_what_goes_into_the_image(wheel: Path, tmp_path: Path) -> None:
+    cpu, gpu = Recipe("cpu", wheel), Recipe("gpu", wheel)
+    assert cpu.digest == Recipe("cpu", wheel).digest
+    assert cpu.digest != gpu.digest
+    other = tmp_path / "other" / wheel.name
+    other.parent.mkdir()
+    other.write_bytes(b"another build")
+    assert Recipe("cpu", other).digest != cpu.digest
+    # where pip fetches from does not change what the image holds
+    local = cpu.render("/tmp/w.whl", "--no-index --find-links /tmp/wh", "local")
+    aws = cpu.render("/opt/w.whl", "--index-url https://mirror.example/simple", "aws")
+    assert local != aws
+    for script in (local, aws):
+        assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
+    record = json.loads(re.search(r"json.loads\('(.*)'\)", local).group(1))
+    assert record["wheel_sha256"] == cpu.wheel_sha256 and record["recipe_digest"] == cpu.digest
+    assert '"/tmp/w.whl[train,aws]"' in local and '"/opt/w.whl[train-gpu,aws]"' in gpu.render(
+        "/opt/w.whl", "", "aws"
+    )
+
+
+def _install_check(gpus: int, want_sha: str | None, tmp_path: Path) -> str:
+    """The image check of a rendered install script, pointed at a record under tmp_path."""
+    spec = load_spec(None, Overrides(target="aws", workers=1, sets=[f"cluster.workers.gpus={gpus}"]))
+    configs = node_configs(spec, "r-1", "s3://bucket/runs/r-1")
+    source = "s3://bucket/runs/r-1/code/dlinfra-0.1.0-py3-none-any.whl" if want_sha else "dlinfra==0.1.0"
+    pin = WheelPin(name="w", sha256=want_sha, uri=source) if want_sha else None
+    doc = yaml.safe_load(render_cluster(configs, node_install(spec, source, pin))["worker-0"])
+    script = next(f["content"] for f in doc["write_files"] if f["path"].endswith("install.sh"))
+    head = script.split("\n); then\n", 1)[0]
+    check = tmp_path / "check.sh"
+    check.write_text(
+        head.replace(IMAGE_JSON_PATH, str(tmp_path / "image.json"))
+        + '\n); then echo "BAKED: $why"; else echo "INSTALL: $why"; fi\n'
+    )
+    return subprocess.run(["sh", str(check)], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _record(tmp_path: Path, sha: str, flavor: str = "cpu") -> None:
+    record = {
+        "dlinfra_version": "0.1.0",
+        "flavor": flavor,
+        "wheel": "dlinfra-0.1.0-py3-none-any.whl",
+        "wheel_sha256": sha,
+        "recipe_digest": "d" * 64,
+        "builder": "local",
+        "tensorflow": "tensorflow-cpu 2.21.0",
+    }
+    (tmp_path / "image.json").write_text(json.dumps(record))
+
+
+def test_boot_skips_pip_only_when_the_image_bakes_this_very_wheel(tmp_path: Path) -> None:
+    assert _install_check(0, "a" * 64, tmp_path).startswith("INSTALL: no baked dlinfra image")
+    _record(tmp_path, "a" * 64)
+    assert _install_check(0, "a" * 64, tmp_path) == f"BAKED: the image ({'d' * 12}) bakes sha256:{'a' * 12}"
+    other = _install_check(0, "b" * 64, tmp_path)
+    assert other.startswith("INSTALL: the image bakes dlinfra-0.1.0-py3-none-any.whl (aaaaaaaaaaaa)")
+    # a GPU node needs the GPU build: a CPU image does not do, a GPU image does
+    assert "this node trains on GPUs" in _install_check(1, "a" * 64, tmp_path)
+    _record(tmp_path, "a" * 64, flavor="gpu")
+    assert _install_check(1, "a" * 64, tmp_path).startswith("BAKED")
+    # a release pin matches the image's version
+    assert _install_check(0, None, tmp_path).startswith("BAKED: the image")
+
+
+def test_vendor_data_supplies_the_platform_and_never_the_hosts_credentials() -> None:
+    local = load_spec(None, Overrides(target="aws", endpoint_url="http://127.0.0.1:5000"))
+    script = vendor_data(local, "10.0.2.2")
+    assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
+    assert "endpoint_url = http://127.0.0.1:5000" in script
+    assert "ListenStream=127.0.0.1:5000" in script and "systemd-socket-proxyd 10.0.2.2:5000" in script
+    assert not any(value in script for value in FAKE_CREDS.values() if len(value) > 12)
+    remote = vendor_data(
+        load_spec(None, Overrides(target="aws", endpoint_url="http://10.9.8.7:4566")), "10.0.2.2"
+    )
+    assert "endpoint_url = http://10.9.8.7:4566" in remote and "socket-proxyd" not in remote
+
+
+def test_vm_networks_never_overlap_the_vpc_and_runs_never_share_a_segment() -> None:
+    assert nat_network("10.42.0.0/16") == ipaddress.IPv4Network("10.0.2.0/24")
+    assert not nat_network("10.0.0.0/8").overlaps(ipaddress.IPv4Network("10.0.0.0/8"))
+    a = Segment.for_run("digits-cnn-20261123-082822-dddf", "10.42.1.0/24")
+    b = Segment.for_run("digits-cnn-20261123-082822-ddde", "10.42.1.0/24")
+    assert (a.group, a.port) != (b.group, b.port)
+    assert ipaddress.IPv4Address(a.group).is_multicast
+
+
+def test_wheelhouse_index_is_pep503_and_served_on_loopback(tmp_path: Path) -> None:
+    (tmp_path / "Some_Project-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    _write_index(tmp_path)
+    page = (tmp_path / "simple" / "some-project" / "index.html").read_text()
+    assert "../../Some_Project-1.0-py3-none-any.whl#sha256=" in page
+    with serve(tmp_path) as port:
+        import urllib.request
+
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/simple/some-project/").read().decode()
+        assert body == page
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("aws.pip_index_url=https://user:token@mirror.example/simple", "must not carry credentials"),
+        ("aws.pip_index_url=ftp://mirror.example", "must be an http(s) URL"),
+        ("aws.pip_extra_ca=not a certificate", "must be PEM text with its line breaks"),
+        ("aws.image=newest", "aws.image"),
+    ],
+)
+def test_private_mirror_and_image_settings_refuse_bad_input(cli: Cli, setting: str, message: str) -> None:
+    result = cli("validate", "--target", "aws", "--set", setting)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_private_key_is_refused_as_an_extra_ca(tmp_path: Path) -> None:
+    key = "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n"
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"target": "aws", "aws": {"pip_extra_ca": key}}))
+    with pytest.raises(SpecError, match="holds a private key"):
+        load_spec(tmp_path / "e.yaml")
+
+
+def test_each_role_boots_a_baked_ami_or_the_base_one(moto_endpoint: str) -> None:
+    ec2 = ec2_client(moto_endpoint)
+    flavors = {"chief": "cpu", "worker": "gpu"}
+    spec = load_spec(None, Overrides(target="aws"))
+    assert amis.choose(spec, flavors, ec2, {}) == {"chief": None, "worker": None}
+    with pytest.raises(SpecError, match=r"aws\.image: baked, and no cpu AMI is baked"):
+        amis.choose(load_spec(None, Overrides(target="aws", sets=["aws.image=baked"])), flavors, ec2, {})
+    with pytest.raises(SpecError, match=r"aws\.egress: none, and chief, worker would install TensorFlow"):
+        amis.choose(load_spec(None, Overrides(target="aws", sets=["aws.egress=none"])), flavors, ec2, {})
+    # a rerun boots what the original booted
+    pinned = {"chief": ImagePin(id="ami-0123456789abcdef0", digest="e" * 64, dlinfra_version="0.1.0")}
+    assert amis.choose(spec, flavors, ec2, pinned)["chief"] == pinned["chief"]
+    assert "chief: ami-0123456789abcdef0 (baked" in amis.describe(amis.choose(spec, flavors, ec2, pinned))
+
+
+def test_image_build_refuses_bad_flags(cli: Cli) -> None:
+    for args, message in (
+        (["--target", "gcp"], "--target gcp"),
+        (["--target", "aws", "--flavor", "base"], "--flavor base"),
+    ):
+        result = cli("image", "build", *args)
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr and "Traceback" not in result.stderr
