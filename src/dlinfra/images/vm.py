@@ -26,6 +26,9 @@ from pathlib import Path
 from dlinfra.images.local import LocalImage
 
 MEMORY_MB = 2048  # TensorFlow's import alone takes ~0.7 GB
+# Every instance type has at least 2 vCPUs, and TensorFlow sizes its thread pools by them: with one,
+# a parameter server's single inter-op thread blocks in one request while the next waits (seen here).
+VCPUS = 2
 NAT_CANDIDATES = ("10.0.2.0/24", "192.168.76.0/24", "172.31.254.0/24")
 
 
@@ -147,7 +150,7 @@ class Vm:
         return [
             "qemu-system-x86_64",
             *accel,
-            "-m", str(MEMORY_MB), "-smp", "1",
+            "-m", str(MEMORY_MB), "-smp", str(VCPUS),
             "-nodefaults", "-no-user-config", "-nographic", "-monitor", "none",
             "-name", self.name,
             "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),

@@ -28,6 +28,7 @@ import json
 import math
 import re
 import shlex
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +43,7 @@ from dlinfra.run import home
 from dlinfra.spec import Spec
 from dlinfra.store import parse_s3_url
 from dlinfra.targets.aws import preflight
-from dlinfra.targets.aws.stack import copy_hcl
+from dlinfra.targets.aws.stack import INFRA
 from dlinfra.targets.base import Log
 from dlinfra.terraform import Terraform
 
@@ -248,15 +249,12 @@ def bake(
         ami = existing[0]["ImageId"]
         log(f"image {tag}: {ami} ({existing[0].get('Name')}) is already baked")
         if _has_state(root):
-            _remove_leftovers(Terraform(root / STACK, log=log), inputs, log, keep_ami=True)
+            _remove_leftovers(_stack(root, log), inputs, log, keep_ami=True)
         return str(ami)
 
     bucket, prefix = image_prefix(spec, recipe.digest)
     user_data = builder_user_data(spec, recipe, timeout)
-    if not root.exists():
-        copy_hcl(STACK, root)
-    tf = Terraform(root / STACK, log=log)
-    tf.init()
+    tf = _stack(root, log)
     if _has_state(root):
         _remove_leftovers(tf, inputs, log, keep_ami=False)
 
@@ -269,8 +267,9 @@ def bake(
     _write(inputs, image_tfvars(spec, recipe, user_data, create_ami=False))
     t0 = time.monotonic()
     try:
-        tf.plan(inputs, root / "builder.tfplan")
-        tf.apply(root / "builder.tfplan")
+        # No saved plan to review: the builder's stack is dlinfra's own, sized by nothing the user
+        # chose but the network (and each terraform command loads the whole AWS provider).
+        tf.run(["apply", "-input=false", "-json", "-auto-approve", f"-var-file={inputs}"])
         builder = _builder_id(tf.output())
         log(f"image {tag}: builder {builder} runs the recipe (up to {timeout:.0f}s)")
         record = _wait_for_builder(spec, recipe, ec2, s3, builder, root, timeout)
@@ -288,6 +287,21 @@ def bake(
     tf.destroy(inputs)
     log(f"image {tag}: {ami} baked in {time.monotonic() - t0:.0f}s; builder destroyed")
     return ami
+
+
+def _stack(root: Path, log: Log) -> Terraform:
+    """The image stack's working copy, one per digest: the HCL refreshed from the package (a
+    checkout's HCL changes under one version), state and providers (.terraform) kept."""
+    for part in (STACK, "modules"):
+        shutil.copytree(
+            INFRA / part,
+            root / part,
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns("tests", ".terraform*"),
+        )
+    tf = Terraform(root / STACK, log=log)
+    tf.init()
+    return tf
 
 
 def _write(path: Path, variables: dict[str, Any]) -> None:

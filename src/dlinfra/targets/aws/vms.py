@@ -131,14 +131,14 @@ class VmCluster:
     def exit_codes(self) -> dict[str, int | None]:
         return {name: vm.poll() for name, vm in self.vms.items()}
 
-    def poll(self) -> dict[str, int | None]:
+    def poll(self, why: str = "the VM powered off") -> dict[str, int | None]:
         codes = self.exit_codes()
         for name, code in codes.items():
             instance = self.instances[name]
             if code is not None and instance not in self.terminated:
                 self.ec2.terminate_instances(InstanceIds=[instance])
                 self.terminated.add(instance)
-                self.log(f"{name}: the VM powered off; instance {instance} terminated")
+                self.log(f"{name}: {why}; instance {instance} terminated")
         return codes
 
     def kill(self, name: str) -> None:
@@ -150,9 +150,10 @@ class VmCluster:
         self.start({name: user_data}, {})
 
     def stop(self) -> None:
+        self.poll()  # first what powered off by itself
         for vm in self.vms.values():
             vm.stop()
-        self.poll()  # what powered off in the meantime is terminated too
+        self.poll("the VM was stopped")
 
     def wait_powered_off(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

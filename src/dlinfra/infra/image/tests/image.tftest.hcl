@@ -125,6 +125,9 @@ run "ssm_parameter_resolves_the_base_ami_when_no_id_is_given" {
 run "public_ip_egress_gives_the_builder_a_public_ip" {
   command = plan
 
+  # A fresh builder: an existing one keeps its public IP setting (ignore_changes).
+  state_key = "public_ip"
+
   variables {
     network = { egress = "public_ip" }
   }
