@@ -93,9 +93,8 @@ def test_aws_user_data_installs_the_runs_wheel_from_the_store(tmp_path: Path) ->
             "--index-url https://pypi.internal.example/simple --cert /etc/ssl/certs/ca-certificates.crt "
             f'"/opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl[{extras}]"'
         )
-        assert (
-            lines.index("[ -x /opt/dlinfra/bin/python ] || python3 -m venv /opt/dlinfra") < fetch < lines.index("update-ca-certificates") < pip
-        )
+        venv = lines.index("[ -x /opt/dlinfra/bin/python ] || python3 -m venv /opt/dlinfra")
+        assert venv < fetch < lines.index("update-ca-certificates") < pip
         assert files["/usr/local/share/ca-certificates/dlinfra-extra-ca.crt"] == ca
     text = rendered["worker-0"]
     path = tmp_path / "worker-0.yaml"

@@ -142,11 +142,9 @@ def destroy_ended() -> list[str]:
 
 def consoles(run_id: str, node: str | None) -> Iterator[str]:
     """The serial consoles of a run's VMs (what EC2's get-console-output shows of an instance)."""
-    from dlinfra.targets.aws.vms import console_log
-
     run = Run.open(run_id)
     names = [node] if node else run.manifest().nodes
-    paths = {name: console_log(run.dir, name) for name in names}
+    paths = {name: run.vm_dir(name) / "console.log" for name in names}
     if not any(p.is_file() for p in paths.values()):
         raise DlinfraError(
             f"run {run.id} has no VM consoles: only runs deployed with --emulate-instances=vm do"

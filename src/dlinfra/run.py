@@ -158,6 +158,10 @@ class Run:
             return local.read_text(encoding="utf-8", errors="replace").splitlines()
         return self.store().log_lines(node)
 
+    def vm_dir(self, node: str) -> Path:
+        """Where a node's VM keeps its disk, seed, console.log and shell socket (--emulate-instances=vm)."""
+        return self.dir / "vms" / node
+
     def publish_manifest(self) -> None:
         """The manifest travels with the results: a run can be rerun from its store alone."""
         self.store().put_manifest(self.manifest())

@@ -272,3 +272,35 @@ def test_a_builder_that_never_finishes_times_out_and_is_destroyed(
     tagged = [{"Name": f"tag:{DIGEST_TAG}", "Values": [recipe.digest]}]
     assert ec2.describe_images(Owners=["self"], Filters=tagged)["Images"] == []
     assert ec2.describe_vpcs(Filters=tagged)["Vpcs"] == []
+
+
+def test_builder_user_data_trusts_a_private_index_and_its_ca(wheel: Path, tmp_path: Path):
+    """The recipe's pip reaches the spec's mirror through the system bundle holding its CA."""
+    from dlinfra.targets.aws.images import builder_user_data
+
+    ca = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+    mirrored = Spec.model_validate(
+        {
+            "target": "aws",
+            "storage": {"url": f"s3://{BUCKET}/{STORE_PREFIX}"},
+            "aws": {"pip_index_url": "https://pypi.corp.example/simple", "pip_extra_ca": ca},
+        }
+    )
+    recipe = Recipe("gpu", wheel)
+    user_data = builder_user_data(mirrored, recipe, timeout=3600)
+    path = tmp_path / "user-data.yaml"
+    path.write_text(user_data)
+    schema = subprocess.run(
+        ["cloud-init", "schema", "--config-file", str(path)], capture_output=True, text=True
+    )
+    assert schema.returncode == 0, schema.stdout + schema.stderr
+    doc = yaml.safe_load(user_data)
+    options = "--index-url https://pypi.corp.example/simple --cert /etc/ssl/certs/ca-certificates.crt"
+    expected = recipe.render(f"/opt/dlinfra-wheel/{wheel.name}", options, "aws")
+    assert [f["content"] for f in doc["write_files"] if f["content"] == expected]
+    assert ca in [f["content"] for f in doc["write_files"]]
+    commands = [c if isinstance(c, str) else " ".join(c) for c in doc["runcmd"]]
+    assert commands[0] == "shutdown -h +75", "a builder whose CLI died powers itself off"
+    assert commands.index("update-ca-certificates") < next(
+        i for i, c in enumerate(commands) if c.startswith("sh ")
+    )

@@ -3,13 +3,17 @@ every boot."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dlinfra.cli.console import err, out
 from dlinfra.cli.options import SpecArg, with_overrides
-from dlinfra.spec_loading import Overrides
+
+if TYPE_CHECKING:  # loaded when a command runs: `--help` stays fast
+    from dlinfra.spec_loading import Overrides
 
 image_app = typer.Typer(
     help="Node images: the environment nodes boot into, baked once.", no_args_is_help=True
@@ -35,30 +39,44 @@ def build(
     overrides: Overrides,
 ) -> None:
     """Build the node image of this dlinfra (cached: an image with the same recipe digest is reused)."""
-    from dlinfra.cli.app import _load
     from dlinfra.errors import SpecError
-    from dlinfra.wheel import node_wheel
 
-    flavors = ("base", "cpu", "gpu") if target == "local" else ("cpu", "gpu")
-    if target not in ("local", "aws"):
-        raise SpecError([f"--target {target}: Fix: use local or aws"])
+    if target not in BUILDERS:
+        raise SpecError([f"--target {target}: Fix: use one of {', '.join(BUILDERS)}"])
+    flavors, build_with = BUILDERS[target]
     if flavor not in flavors:
         raise SpecError([f"--flavor {flavor}: Fix: use one of {', '.join(flavors)} with --target {target}"])
-    log = lambda line: err.print(line, markup=False)  # noqa: E731
-    wheel = node_wheel()
-    if target == "local":
-        from dlinfra.images import local
+    out.print(build_with(spec, flavor, overrides), markup=False)
 
-        kind: Literal["base", "cpu", "gpu"] = flavor  # type: ignore[assignment]
-        image = local.build(kind, wheel, log)
-        out.print(str(image.dir), markup=False)
-        return
+
+def _log(line: str) -> None:
+    err.print(line, markup=False)
+
+
+def _local(spec: Path | None, flavor: str, overrides: Overrides) -> str:
+    """A qemu image (--emulate-instances=vm boots it); `base` has no node environment."""
+    from dlinfra.images import local
+    from dlinfra.wheel import node_wheel
+
+    return str(local.build(flavor, node_wheel(), _log).dir)  # type: ignore[arg-type]
+
+
+def _aws(spec: Path | None, flavor: str, overrides: Overrides) -> str:
+    """An AMI in the spec's region (and endpoint), from the spec's base AMI."""
+    from dlinfra.cli.app import _load
+    from dlinfra.errors import SpecError
     from dlinfra.images import Recipe
     from dlinfra.targets.aws.images import bake
+    from dlinfra.wheel import node_wheel
 
+    wheel = node_wheel()
     if wheel is None:
-        raise SpecError(
-            ["dlinfra image build --target aws bakes this checkout's wheel. Fix: run it from a checkout"]
-        )
-    resolved = _load(spec, overrides)
-    out.print(bake(resolved, Recipe(flavor, wheel), log))  # type: ignore[arg-type]
+        raise SpecError(["--target aws bakes this checkout's wheel. Fix: run it from a dlinfra checkout"])
+    return bake(_load(spec, overrides), Recipe(flavor, wheel), _log)  # type: ignore[arg-type]
+
+
+# Where an image goes → the flavors it can hold and its builder.
+BUILDERS: dict[str, tuple[tuple[str, ...], Callable[[Path | None, str, Overrides], str]]] = {
+    "local": (("base", "cpu", "gpu"), _local),
+    "aws": (("cpu", "gpu"), _aws),
+}

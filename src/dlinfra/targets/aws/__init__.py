@@ -114,7 +114,7 @@ class AwsTarget:
                 spec.aws.image, run.dir / "code" / wheel.name if wheel else None, self.options.log
             )
             ec2 = preflight.client(spec, "ec2")
-            vms = VmCluster(spec, run.dir, image, ec2, cluster.instances, self.options.log)
+            vms = VmCluster(spec, run, image, ec2, cluster.instances, self.options.log)
             cluster.emulated = vms
             try:
                 vms.start(

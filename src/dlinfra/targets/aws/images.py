@@ -49,6 +49,7 @@ from dlinfra.terraform import Terraform
 
 STACK = "image"
 AMI_ADDRESS = "aws_ami_from_instance.this[0]"
+OUT_BUILDER, OUT_AMI = "builder_instance_id", "ami_id"
 POLL_SECONDS = 5.0
 # The builder powers itself off this long after the bake's own deadline, should the CLI that
 # would destroy it be gone (CreateImage reboots it first, which cancels the scheduled shutdown).
@@ -85,9 +86,6 @@ def work_dir(recipe: Recipe) -> Path:
     return home() / "images" / "aws" / recipe.digest[:16]
 
 
-# ---------------------------------------------------------------- the Python ↔ HCL contract
-
-
 def image_tfvars(spec: Spec, recipe: Recipe, user_data: str, *, create_ami: bool) -> dict[str, Any]:
     """infra/image/variables.tf."""
     bucket, prefix = image_prefix(spec, recipe.digest)
@@ -116,17 +114,6 @@ def image_tfvars(spec: Spec, recipe: Recipe, user_data: str, *, create_ami: bool
         "prefix": prefix,
         "tags": dict(spec.aws.tags),
     }
-
-
-def _builder_id(outputs: dict[str, Any]) -> str:
-    return str(outputs["builder_instance_id"])
-
-
-def _ami_id(outputs: dict[str, Any]) -> str | None:
-    return outputs.get("ami_id")
-
-
-# ---------------------------------------------------------------- the builder's user-data
 
 
 class _Dumper(yaml.SafeDumper):
@@ -196,9 +183,6 @@ def builder_user_data(spec: Spec, recipe: Recipe, timeout: float) -> str:
     return header + body
 
 
-# ---------------------------------------------------------------- finding images
-
-
 def _images(ec2: Any, filters: dict[str, str]) -> list[dict[str, Any]]:
     response = ec2.describe_images(
         Owners=["self"],
@@ -208,24 +192,18 @@ def _images(ec2: Any, filters: dict[str, str]) -> list[dict[str, Any]]:
     return sorted(images, key=lambda i: i.get("CreationDate", ""), reverse=True)
 
 
-def _summary(image: dict[str, Any]) -> dict[str, Any]:
-    tags = {t["Key"]: t["Value"] for t in image.get("Tags", [])}
-    return {
-        "id": image["ImageId"],
-        "digest": tags.get(TAG_DIGEST),
-        "wheel_sha256": tags.get(TAG_WHEEL),
-        "name": image.get("Name"),
-    }
-
-
 def find_baked(ec2: Any, version: str, flavor: str) -> dict[str, Any] | None:
     """The newest AMI this account baked for `version` and `flavor`: {id, digest, wheel_sha256,
     name}, or None."""
-    images = _images(ec2, {TAG_VERSION: version, TAG_FLAVOR: flavor})
-    return _summary(images[0]) if images else None
-
-
-# ---------------------------------------------------------------- baking
+    for image in _images(ec2, {TAG_VERSION: version, TAG_FLAVOR: flavor}):
+        tags = {t["Key"]: t["Value"] for t in image.get("Tags", [])}
+        return {
+            "id": image["ImageId"],
+            "digest": tags.get(TAG_DIGEST),
+            "wheel_sha256": tags.get(TAG_WHEEL),
+            "name": image.get("Name"),
+        }
+    return None
 
 
 def bake(
@@ -270,7 +248,7 @@ def bake(
         # No saved plan to review: the builder's stack is dlinfra's own, sized by nothing the user
         # chose but the network (and each terraform command loads the whole AWS provider).
         tf.run(["apply", "-input=false", "-json", "-auto-approve", f"-var-file={inputs}"])
-        builder = _builder_id(tf.output())
+        builder = str(tf.output()[OUT_BUILDER])
         log(f"image {tag}: builder {builder} runs the recipe (up to {timeout:.0f}s)")
         record = _wait_for_builder(spec, recipe, ec2, s3, builder, root, timeout)
         built = record.tensorflow or "no TensorFlow"
@@ -292,13 +270,9 @@ def bake(
 def _stack(root: Path, log: Log) -> Terraform:
     """The image stack's working copy, one per digest: the HCL refreshed from the package (a
     checkout's HCL changes under one version), state and providers (.terraform) kept."""
+    skip = shutil.ignore_patterns("tests", ".terraform*")
     for part in (STACK, "modules"):
-        shutil.copytree(
-            INFRA / part,
-            root / part,
-            dirs_exist_ok=True,
-            ignore=shutil.ignore_patterns("tests", ".terraform*"),
-        )
+        shutil.copytree(INFRA / part, root / part, dirs_exist_ok=True, ignore=skip)
     tf = Terraform(root / STACK, log=log)
     tf.init()
     return tf
@@ -310,22 +284,12 @@ def _write(path: Path, variables: dict[str, Any]) -> None:
 
 def _has_state(root: Path) -> bool:
     state = root / STACK / "terraform.tfstate"
-    if not state.is_file():
-        return False
-    try:
-        return bool(json.loads(state.read_text(encoding="utf-8")).get("resources"))
-    except json.JSONDecodeError:
-        return True
+    return state.is_file() and bool(json.loads(state.read_text(encoding="utf-8") or "{}").get("resources"))
 
 
 def _remove_leftovers(tf: Terraform, inputs: Path, log: Log, *, keep_ami: bool) -> None:
     """What an interrupted bake left (a builder, its network): destroyed. A registered AMI is kept
     when it is the one being returned; a half-made one goes with the rest."""
-    if not inputs.is_file():
-        raise DlinfraError(
-            f"{tf.workdir} holds the state of an earlier bake but not its inputs ({inputs.name}). "
-            f"Fix: `terraform -chdir={tf.workdir} destroy` with that bake's variables, then remove the state"
-        )
     log(f"removing what an interrupted bake left in {tf.workdir}")
     if keep_ami and AMI_ADDRESS in tf.run(["state", "list"], json_events=False, quiet=True).split():
         tf.run(["state", "rm", AMI_ADDRESS], json_events=False)
@@ -380,9 +344,7 @@ def _checked_record(marker: bytes, recipe: Recipe, bucket: str, prefix: str) -> 
     try:
         record = ImageRecord.model_validate_json(marker)
     except ValueError as exc:
-        raise DlinfraError(
-            f"{where} is not an image record ({exc}); the builder's recipe is broken"
-        ) from None
+        raise DlinfraError(f"{where} is not an image record ({exc}): the recipe is broken") from None
     if (record.recipe_digest, record.wheel_sha256) != (recipe.digest, recipe.wheel_sha256):
         raise DlinfraError(
             f"{where} records recipe {record.recipe_digest[:12]} with wheel {record.wheel_sha256[:12]}, "
@@ -392,9 +354,8 @@ def _checked_record(marker: bytes, recipe: Recipe, bucket: str, prefix: str) -> 
 
 
 def _instance_state(ec2: Any, instance_id: str) -> str:
-    reservations = ec2.describe_instances(InstanceIds=[instance_id]).get("Reservations", [])
-    instances = [i for r in reservations for i in r.get("Instances", [])]
-    return str(instances[0]["State"]["Name"]) if instances else "gone"
+    reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return next((str(i["State"]["Name"]) for r in reservations for i in r["Instances"]), "gone")
 
 
 def _console_hint(spec: Spec, ec2: Any, builder: str, root: Path) -> str:
@@ -433,7 +394,4 @@ def _register(tf: Terraform, spec: Spec, recipe: Recipe, user_data: str, inputs:
             f"{', '.join(unexpected)}. Nothing was registered; the builder is destroyed"
         )
     tf.apply(plan_file)
-    ami = _ami_id(tf.output())
-    if not ami:
-        raise DlinfraError(f"terraform registered no AMI in {tf.workdir} (output ami_id is empty)")
-    return ami
+    return str(tf.output()[OUT_AMI])

@@ -18,18 +18,11 @@ from dlinfra.errors import DlinfraError
 from dlinfra.images import images_home
 from dlinfra.images.local import LocalImage, find, missing_tools
 from dlinfra.images.vm import Seed, Segment, Vm, host_address, nat_network
+from dlinfra.run import Run
 from dlinfra.spec import Spec
 from dlinfra.targets.base import Log
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
-
-
-def vms_dir(run_dir: Path) -> Path:
-    return run_dir / "vms"
-
-
-def console_log(run_dir: Path, node: str) -> Path:
-    return vms_dir(run_dir) / node / "console.log"
 
 
 def preflight_problems(spec: Spec) -> list[str]:
@@ -104,7 +97,7 @@ class VmCluster:
     healed node's new VM boots as its new instance."""
 
     spec: Spec
-    run_dir: Path
+    run: Run
     image: LocalImage
     ec2: Any
     instances: dict[str, str]
@@ -116,17 +109,16 @@ class VmCluster:
     def start(self, user_data: dict[str, str], private_ips: dict[str, str]) -> None:
         self.private_ips.update(private_ips)
         nat = nat_network(self.spec.aws.vpc_cidr)
-        segment = Segment.for_run(self.run_dir.name, self.spec.aws.subnet_cidr)
+        segment = Segment.for_run(self.run.id, self.spec.aws.subnet_cidr)
         vendor = vendor_data(self.spec, host_address(nat))
         for name in sorted(user_data, key=lambda n: n.startswith("chief")):
             seed = Seed(self.instances[name], name, user_data[name], vendor, self.private_ips[name])
-            vm = Vm(name, self.image, seed, segment, vms_dir(self.run_dir) / name, nat)
+            vm = Vm(name, self.image, seed, segment, self.run.vm_dir(name), nat)
             vm.start()
             self.vms[name] = vm
             self.terminated.discard(self.instances[name])
-        self.log(
-            f"booted {len(user_data)} VMs from {self.image.dir.name} (consoles in {vms_dir(self.run_dir)})"
-        )
+        where = self.run.dir / "vms"
+        self.log(f"booted {len(user_data)} VMs from {self.image.dir.name} (consoles in {where})")
 
     def exit_codes(self) -> dict[str, int | None]:
         return {name: vm.poll() for name, vm in self.vms.items()}
