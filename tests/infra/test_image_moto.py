@@ -304,3 +304,29 @@ def test_builder_user_data_trusts_a_private_index_and_its_ca(wheel: Path, tmp_pa
     assert commands.index("update-ca-certificates") < next(
         i for i, c in enumerate(commands) if c.startswith("sh ")
     )
+
+
+def test_the_next_plan_boots_every_role_from_the_baked_ami(baked: Baked, spec: Spec, aws_env: Path) -> None:
+    """`dlinfra plan` after the bake: aws.image auto picks the AMI for this dlinfra and flavor (CPU
+    here: no role trains on GPUs), says so, pins it, and puts it in the stack's inputs."""
+    from support import run_cli
+
+    args = ["plan", "--target", "aws", "--workers", "1", "--endpoint-url", str(spec.aws.endpoint_url)]
+    sets = [f"storage.url={spec.storage.url}", f"aws.ami={spec.aws.ami}", "cluster.workers.gpus=0"]
+    result = run_cli(*args, *[a for s in sets for a in ("--set", s)], env=dict(os.environ), cwd=aws_env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for role in ("chief", "ps", "worker"):
+        assert f"{role}: {baked.ami} (baked, dlinfra {__version__}, recipe {baked.recipe.digest[:12]})" in (
+            result.stdout
+        )
+    run_dir = sorted((aws_env / "runs").iterdir())[-1]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert {role: pin["id"] for role, pin in manifest["images"].items()} == dict.fromkeys(
+        ("chief", "ps", "worker"), baked.ami
+    )
+    inputs = json.loads((run_dir / "tfvars.json").read_text())
+    assert {role: group["ami_id"] for role, group in inputs["roles"].items()} == manifest_ids(manifest)
+
+
+def manifest_ids(manifest: dict[str, Any]) -> dict[str, str]:
+    return {role: pin["id"] for role, pin in manifest["images"].items()}

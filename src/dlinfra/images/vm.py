@@ -154,7 +154,7 @@ class Vm:
             "-nodefaults", "-no-user-config", "-nographic", "-monitor", "none",
             "-name", self.name,
             "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
-            "-append", "root=/dev/vda rw console=ttyS0",
+            "-append", "root=/dev/vda rw console=ttyS0 quiet",  # quiet: every console byte is emulated I/O
             "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe",
             "-drive", f"file={iso},if=virtio,format=raw,readonly=on",
             "-device", "virtio-rng-pci",
