@@ -177,3 +177,8 @@ def test_image_build_refuses_bad_flags(cli: Cli) -> None:
         result = cli("image", "build", *args)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_vms_cannot_be_detached_from(cli: Cli) -> None:
+    result = cli("deploy", "--target", "aws", "--emulate-instances=vm", "--detach", "--yes")
+    assert result.returncode == 2 and "--detach: VMs live only while this deploy watches them" in result.stderr

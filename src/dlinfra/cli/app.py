@@ -170,6 +170,8 @@ def deploy(
     from dlinfra.deploy import deploy as run_deploy
 
     started = time.time()
+    if detach and emulate_instances == "vm":
+        raise SpecError(["--detach: VMs live only while this deploy watches them. Fix: drop --detach"])
     request = Request(_load(spec, overrides), spec, sys.argv, keep, detach=detach)
     _report(
         lambda options, progress: run_deploy(request, options, _approver(yes), progress, started),

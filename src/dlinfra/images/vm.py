@@ -152,7 +152,7 @@ class Vm:
             *accel,
             "-m", str(MEMORY_MB), "-smp", str(VCPUS),
             "-nodefaults", "-no-user-config", "-nographic", "-monitor", "none",
-            "-name", self.name,
+            "-name", self.name, "-pidfile", "qemu.pid",
             "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
             "-append", "root=/dev/vda rw console=ttyS0 quiet",  # quiet: every console byte is emulated I/O
             "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe",

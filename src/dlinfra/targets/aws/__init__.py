@@ -148,6 +148,9 @@ class AwsTarget:
         return cluster
 
     def teardown(self, run: Run) -> str:
+        from dlinfra.targets.aws.vms import stop_leftover_vms
+
+        stop_leftover_vms(run)  # a deploy that died leaves its VMs running: they were its instances
         return stack.destroy(run)
 
     def hourly_cost(self, spec: Spec) -> HourlyCost:

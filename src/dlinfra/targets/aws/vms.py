@@ -8,6 +8,9 @@ terminate` does on EC2; consoles stay in the run dir (`dlinfra logs RUN --node X
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +92,19 @@ def vendor_data(spec: Spec, nat_host: str) -> str:
             "systemctl start dlinfra-emulator.socket",
         ]
     return "\n".join(lines) + "\n"
+
+
+def stop_leftover_vms(run: Run) -> None:
+    """Kill the qemu processes of a run's VMs that are still up (their pid files name them)."""
+    for pidfile in (run.dir / "vms").glob("*/qemu.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if (
+                b"qemu-system" in cmdline
+                and str(pidfile.parent).encode() in Path(f"/proc/{pid}/cwd").resolve().as_posix().encode()
+            ):
+                os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
