@@ -181,4 +181,5 @@ def test_image_build_refuses_bad_flags(cli: Cli) -> None:
 
 def test_vms_cannot_be_detached_from(cli: Cli) -> None:
     result = cli("deploy", "--target", "aws", "--emulate-instances=vm", "--detach", "--yes")
-    assert result.returncode == 2 and "--detach: VMs live only while this deploy watches them" in result.stderr
+    assert result.returncode == 2
+    assert "--detach: VMs live only while this deploy watches them" in result.stderr
