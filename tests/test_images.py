@@ -183,3 +183,16 @@ def test_vms_cannot_be_detached_from(cli: Cli) -> None:
     result = cli("deploy", "--target", "aws", "--emulate-instances=vm", "--detach", "--yes")
     assert result.returncode == 2
     assert "--detach: VMs live only while this deploy watches them" in result.stderr
+
+
+def test_a_bare_emulate_instances_means_processes_and_never_eats_the_next_flag() -> None:
+    from dlinfra.cli.options import with_emulation_default
+
+    assert with_emulation_default(["deploy", "--emulate-instances", "--keep"]) == [
+        "deploy",
+        "--emulate-instances=process",
+        "--keep",
+    ]
+    assert with_emulation_default(["--emulate-instances"]) == ["--emulate-instances=process"]
+    assert with_emulation_default(["--emulate-instances", "vm"]) == ["--emulate-instances", "vm"]
+    assert with_emulation_default(["--emulate-instances=vm"]) == ["--emulate-instances=vm"]

@@ -26,6 +26,7 @@ from dlinfra.cli.options import (
     RunArg,
     SpecArg,
     YesOpt,
+    with_emulation_default,
     with_overrides,
 )
 from dlinfra.errors import DlinfraError, SpecError
@@ -346,6 +347,7 @@ def version() -> None:
 
 
 def main() -> None:
+    sys.argv[1:] = with_emulation_default(sys.argv[1:])
     try:
         app()  # usage errors (unknown option, bad type) exit 2 inside Typer
     except SpecError as exc:

@@ -27,12 +27,25 @@ EmulateOpt = Annotated[
     str | None,
     typer.Option(
         "--emulate-instances",
-        flag_value="process",
         metavar="[process|vm]",
         help="aws + endpoint: boot instances' user-data as local processes (process, the default: fast) "
         "or as qemu VMs from a local image (vm: real cloud-init and systemd).",
     ),
 ]
+
+EMULATIONS = ("process", "vm")
+
+
+def with_emulation_default(argv: list[str]) -> list[str]:
+    """A bare `--emulate-instances` means `=process`. Click's optional option values would take
+    the next flag (`--emulate-instances --keep`) as the value, so the default is spelled out here."""
+    out = []
+    for i, arg in enumerate(argv):
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        bare = arg == "--emulate-instances" and following not in EMULATIONS
+        out.append("--emulate-instances=process" if bare else arg)
+    return out
+
 
 # Overrides field → its flag. Help names the spec field each one sets.
 OVERRIDE_OPTIONS: dict[str, Any] = {
