@@ -121,7 +121,7 @@ class AwsTarget:
                     instance_user_data(ec2, instances), {n: i["private_ip"] for n, i in instances.items()}
                 )
             except BaseException:
-                vms.stop()
+                vms.stop(grace=0)
                 raise
             run.update_manifest(images=dict.fromkeys(spec.roles(), image.pin()))
         elif self.options.emulate_instances:

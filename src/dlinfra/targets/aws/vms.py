@@ -26,6 +26,7 @@ from dlinfra.spec import Spec
 from dlinfra.targets.base import Log
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+POWER_OFF_GRACE = 180.0  # an emulated shutdown takes tens of seconds under TCG
 
 
 def preflight_problems(spec: Spec) -> list[str]:
@@ -157,16 +158,12 @@ class VmCluster:
         self.kill(name)
         self.start({name: user_data}, {})
 
-    def stop(self) -> None:
-        self.poll()  # first what powered off by itself
+    def stop(self, grace: float = POWER_OFF_GRACE) -> None:
+        """Once a run has ended, its agents see the marker and their VMs power off by themselves (as
+        instances do); what is still up after `grace` seconds is stopped."""
+        deadline = time.monotonic() + grace
+        while any(code is None for code in self.poll().values()) and time.monotonic() < deadline:
+            time.sleep(1)
         for vm in self.vms.values():
             vm.stop()
         self.poll("the VM was stopped")
-
-    def wait_powered_off(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(code is not None for code in self.poll().values()):
-                return True
-            time.sleep(1)
-        return False
