@@ -135,9 +135,18 @@ def _checkpoint(model: Any, optimizer: Any, directory: Path) -> Any:
     return ckpt, tf.train.CheckpointManager(ckpt, str(directory), max_to_keep=2)
 
 
-def _restore(ckpt: Any, hooks: Hooks) -> None:
+def _chief_io() -> Any:
+    """Under parameter servers, each ps would write (and read) its own variables' shard at the
+    chief's path, on its own disk: right only when every task shares one filesystem (local
+    processes), wrong on machines. All checkpoint I/O goes through the chief's CPU instead."""
+    import tensorflow as tf
+
+    return tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
+
+
+def _restore(ckpt: Any, hooks: Hooks, options: Any = None) -> None:
     if hooks.restore_from is not None:
-        ckpt.restore(str(hooks.restore_from)).assert_existing_objects_matched()
+        ckpt.restore(str(hooks.restore_from), options=options).assert_existing_objects_matched()
 
 
 def _loss_fn() -> Any:
@@ -164,7 +173,8 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         optimizer = make_optimizer(cfg, scale.learning_rate)
         optimizer.build(model.trainable_variables)  # slot variables must exist before remote steps
     ckpt, manager = _checkpoint(model, optimizer, hooks.work_dir / "checkpoints")
-    _restore(ckpt, hooks)
+    io = _chief_io()
+    _restore(ckpt, hooks, io)
     loss_fn = _loss_fn()
 
     # ClusterCoordinator traces one dataset function for every worker, so no static shard index
@@ -218,7 +228,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         coordinator.join()
         step = global_step()
         if step > last_ckpt:
-            manager.save(checkpoint_number=step)
+            manager.save(checkpoint_number=step, options=io)
             hooks.on_checkpoint(step, hooks.work_dir / "checkpoints")
             last_ckpt = step
         if step >= t.steps:
