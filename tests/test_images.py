@@ -196,3 +196,16 @@ def test_a_bare_emulate_instances_means_processes_and_never_eats_the_next_flag()
     assert with_emulation_default(["--emulate-instances"]) == ["--emulate-instances=process"]
     assert with_emulation_default(["--emulate-instances", "vm"]) == ["--emulate-instances", "vm"]
     assert with_emulation_default(["--emulate-instances=vm"]) == ["--emulate-instances=vm"]
+
+
+def test_pip_trusts_a_plain_http_mirror_only_when_it_is_named() -> None:
+    from dlinfra.images import pip_options
+
+    assert pip_options(None, False) == ""
+    assert pip_options("https://mirror.example/simple", True) == (
+        "--index-url https://mirror.example/simple --cert /etc/ssl/certs/ca-certificates.crt"
+    )
+    # pip ignores a plain-HTTP index that is not trusted (the VM test's wheelhouse on the host)
+    assert pip_options("http://10.0.2.2:8080/simple", False) == (
+        "--index-url http://10.0.2.2:8080/simple --trusted-host 10.0.2.2:8080"
+    )

@@ -15,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import jinja2
 from pydantic import BaseModel, ConfigDict
@@ -38,6 +40,18 @@ def images_home() -> Path:
     """Built local images and wheelhouses: $DLINFRA_IMAGE_CACHE, else the dlinfra home's images/
     (an image is a few GB and is keyed by content: one cache serves every run that matches it)."""
     return Path(os.environ.get("DLINFRA_IMAGE_CACHE") or home() / "images").absolute()
+
+
+def pip_options(index_url: str | None, extra_ca: bool) -> str:
+    """pip's options for a private mirror (aws.pip_index_url) and an extra CA (aws.pip_extra_ca)."""
+    options = []
+    if index_url:
+        options.append(f"--index-url {shlex.quote(index_url)}")
+        if index_url.startswith("http://"):  # pip ignores a plain-HTTP index unless told to trust it
+            options.append(f"--trusted-host {shlex.quote(urlsplit(index_url).netloc)}")
+    if extra_ca:  # pip trusts certifi's bundle, not the system's: name the system's
+        options.append("--cert /etc/ssl/certs/ca-certificates.crt")
+    return " ".join(options)
 
 
 def flavor_for(gpus: int) -> Flavor:

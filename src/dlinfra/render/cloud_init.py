@@ -11,7 +11,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from dlinfra.images import IMAGE_JSON_PATH, VENV, flavor_for
+from dlinfra.images import IMAGE_JSON_PATH, VENV, flavor_for, pip_options
 from dlinfra.node.config import FINAL_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 
 WHEEL_DIR = "/opt/dlinfra-wheel"
@@ -56,7 +56,7 @@ def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
     node installs the extras it needs: the GPU or the CPU build of TensorFlow."""
     node_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
     wheel = pip_target = None
-    pip_options = ""
+    pip_install_options = ""
     if install:
         extras = node_extras(config)
         if install.source.startswith("s3://"):
@@ -65,10 +65,8 @@ def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
         else:
             name, pin, version = install.source.partition("==")
             pip_target = f"{name}[{extras}]{pin}{version}"
-        if install.index_url:
-            pip_options += f"--index-url {install.index_url} "
-        if install.extra_ca:  # pip trusts certifi's bundle, not the system's: name the system's
-            pip_options += "--cert /etc/ssl/certs/ca-certificates.crt "
+        if options := pip_options(install.index_url, install.extra_ca is not None):
+            pip_install_options = options + " "
     return _template().render(
         config=config,
         node_json=node_json,
@@ -80,7 +78,7 @@ def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
         wheel=wheel,
         wheel_dir=WHEEL_DIR,
         pip_target=pip_target,
-        pip_options=pip_options,
+        pip_options=pip_install_options,
         extra_ca=install.extra_ca.strip() if install and install.extra_ca else None,
         tensorflow_build=f"GPU (tensorflow[and-cuda]) for {config.gpus} GPU(s)"
         if config.gpus

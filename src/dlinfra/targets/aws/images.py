@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ import yaml
 
 from dlinfra import __version__
 from dlinfra.errors import DlinfraError
-from dlinfra.images import IMAGE_JSON_PATH, ImageRecord, Recipe
+from dlinfra.images import IMAGE_JSON_PATH, ImageRecord, Recipe, pip_options
 from dlinfra.run import home
 from dlinfra.spec import Spec
 from dlinfra.store import parse_s3_url
@@ -130,12 +129,7 @@ _Dumper.add_representer(
 
 
 def _pip_options(spec: Spec) -> str:
-    options = []
-    if index := getattr(spec.aws, "pip_index_url", None):
-        options.append(f"--index-url {shlex.quote(index)}")
-    if getattr(spec.aws, "pip_extra_ca", None):  # pip trusts certifi's bundle, not the system's
-        options.append("--cert /etc/ssl/certs/ca-certificates.crt")
-    return " ".join(options)
+    return pip_options(spec.aws.pip_index_url, spec.aws.pip_extra_ca is not None)
 
 
 def builder_user_data(spec: Spec, recipe: Recipe, timeout: float) -> str:
