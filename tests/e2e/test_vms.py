@@ -79,7 +79,7 @@ def _instances(endpoint: str, run_id: str) -> dict[str, str]:
 
 
 def _destroy(run_id: str, home: Path, env: dict[str, str]) -> None:
-    result = run_cli("destroy", run_id, "--yes", env=env | {"DLINFRA_HOME": str(home)})
+    result = run_cli("destroy", run_id, env=env | {"DLINFRA_HOME": str(home)})
     assert result.returncode == 0, result.stderr
 
 
@@ -99,7 +99,7 @@ def test_three_vms_train_from_the_baked_image_and_power_off(
     run_id = manifest["run_id"]
     try:
         assert manifest["status"] == "DONE"
-        assert manifest["image"]["id"] == baked_image.name
+        assert {pin["id"] for pin in manifest["images"].values()} == {baked_image.name}
         s3 = s3_client(vm_env["endpoint"])
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run_id}/")["Contents"]}
         assert f"runs/{run_id}/DONE" in keys

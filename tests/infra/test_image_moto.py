@@ -311,7 +311,7 @@ def test_the_next_plan_boots_every_role_from_the_baked_ami(baked: Baked, spec: S
     here: no role trains on GPUs), says so, pins it, and puts it in the stack's inputs."""
     from support import run_cli
 
-    args = ["plan", "--target", "aws", "--workers", "1", "--endpoint-url", str(spec.aws.endpoint_url)]
+    args = ["plan", "--set", "target=aws", "--workers", "1", "--endpoint-url", str(spec.aws.endpoint_url)]
     sets = [f"storage.url={spec.storage.url}", f"aws.ami={spec.aws.ami}", "cluster.workers.gpus=0"]
     result = run_cli(*args, *[a for s in sets for a in ("--set", s)], env=dict(os.environ), cwd=aws_env)
     assert result.returncode == 0, result.stdout + result.stderr

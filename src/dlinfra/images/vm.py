@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,9 +218,13 @@ def shell(sock: Path, command: str, timeout: float = 120.0) -> str:
     operator's way in, like EC2's serial console)."""
     marker = f"__dlinfra_{time.monotonic_ns()}__"
     deadline = time.monotonic() + timeout
+    # unix socket paths are capped at 108 bytes; a run dir is often longer: go through a short link
+    short = Path(tempfile.mkdtemp(prefix="vm-")) / "s"
+    short.symlink_to(sock)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
-        s.connect(str(sock))
+        s.connect(str(short))
+        shutil.rmtree(short.parent)
         buf = b""
         s.sendall(f"\n{command}; echo {marker[:-2]}_END__\n".encode())
         end = f"{marker[:-2]}_END__".encode()
