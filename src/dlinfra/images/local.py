@@ -88,9 +88,14 @@ def image_key(flavor: LocalFlavor, recipe: Recipe | None) -> str:
     return f"{flavor}-{h.hexdigest()[:16]}"
 
 
-def find(flavor: LocalFlavor, wheel: Path | None) -> LocalImage | None:
+def _planned(flavor: LocalFlavor, wheel: Path | None) -> tuple[LocalImage, Recipe | None]:
+    """Where the image of `flavor` (and this wheel) lives, built or not, and the recipe it bakes."""
     recipe = Recipe(flavor, wheel) if flavor != "base" and wheel is not None else None
-    image = LocalImage(images_home() / image_key(flavor, recipe))
+    return LocalImage(images_home() / image_key(flavor, recipe)), recipe
+
+
+def find(flavor: LocalFlavor, wheel: Path | None) -> LocalImage | None:
+    image, _ = _planned(flavor, wheel)
     return image if image.rootfs.is_file() else None
 
 
@@ -101,8 +106,7 @@ def build(flavor: LocalFlavor, wheel: Path | None, log: Log) -> LocalImage:
             "a node image bakes a dlinfra wheel, and this dlinfra is not a source checkout. "
             "Fix: run `dlinfra image build` from a checkout of dlinfra"
         )
-    recipe = Recipe(flavor, wheel) if flavor != "base" and wheel is not None else None
-    image = LocalImage(images_home() / image_key(flavor, recipe))
+    image, recipe = _planned(flavor, wheel)
     if image.rootfs.is_file():
         log(f"image {image.dir.name}: cached at {image.dir}")
         return image

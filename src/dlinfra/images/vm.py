@@ -93,7 +93,6 @@ class Vm:
     dir: Path
     nat: ipaddress.IPv4Network
     process: subprocess.Popen[bytes] | None = None
-    started: float = 0.0
 
     @property
     def console(self) -> Path:
@@ -190,7 +189,6 @@ class Vm:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.started = time.time()
 
     def poll(self) -> int | None:
         """None while the VM runs; qemu's exit code once the guest powered off (0) or qemu failed."""
@@ -242,7 +240,3 @@ def shell(sock: Path, command: str, timeout: float = 120.0) -> str:
     text = buf.decode(errors="replace")
     body = text.split(end.decode())[1] if text.count(end.decode()) >= 2 else text
     return body.strip()
-
-
-def have_qemu() -> bool:
-    return all(shutil.which(t) for t in ("qemu-system-x86_64", "qemu-img", "genisoimage"))
