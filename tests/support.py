@@ -59,17 +59,17 @@ def s3_client(endpoint: str):
     return aws_client(endpoint, "s3")
 
 
-def ec2_client(endpoint: str):
-    return aws_client(endpoint, "ec2")
+def ec2_client(endpoint: str, region: str = "us-east-1"):
+    return aws_client(endpoint, "ec2", region)
 
 
-def aws_client(endpoint: str, service: str):
+def aws_client(endpoint: str, service: str, region: str = "us-east-1"):
     import boto3
 
     return boto3.client(
         service,
         endpoint_url=endpoint,
-        region_name="us-east-1",
+        region_name=region,
         aws_access_key_id=FAKE_CREDS["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=FAKE_CREDS["AWS_SECRET_ACCESS_KEY"],
     )

@@ -166,12 +166,14 @@ def test_default_aws_render_installs_the_gpu_build_on_workers_only(cli: Cli, tmp
     assert cloud_init, "cloud-init must be installed (the README's test command installs it)"
     for path in files:
         text = path.read_text()
-        pip = [" ".join(c) for c in yaml.safe_load(text)["runcmd"] if "install" in c]
+        files_written = {f["path"]: f["content"] for f in yaml.safe_load(text)["write_files"]}
+        install = files_written["/usr/local/lib/dlinfra/install.sh"]
+        pip = [line.split('"')[1] for line in install.splitlines() if "/bin/pip install" in line]
         if path.name.startswith("worker"):
-            assert pip == ["/opt/dlinfra/bin/pip install --quiet dlinfra[train-gpu,aws]==0.1.0"], pip
+            assert pip == ["dlinfra[train-gpu,aws]==0.1.0"], pip
             assert "TensorFlow build of this node: GPU (tensorflow[and-cuda]) for 1 GPU" in text
         else:
-            assert pip == ["/opt/dlinfra/bin/pip install --quiet dlinfra[train,aws]==0.1.0"], pip
+            assert pip == ["dlinfra[train,aws]==0.1.0"], pip
             assert "TensorFlow build of this node: CPU (tensorflow-cpu)" in text
         checked = subprocess.run(
             [cloud_init, "schema", "--config-file", str(path)], capture_output=True, text=True

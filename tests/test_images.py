@@ -155,7 +155,8 @@ def test_a_private_key_is_refused_as_an_extra_ca(tmp_path: Path) -> None:
 
 
 def test_each_role_boots_a_baked_ami_or_the_base_one(moto_endpoint: str) -> None:
-    ec2 = ec2_client(moto_endpoint)
+    # moto keeps one state per process, and tests/infra bakes AMIs in it: a region of our own has none
+    ec2 = ec2_client(moto_endpoint, region="ca-central-1")
     flavors = {"chief": "cpu", "worker": "gpu"}
     spec = load_spec(None, Overrides(target="aws"))
     assert amis.choose(spec, flavors, ec2, {}) == {"chief": None, "worker": None}
