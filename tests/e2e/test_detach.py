@@ -32,16 +32,16 @@ def _wait_for(path: Path, timeout: float = 300) -> None:
 
 def test_detached_run_finishes_alone_and_watch_prints_its_result(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    started = time.monotonic()
     detached = run_cli("deploy", "--workers", "1", "--steps", "300", "--detach", env=_env(home), cwd=tmp_path)
     assert detached.returncode == 0, detached.stdout + detached.stderr
     [run_dir] = (home / "runs").iterdir()
     assert f"dlinfra watch {run_dir.name}" in detached.stdout
-    assert time.monotonic() - started < 60, "detach returns once the nodes are started, not at the end"
+    # detach returns once the nodes are started, not at the end (an order, not a time: load-proof)
+    assert not (run_dir / "store" / "DONE").exists()
     assert alive_node_pids(run_dir.name), "the nodes run on without the CLI"
     _wait_for(run_dir / "store" / "DONE")
     _wait_for(run_dir / "store" / "model" / "saved_model" / "saved_model.pb")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while alive_node_pids(run_dir.name):  # servers see the marker and leave by themselves
         assert time.monotonic() < deadline, "nodes of a finished detached run are still running"
         time.sleep(0.5)
@@ -77,9 +77,10 @@ def test_watch_attached_mid_run_shows_progress_and_ctrl_c_only_stops_watching(tm
     first = _watch(home, tmp_path, run_dir.name)
     assert first.stdout is not None
     seen = first.stdout.readline()  # its first progress line: the watch loop is running, not starting
-    assert "nodes up" in seen, seen + first.communicate(timeout=60)[1]
+    assert "nodes up" in seen, seen + first.communicate(timeout=300)[1]
     first.send_signal(signal.SIGINT)  # Ctrl-C on a watcher: the run goes on
-    out, err = first.communicate(timeout=60)
+    # generous: a limit on a hang, not a speed goal (seen over 60 s on a loaded 2-core machine)
+    out, err = first.communicate(timeout=300)
     assert first.returncode == 0, out + err
     assert "detached" in out and not (run_dir / "store" / "STOPPED").exists()
     assert alive_node_pids(run_dir.name), "the run goes on without its watcher"
