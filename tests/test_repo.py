@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlinfra.spec import Spec, example_text
+from dlinfra.spec import Spec
+from dlinfra.spec_loading import example_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,6 +8,10 @@ import pytest
 
 from support import Cli
 
+# eight levels of nine-fold aliases: 9**9 values from a few hundred bytes
+ALIAS_BOMB = "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
 # (case id, experiment file text or None for no file, extra CLI args, text the error must contain)
 CASES: list[tuple[str, str | None, list[str], str]] = [
     ("unknown-top-key", "nmae: x\n", [], "nmae"),
@@ -134,6 +138,30 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
     ("mixed-precision-not-bool", "training:\n  mixed_precision: maybe\n", [], "training.mixed_precision"),
     ("lr-scaling-unknown", "training:\n  lr_scaling: sqrt\n", [], "training.lr_scaling"),
     ("lr-scaling-under-ps", "training:\n  lr_scaling: linear\n", [], "training.lr_scaling"),
+    # the input boundary (spec_input.py): sizes, duplicates, numbers
+    ("duplicate-key", "name: a\ncluster: {}\nname: b\n", [], "name: given twice (lines 1 and 3)"),
+    ("duplicate-nested-key", "cluster:\n  port: 2222\n  port: 2223\n", [], "cluster.port: given twice"),
+    (
+        "alias-bomb",
+        'a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]\n' + ALIAS_BOMB,
+        [],
+        "more than 10,000 values",
+    ),
+    ("huge-list", "cluster:\n  workers: [" + ",".join(["1"] * 20_000) + "]\n", [], "more than 10,000 values"),
+    ("deep-nesting", "a: " + "[" * 5000 + "]" * 5000 + "\n", [], "nested deeper than 32 levels"),
+    ("huge-integer", "training:\n  seed: " + "9" * 5000 + "\n", [], "training.seed: a number of 5000 digits"),
+    (
+        "max-runtime-inf",
+        "cluster:\n  max_runtime: .inf\n",
+        [],
+        "cluster.max_runtime: Input should be a finite",
+    ),
+    ("heartbeat-timeout-inf", "cluster:\n  heartbeat_timeout: .inf\n", [], "cluster.heartbeat_timeout"),
+    ("stall-timeout-nan", "cluster:\n  stall_timeout: .nan\n", [], "cluster.stall_timeout"),
+    ("seed-over-32-bits", "training:\n  seed: 4294967296\n", [], "training.seed"),
+    ("steps-absurd", "training:\n  steps: 100000000000\n", [], "training.steps"),
+    ("python-tag", "name: !!python/object:os.system x\n", [], "YAML syntax error"),
+    ("flag-set-deep-nesting", None, ["--set", "training.steps=" + "[" * 100 + "]" * 100], "nested deeper"),
 ]
 
 
@@ -183,3 +211,42 @@ def test_deploy_with_bad_input_provisions_nothing(cli: Cli, home: Path) -> None:
     result = cli("deploy", "--workers", "0")
     assert result.returncode == 2
     assert not (home / "runs").exists()
+
+
+FILE_CASES: list[tuple[str, bytes | None, str]] = [
+    ("latin-1", "name: café\n".encode("latin-1"), "experiment.yaml:1: not UTF-8 text (byte 0xe9)"),
+    ("utf-16", "name: x\n".encode("utf-16"), "is UTF-16 text. Fix: save it as UTF-8"),
+    ("over-1-mb", b"name: " + b"a" * 1_100_000 + b"\n", "over 1 MB"),
+    ("a-directory", None, "is a directory. Fix: name the experiment file in it"),
+]
+
+
+@pytest.mark.parametrize(("case", "content", "expected"), FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_unreadable_files_exit_2_naming_the_file(
+    cli: Cli, tmp_path: Path, case: str, content: bytes | None, expected: str
+) -> None:
+    spec = tmp_path / "experiment.yaml"
+    if content is None:
+        spec.mkdir()
+    else:
+        spec.write_bytes(content)
+    result = cli("validate", str(spec))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    assert len(result.stderr) < 8192
+
+
+def test_a_long_bad_value_is_not_echoed_whole(cli: Cli, tmp_path: Path) -> None:
+    spec = tmp_path / "experiment.yaml"
+    spec.write_text("name: " + "a" * 500_000 + "\n")
+    result = cli("validate", str(spec))
+    assert result.returncode == 2 and "(500002 characters)" in result.stderr
+    assert len(result.stderr) < 1000
+
+
+def test_thousands_of_problems_print_the_first_20(cli: Cli, tmp_path: Path) -> None:
+    spec = tmp_path / "experiment.yaml"
+    spec.write_text("".join(f"key{i}: 1\n" for i in range(500)))
+    lines = cli("validate", str(spec)).stderr.splitlines()
+    assert len(lines) == 21 and lines[-1] == "error: ... and 480 more problems"

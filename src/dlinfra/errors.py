@@ -12,7 +12,11 @@ class DlinfraError(Exception):
 class SpecError(DlinfraError):
     """The experiment file or a CLI override is invalid."""
 
+    SHOWN = 20  # a file with 300,000 bad items gets 20 lines, not 64 MB
+
     def __init__(self, problems: list[str]):
+        if len(problems) > self.SHOWN:
+            problems = [*problems[: self.SHOWN], f"... and {len(problems) - self.SHOWN} more problems"]
         self.problems = problems
         super().__init__("\n".join(problems))
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
@@ -28,12 +27,16 @@ STORE_SCHEMES = ("file://", "s3://")
 DATA_SCHEMES = ("file://", "s3://", "https://", "http://")
 
 PositiveInt = Annotated[int, Field(ge=1)]
+HOUR = 3600
+DAY = 24 * HOUR
+MAX_COUNT = 10**9  # steps and step intervals: far past any run, well inside every integer type
 
 
 class StrictModel(BaseModel):
     """User input: unknown keys are typos, and a resolved spec never changes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: `.inf` for a timeout would switch the check off, and render cannot print it
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- cluster
@@ -80,18 +83,30 @@ class ClusterSpec(StrictModel):
     port: int = Field(
         2222, ge=1024, le=65535, description="TF gRPC port on aws nodes (local picks free ports)."
     )
-    startup_timeout: float = Field(180, gt=0, description="Seconds a node waits for its peers.")
+    startup_timeout: float = Field(180, gt=0, le=DAY, description="Seconds a node waits for its peers.")
     heartbeat_timeout: float = Field(
         60,
         gt=0,
+        le=HOUR,
         description="Seconds without heartbeat before a node is lost, or stopped before it is frozen.",
     )
     stall_timeout: float = Field(
-        600, gt=0, description="Seconds without a training step, every node alive, before the run is stalled."
+        600,
+        gt=0,
+        le=7 * DAY,
+        description="Seconds without a training step, every node alive, before the run is stalled.",
     )
-    max_runtime: float = Field(3600, gt=0, description="Watchdog: every node stops after this many seconds.")
+    max_runtime: float = Field(
+        3600,
+        gt=0,
+        le=30 * DAY,
+        description="Watchdog: every node stops after this many seconds (30 days at most).",
+    )
     max_restarts: int = Field(
-        5, ge=0, description="Restarts of one node (crash, lost peer) before the run is marked FAILED."
+        5,
+        ge=0,
+        le=1000,
+        description="Restarts of one node (crash, lost peer) before the run is marked FAILED.",
     )
 
 
@@ -183,12 +198,14 @@ class TrainingSpec(StrictModel):
         le=65536,
         description="Examples per step on each replica (a worker has one replica per GPU, or one on CPU).",
     )
-    steps: int = Field(600, ge=1, description="Total optimizer steps (global).")
+    steps: int = Field(600, ge=1, le=MAX_COUNT, description="Total optimizer steps (global).")
     learning_rate: float = Field(0.003, gt=0, le=10)
     optimizer: Literal["adam", "sgd", "rmsprop", "adagrad"] = "adam"
-    seed: int = Field(42, ge=0)
-    checkpoint_every: int = Field(200, ge=1, description="Steps between checkpoints.")
-    log_every: int = Field(20, ge=1, description="Steps between progress reports.")
+    seed: int = Field(
+        42, ge=0, le=2**31 - 1, description="Seed of every random stream (NumPy takes 32 bits)."
+    )
+    checkpoint_every: int = Field(200, ge=1, le=MAX_COUNT, description="Steps between checkpoints.")
+    log_every: int = Field(20, ge=1, le=MAX_COUNT, description="Steps between progress reports.")
     steps_per_execution: int = Field(
         10, ge=1, le=1000, description="Steps per remote call (ps strategy): fewer round trips per step."
     )
@@ -376,18 +393,3 @@ class Spec(StrictModel):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
-
-
-def json_schema() -> dict[str, Any]:
-    schema = Spec.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "dlinfra experiment"
-    return schema
-
-
-EXAMPLE_PATH = Path(__file__).parent / "examples" / "experiment.yaml"
-
-
-def example_text() -> str:
-    """The commented example `dlinfra init` writes; a test keeps it equal to ``Spec()``."""
-    return EXAMPLE_PATH.read_text(encoding="utf-8")

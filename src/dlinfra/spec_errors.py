@@ -5,56 +5,9 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
-from dlinfra.errors import SpecError
-
-
-def parse_yaml(text: str, source: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(
-            [f"{where}: YAML syntax error: {problem}. Fix: check indentation and quoting"]
-        ) from None
-    if data is None:
-        raise SpecError([f"{source}: the file is empty. Fix: start from `dlinfra init`"])
-    if not isinstance(data, dict):
-        raise SpecError(
-            [
-                f"{source}:1: (top level): expected a mapping of keys (name:, cluster:, ...), "
-                f"got {type(data).__name__}"
-            ]
-        )
-    return data
-
-
-def line_index(text: str) -> dict[tuple[str | int, ...], int]:
-    """Map each key path in a YAML document to the 1-based line where it appears."""
-    index: dict[tuple[str | int, ...], int] = {}
-
-    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                sub = (*path, str(key.value))
-                index[sub] = key.start_mark.line + 1
-                walk(value, sub)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                index[(*path, i)] = item.start_mark.line + 1
-                walk(item, (*path, i))
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return index
-    if root is not None:
-        walk(root, ())
-    return index
+from dlinfra.spec_input import shown
 
 
 def describe(
@@ -68,8 +21,8 @@ def describe(
     msg = error["msg"].removeprefix("Value error, ")
     got = error.get("input")
     quiet = error["type"] in ("missing", "extra_forbidden", "value_error") or isinstance(got, dict | list)
-    shown = "" if quiet else f" (got {got!r})"
-    return located(source, lines, flag_of, loc, msg + shown, _fix(error, loc, root))
+    echoed = "" if quiet else f" (got {shown(got)})"
+    return located(source, lines, flag_of, loc, msg + echoed, _fix(error, loc, root))
 
 
 def located(
@@ -102,6 +55,8 @@ def _fix(error: dict[str, Any], loc: tuple[Any, ...], root: type[BaseModel]) -> 
         return "add this key"
     if kind in ("int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type"):
         return "give a value of the type named above, without quotes"
+    if kind == "finite_number":
+        return "give a finite number (.inf and .nan turn the check off)"
     if kind.startswith(("greater_than", "less_than")):
         return "use a value in the allowed range"
     if kind == "literal_error":

@@ -1,5 +1,6 @@
 """Loading an experiment: YAML with file:line errors, CLI overrides, then checks the models cannot
-make on their own (a `check` from above, e.g. the GPUs an instance type lacks)."""
+make on their own (a `check` from above, e.g. the GPUs an instance type lacks). Also the file's
+JSON schema and the commented example `dlinfra init` writes."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from dlinfra.errors import SpecError
 from dlinfra.spec import Spec
-from dlinfra.spec_errors import describe, line_index, located, parse_yaml
+from dlinfra.spec_errors import describe, located
+from dlinfra.spec_input import parse_document, parse_value, read_text, shown
 
 
 class Problem(NamedTuple):
@@ -50,12 +51,9 @@ class Overrides(BaseModel):
             path, sep, raw = item.partition("=")
             if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", path.strip()):
                 raise SpecError(
-                    [f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set training.batch_size=256"]
+                    [f"--set {shown(item)}: expected KEY.PATH=VALUE, e.g. --set training.batch_size=256"]
                 )
-            try:
-                value = yaml.safe_load(raw) if raw.strip() else ""
-            except yaml.YAMLError:
-                value = raw
+            value = parse_value(raw, f"--set {path.strip()}") if raw.strip() else ""
             out.append((f"--set {path.strip()}", path.strip(), value))
         return out
 
@@ -68,20 +66,15 @@ def load_spec(
     """Read, override and validate an experiment file (``None``: the built-in default). `check` finds
     what the models cannot see (e.g. GPUs an instance type lacks); its problems exit 2 like theirs."""
     source = str(path) if path else "<built-in default>"
-    text = ""
     data: dict[str, Any] = {}
+    lines: dict[tuple[str | int, ...], int] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise SpecError([f"{source}: no such file. Fix: check the path, or run `dlinfra init {source}`"])
-        text = p.read_text(encoding="utf-8")
-        data = parse_yaml(text, source)
+        data, lines = parse_document(read_text(Path(path), source), source)
     flag_of: dict[tuple[str, ...], str] = {}
     for flag, dotted, value in (overrides or Overrides()).as_paths():
         keys = tuple(dotted.split("."))
         _set_path(data, keys, value, flag, source)
         flag_of[keys] = flag
-    lines = line_index(text) if text else {}
     try:
         spec = Spec.model_validate(data)
     except ValidationError as err:
@@ -101,3 +94,18 @@ def _set_path(data: dict[str, Any], keys: tuple[str, ...], value: Any, flag: str
             raise SpecError([f"{source}: {path}: {flag} needs a mapping here, the file has {child!r}"])
         node = child
     node[keys[-1]] = value
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Spec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "dlinfra experiment"
+    return schema
+
+
+EXAMPLE_PATH = Path(__file__).parent / "examples" / "experiment.yaml"
+
+
+def example_text() -> str:
+    """The commented example `dlinfra init` writes; a test keeps it equal to ``Spec()``."""
+    return EXAMPLE_PATH.read_text(encoding="utf-8")

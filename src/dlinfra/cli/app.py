@@ -83,7 +83,7 @@ def init(
     path: Annotated[Path, typer.Argument(help="Where to write the example.")] = Path("experiment.yaml"),
 ) -> None:
     """Write a commented example experiment file."""
-    from dlinfra.spec import example_text
+    from dlinfra.spec_loading import example_text
 
     if path.exists():
         raise DlinfraError(f"{path} already exists. Fix: choose another path or remove it")
@@ -113,7 +113,7 @@ def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of experiment files (for editor completion)."""
-    from dlinfra.spec import json_schema
+    from dlinfra.spec_loading import json_schema
 
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 

@@ -1,0 +1,188 @@
+"""The input boundary for experiment files: bytes → UTF-8 text → one YAML document, within limits,
+before anything is validated, written or run. Every refusal names the file (and line) and the fix.
+
+The limits are far above any real experiment and far below what hurts: a 340-byte alias bomb
+expands to billions of values, a 50,000-deep nesting overflows the composer's recursion, a
+5,000-digit integer overflows int() — each is refused here, in milliseconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dlinfra.errors import SpecError
+
+MAX_BYTES = 1_000_000
+MAX_VALUES = 10_000  # YAML nodes once aliases are expanded
+MAX_DEPTH = 32
+MAX_DIGITS = 20  # an int64 has 19
+MAX_SHOWN = 80  # characters of a bad value echoed back in a message
+INT_TAG = "tag:yaml.org,2002:int"
+Lines = dict[tuple[str | int, ...], int]
+
+
+def read_text(path: Path, source: str) -> str:
+    """The file as text, or a SpecError saying why it cannot be one."""
+    if path.is_dir():
+        raise SpecError(
+            [f"{source}: is a directory. Fix: name the experiment file in it, e.g. {source}/experiment.yaml"]
+        )
+    if not path.exists():
+        raise SpecError([f"{source}: no such file. Fix: check the path, or run `dlinfra init {source}`"])
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)  # bounded: a FIFO or /dev/zero never ends
+    except OSError as exc:
+        raise SpecError(
+            [f"{source}: cannot be read ({exc.strerror}). Fix: check the file's permissions and owner"]
+        ) from None
+    if len(raw) > MAX_BYTES:
+        raise SpecError(
+            [
+                f"{source}: over {MAX_BYTES // 1_000_000} MB; an experiment file is a few KB. "
+                "Fix: keep data out of the spec (training.dataset.uri points at it)"
+            ]
+        )
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw[:64]:
+        raise SpecError([f"{source}: is UTF-16 text. Fix: save it as UTF-8 (iconv -f UTF-16 -t UTF-8)"])
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise SpecError(
+            [f"{source}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}). Fix: save the file as UTF-8"]
+        ) from None
+
+
+def parse_document(text: str, source: str) -> tuple[dict[str, Any], Lines]:
+    """The top-level mapping of an experiment file and the line of each key path."""
+    data, lines = _load(text, source)
+    if data is None:
+        raise SpecError([f"{source}: the file is empty. Fix: start from `dlinfra init`"])
+    if not isinstance(data, dict):
+        raise SpecError(
+            [
+                f"{source}:1: (top level): expected a mapping of keys (name:, cluster:, ...), "
+                f"got {type(data).__name__}"
+            ]
+        )
+    return data, lines
+
+
+def parse_value(raw: str, flag: str) -> Any:
+    """A `--set` value as YAML reads it (`3` is a number, `[a, b]` a list); plain text otherwise."""
+    try:
+        return _load(raw, flag)[0]
+    except SpecError as exc:
+        if any("YAML syntax error" in p for p in exc.problems):
+            return raw
+        raise
+
+
+def shown(value: Any) -> str:
+    """A value for a message: its repr, cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}… ({len(text)} characters)"
+
+
+def _too_many(source: str) -> SpecError:
+    return SpecError(
+        [
+            f"{source}: holds more than {MAX_VALUES:,} values (each use of a YAML alias counts). "
+            "Fix: an experiment needs a few dozen; keep data out of the spec"
+        ]
+    )
+
+
+def _too_deep(where: str) -> SpecError:
+    return SpecError([f"{where}: nested deeper than {MAX_DEPTH} levels. Fix: an experiment needs a handful"])
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that stops composing at the limits, before a huge document is in memory."""
+
+    def __init__(self, text: str, source: str):
+        super().__init__(text)
+        self.source, self.nodes, self.depth = source, 0, 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self.nodes += 1
+        if self.nodes > MAX_VALUES:
+            raise _too_many(self.source)
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH + 1:
+                raise _too_deep(f"{self.source}:{self.peek_event().start_mark.line + 1}")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _load(text: str, source: str) -> tuple[Any, Lines]:
+    loader = _BoundedLoader(text, source)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None, {}
+        lines = _Walk(source).check(root)
+        return loader.construct_document(root), lines
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(
+            [f"{where}: YAML syntax error: {problem}. Fix: check indentation and quoting"]
+        ) from None
+    finally:
+        loader.dispose()
+
+
+class _Walk:
+    """One pass over the composed document, aliases expanded as the constructor would: counts values
+    (and stops at the limit), records each key path's line, and finds duplicate keys and huge numbers."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.values = 0
+        self.lines: Lines = {}
+        self.problems: list[str] = []
+
+    def check(self, root: yaml.Node) -> Lines:
+        self._visit(root, ())
+        if self.problems:
+            raise SpecError(self.problems)
+        return self.lines
+
+    def _visit(self, node: yaml.Node, path: tuple[str | int, ...]) -> None:
+        self.values += 1
+        where = f"{self.source}:{node.start_mark.line + 1}"
+        if self.values > MAX_VALUES:
+            raise _too_many(self.source)
+        if len(path) > MAX_DEPTH:
+            raise _too_deep(where)
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, value in node.value:
+                name = str(key.value)
+                line = key.start_mark.line + 1
+                if name in seen and name != "<<":
+                    dotted = ".".join(map(str, (*path, name)))
+                    self.problems.append(
+                        f"{self.source}:{line}: {dotted}: given twice (lines {seen[name]} and {line}); "
+                        "YAML would keep only the last. Fix: remove one"
+                    )
+                seen[name] = line
+                self.lines.setdefault((*path, name), line)
+                self._visit(value, (*path, name))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self.lines.setdefault((*path, i), item.start_mark.line + 1)
+                self._visit(item, (*path, i))
+        elif node.tag == INT_TAG and len(node.value.lstrip("+-").replace("_", "")) > MAX_DIGITS:
+            dotted = ".".join(map(str, path)) or "(top level)"
+            self.problems.append(
+                f"{where}: {dotted}: a number of {len(node.value)} digits. "
+                "Fix: use a value in the allowed range"
+            )
