@@ -45,7 +45,7 @@ def run_status(run_id: str | None) -> dict[str, Any]:
 def follow_logs(run_id: str, node: str | None, follow: bool) -> Iterator[str]:
     run = Run.open(run_id)
     store = run.store()
-    names = [node] if node else run.manifest().nodes
+    names = run.select_nodes(node)
     seen = dict.fromkeys(names, 0)
     while True:
         for name in names:
@@ -143,7 +143,7 @@ def destroy_ended() -> list[str]:
 def consoles(run_id: str, node: str | None) -> Iterator[str]:
     """The serial consoles of a run's VMs (what EC2's get-console-output shows of an instance)."""
     run = Run.open(run_id)
-    names = [node] if node else run.manifest().nodes
+    names = run.select_nodes(node)
     paths = {name: run.vm_dir(name) / "console.log" for name in names}
     if not any(p.is_file() for p in paths.values()):
         raise DlinfraError(
@@ -159,7 +159,7 @@ def stored_stacks(run_id: str, node: str | None) -> Iterator[str]:
     """The stack dumps a frozen or stalled run left in its store."""
     run = Run.open(run_id)
     store = run.store()
-    names = [node] if node else run.manifest().nodes
+    names = run.select_nodes(node)
     found = False
     for name in names:
         dump = store.stacks(name)
@@ -180,7 +180,7 @@ def live_stacks(run_id: str | None, node: str | None) -> Iterator[str]:
     store = run.store()
     if (marker := store.marker()) is not None:
         raise DlinfraError(f"run {run.id} has ended ({marker.marker}). Fix: `dlinfra logs {run.id} --stacks`")
-    names = [node] if node else run.manifest().nodes
+    names = run.select_nodes(node)
     dumps = collect_stacks(store, names)
     for name in names:
         if name in dumps:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import secrets
 import shlex
 import subprocess
@@ -24,8 +25,11 @@ from dlinfra.layout import MANIFEST, RunStore, parse
 from dlinfra.node.config import StoreConfig
 from dlinfra.records import Manifest
 from dlinfra.spec import Spec
+from dlinfra.spec_input import shown
 
 SPEC_LOCK = "spec.lock.yaml"
+# name-YYYYMMDD-HHMMSS-xxxx (new_run_id): the grammar keeps an id a single directory name under runs/
+RUN_ID_RE = re.compile(r"[a-z][a-z0-9-]{0,26}-\d{8}-\d{6}-[0-9a-f]{4}")
 
 
 def home() -> Path:
@@ -121,18 +125,41 @@ class Run:
                 raise RunNotFound(f"no runs under {runs_dir}. Fix: start one with `dlinfra deploy`")
             return runs[0]
         run_dir = runs_dir / run_id
+        if not RUN_ID_RE.fullmatch(run_id):
+            raise RunNotFound(
+                f"run {shown(run_id)} not found: a run id looks like digits-cnn-20261122-074449-713b. "
+                "Fix: `dlinfra runs` lists them"
+            )
         if not (run_dir / MANIFEST).is_file():
             raise RunNotFound(f"run {run_id!r} not found under {runs_dir}. Fix: `dlinfra runs` lists them")
         return cls(run_id, run_dir)
 
     def spec(self) -> Spec:
-        return Spec.model_validate(yaml.safe_load((self.dir / SPEC_LOCK).read_text(encoding="utf-8")))
+        path = self.dir / SPEC_LOCK
+        try:
+            return Spec.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # pydantic's ValidationError is a ValueError
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StoreError(
+                f"{path} cannot be read as this dlinfra's spec ({first}). "
+                "Fix: restore it, or remove the run dir"
+            ) from None
+
+    def select_nodes(self, node: str | None) -> list[str]:
+        """`node` when the run has it, else every node of the run."""
+        nodes = self.manifest().nodes
+        if node is not None and node not in nodes:
+            fix = (
+                f"use one of {', '.join(nodes)}" if nodes else "it started no node; `dlinfra show` tells why"
+            )
+            raise RunNotFound(f"run {self.id} has no node {shown(node)}. Fix: {fix}")
+        return [node] if node else nodes
 
     def manifest(self) -> Manifest:
         path = self.dir / MANIFEST
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
+        except (OSError, ValueError) as exc:  # not JSON, not UTF-8, unreadable
             raise StoreError(f"{path} is not JSON ({exc}). Fix: restore it, or remove the run dir") from None
         return parse(Manifest, raw, str(path))
 
