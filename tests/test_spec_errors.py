@@ -161,6 +161,19 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
     ("seed-over-32-bits", "training:\n  seed: 4294967296\n", [], "training.seed"),
     ("steps-absurd", "training:\n  steps: 100000000000\n", [], "training.steps"),
     ("python-tag", "name: !!python/object:os.system x\n", [], "YAML syntax error"),
+    (
+        "store-prefix-with-quotes",
+        'storage:\n  url: "s3://bkt/a b\\"; rm -rf /"\n',
+        [],
+        "storage.url: needs a bucket",
+    ),
+    ("state-bucket-bad", "aws:\n  state_bucket: ../x\n", [], "aws.state_bucket"),
+    (
+        "http-dataset-without-sha",
+        "training:\n  dataset:\n    format: cifar10\n    uri: http://example.com/c.tgz\n",
+        [],
+        "a plain-HTTP uri needs its sha256",
+    ),
     ("flag-set-deep-nesting", None, ["--set", "training.steps=" + "[" * 100 + "]" * 100], "nested deeper"),
 ]
 
@@ -250,3 +263,40 @@ def test_thousands_of_problems_print_the_first_20(cli: Cli, tmp_path: Path) -> N
     spec.write_text("".join(f"key{i}: 1\n" for i in range(500)))
     lines = cli("validate", str(spec)).stderr.splitlines()
     assert len(lines) == 21 and lines[-1] == "error: ... and 480 more problems"
+
+
+SECRET = "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--set", f"storage.url=s3://AKIAIOSFODNN7EXAMPLE:{SECRET}@bkt/runs"],
+        ["--endpoint-url", f"http://AKIAIOSFODNN7EXAMPLE:{SECRET}@127.0.0.1:5000"],
+        ["--set", f"aws.pip_index_url=https://user:{SECRET}@mirror.example/simple"],
+        [
+            "--set",
+            "training.dataset.format=cifar10",
+            "--set",
+            f"training.dataset.uri=https://u:{SECRET}@x.io/c.tgz",
+        ],
+    ],
+    ids=["store-url", "endpoint", "pip-index", "dataset-uri"],
+)
+def test_a_url_with_credentials_is_refused_without_echoing_them(
+    cli: Cli, home: Path, args: list[str]
+) -> None:
+    for command in ("validate", "render"):
+        result = cli(command, "--target", "aws", *args)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert SECRET not in result.stdout + result.stderr and "AKIAIOSFODNN7EXAMPLE" not in result.stderr
+        assert "Fix:" in result.stderr
+    assert not home.exists() or not any(home.rglob("*.yaml")), "nothing rendered"
+
+
+@pytest.mark.parametrize("bucket", ["../../x", "Bad_Bucket!", "a"])
+def test_setup_refuses_a_bad_bucket_before_anything_is_written(cli: Cli, home: Path, bucket: str) -> None:
+    result = cli("setup", "--bucket", bucket)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "not an S3 bucket name. Fix:" in result.stderr
+    assert not home.exists(), "no stack copied, no terraform init"

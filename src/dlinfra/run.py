@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import secrets
 import shlex
 import subprocess
@@ -21,6 +20,7 @@ import yaml
 
 from dlinfra import __version__
 from dlinfra.errors import RunNotFound, StoreError
+from dlinfra.grammar import RUN_ID_RE
 from dlinfra.layout import MANIFEST, RunStore, parse
 from dlinfra.node.config import StoreConfig
 from dlinfra.records import Manifest
@@ -28,8 +28,6 @@ from dlinfra.spec import Spec
 from dlinfra.spec_input import shown
 
 SPEC_LOCK = "spec.lock.yaml"
-# name-YYYYMMDD-HHMMSS-xxxx (new_run_id): the grammar keeps an id a single directory name under runs/
-RUN_ID_RE = re.compile(r"[a-z][a-z0-9-]{0,26}-\d{8}-\d{6}-[0-9a-f]{4}")
 
 
 def home() -> Path:

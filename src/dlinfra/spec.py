@@ -21,8 +21,9 @@ from pydantic import (
     model_validator,
 )
 
-# Run ids (name + 21 chars) name IAM roles, which AWS caps at 64 characters with our affixes.
-NAME_RE = r"^[a-z][a-z0-9-]{0,26}$"
+from dlinfra.grammar import BUCKET_RE, NAME_RE, REGION_RE, S3_URL_RE, http_url
+from dlinfra.spec_input import shown
+
 STORE_SCHEMES = ("file://", "s3://")
 DATA_SCHEMES = ("file://", "s3://", "https://", "http://")
 
@@ -176,13 +177,18 @@ class DatasetSpec(StrictModel):
     @classmethod
     def _uri_scheme(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith(DATA_SCHEMES):
-            raise ValueError(f"must start with one of {', '.join(DATA_SCHEMES)} (got {v!r})")
+            raise ValueError(f"must start with one of {', '.join(DATA_SCHEMES)} (got {shown(v)})")
+        if v is not None and v.startswith("http"):
+            http_url(v)  # no credentials in a URL every node and log sees
         return v
 
     @model_validator(mode="after")
     def _uri_needed(self) -> DatasetSpec:
         if self.format == "cifar10" and not self.uri:
             raise ValueError("format cifar10 needs 'uri' (the cifar-10-python.tar.gz location)")
+        if self.uri and self.uri.startswith("http://") and not self.sha256:
+            # the tarball is unpickled: bytes changed on an unencrypted path would run as code
+            raise ValueError("a plain-HTTP uri needs its sha256 (training.dataset.sha256), or use https://")
         return self
 
 
@@ -223,7 +229,7 @@ class TrainingSpec(StrictModel):
     @classmethod
     def _entrypoint_form(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[^:]+\.py:[A-Za-z_][A-Za-z0-9_]*", v):
-            raise ValueError(f"must look like 'path/to/file.py:function' (got {v!r})")
+            raise ValueError(f"must look like 'path/to/file.py:function' (got {shown(v)})")
         return v
 
 
@@ -242,27 +248,24 @@ class StorageSpec(StrictModel):
         if v is None:
             return v
         if not v.startswith(STORE_SCHEMES):
-            raise ValueError(f"must start with file:// or s3:// (got {v!r})")
-        if v.startswith("s3://") and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?", v):
-            raise ValueError(f"needs a valid bucket name: s3://my-bucket/prefix (got {v!r})")
+            raise ValueError(f"must start with file:// or s3:// (got {shown(v)})")
+        if v.startswith("s3://") and not re.fullmatch(S3_URL_RE, v):
+            raise ValueError(
+                "needs a bucket name and a plain prefix: s3://my-bucket/runs (letters, digits, . _ - = /; "
+                f"no spaces, quotes or credentials) (got {shown(v)})"
+            )
         if v.startswith("file://") and not v[len("file://") :].startswith("/"):
-            raise ValueError(f"needs an absolute path: file:///abs/path (got {v!r})")
+            raise ValueError(f"needs an absolute path: file:///abs/path (got {shown(v)})")
         return v.rstrip("/")
 
     @field_validator("endpoint_url")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
-        return _http_url(v)
-
-
-def _http_url(v: str | None) -> str | None:
-    if v is not None and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", v):
-        raise ValueError(f"must be an http(s) URL like http://127.0.0.1:5000 (got {v!r})")
-    return v.rstrip("/") if v else v
+        return http_url(v)
 
 
 class AwsSpec(StrictModel):
-    region: str = Field("us-east-1", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    region: str = Field("us-east-1", pattern=REGION_RE)
     endpoint_url: str | None = Field(
         None, description="Emulator endpoint for every AWS service (moto, LocalStack)."
     )
@@ -273,7 +276,9 @@ class AwsSpec(StrictModel):
     subnet_cidr: str = "10.42.1.0/24"
     egress: Literal["nat", "public_ip", "none"] = Field("nat", description="How nodes reach package mirrors.")
     state_bucket: str | None = Field(
-        None, description="S3 bucket for Terraform state (default: local in the run dir)."
+        None,
+        pattern=f"^{BUCKET_RE}$",
+        description="S3 bucket for Terraform state (default: local in the run dir).",
     )
     root_volume_gb: int = Field(100, ge=8, le=16384)
     ssm_access: bool = Field(
@@ -295,18 +300,6 @@ class AwsSpec(StrictModel):
         None, description="PEM certificate nodes trust besides the system's (a mirror's or a proxy's CA)."
     )
 
-    @field_validator("pip_index_url")
-    @classmethod
-    def _index_url(cls, v: str | None) -> str | None:
-        v = _http_url(v)
-        if v and "@" in v.split("/")[2]:
-            raise ValueError(
-                "must not carry credentials: user-data is readable by anyone who may describe the "
-                "instance. Use a mirror the nodes reach without a password (in the VPC, or behind the "
-                "instance profile)"
-            )
-        return v
-
     @field_validator("pip_extra_ca")
     @classmethod
     def _pem(cls, v: str | None) -> str | None:
@@ -321,10 +314,10 @@ class AwsSpec(StrictModel):
             )
         return v.strip() + "\n"
 
-    @field_validator("endpoint_url")
+    @field_validator("endpoint_url", "pip_index_url")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
-        return _http_url(v)
+        return http_url(v)
 
     @field_validator("vpc_cidr", "subnet_cidr")
     @classmethod

@@ -7,6 +7,7 @@ expands to billions of values, a 50,000-deep nesting overflows the composer's re
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,10 @@ MAX_DEPTH = 32
 MAX_DIGITS = 20  # an int64 has 19
 MAX_SHOWN = 80  # characters of a bad value echoed back in a message
 INT_TAG = "tag:yaml.org,2002:int"
+SECRETS = (
+    (re.compile(r"(?<=://)[^/@\s]+@"), "***@"),  # a URL's user:password@
+    (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), r"\1…"),  # an AWS access key id
+)
 Lines = dict[tuple[str | int, ...], int]
 
 
@@ -82,8 +87,10 @@ def parse_value(raw: str, flag: str) -> Any:
 
 
 def shown(value: Any) -> str:
-    """A value for a message: its repr, cut to a readable length."""
+    """A value for a message: its repr with anything like a credential masked, cut to a readable length."""
     text = repr(value)
+    for pattern, mask in SECRETS:
+        text = pattern.sub(mask, text)
     return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}… ({len(text)} characters)"
 
 
