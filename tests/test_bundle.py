@@ -13,6 +13,7 @@ from dlinfra.bundle import MAX_BUNDLE_BYTES, materialize, pack, pack_entrypoint
 from dlinfra.errors import SpecError, StoreError
 from dlinfra.layout import RunStore
 from dlinfra.store import Store
+from support import Cli
 
 
 def _project(root: Path) -> Path:
@@ -72,3 +73,54 @@ def test_a_node_unpacks_the_bundle_from_the_store_and_refuses_altered_bytes(tmp_
         store.bundle(bundle.sha256)
     with pytest.raises(StoreError, match="is missing"):
         store.bundle("0" * 64)
+
+
+def test_keys_and_credentials_stay_out_and_dlinfraignore_is_honoured(tmp_path: Path) -> None:
+    root = _project(tmp_path / "exp")
+    for name in ("id_rsa_backup", "creds.env", "server.pem", "credentials", "terraform.tfstate"):
+        (root / name).write_text("secret\n")
+    (root / "data.csv").write_text("1,2\n")
+    (root / "notes").mkdir()
+    (root / "notes" / "draft.md").write_text("x\n")
+    bundle = pack_entrypoint("exp/train.py:build", root.parent)
+    assert list(bundle.files) == ["data.csv", "notes/draft.md", "pkg/layers.py", "train.py"]
+    assert bundle.pin().files == list(bundle.files)
+    (root / ".dlinfraignore").write_text("# data stays home\n*.csv\nnotes/*\n!server.pem\n")
+    assert list(pack_entrypoint("exp/train.py:build", root.parent).files) == [
+        "pkg/layers.py",
+        "server.pem",
+        "train.py",
+    ]
+
+
+def test_an_entrypoint_outside_the_spec_directory_is_refused(tmp_path: Path) -> None:
+    _project(tmp_path / "elsewhere")
+    (tmp_path / "project").mkdir()
+    with pytest.raises(SpecError, match=r"training\.entrypoint: \.\./elsewhere/train\.py lies outside"):
+        pack_entrypoint("../elsewhere/train.py:build", tmp_path / "project")
+
+
+def test_an_oversized_bundle_is_refused_before_unpacking_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = pack_entrypoint("exp/train.py:build", _project(tmp_path / "exp").parent)
+    store = RunStore(Store.from_url((tmp_path / "store").as_uri()))
+    store.put_bundle(bundle.sha256, bundle.data)
+    monkeypatch.setattr("dlinfra.bundle.MAX_BUNDLE_BYTES", 10)  # the headers say more than this
+    with pytest.raises(StoreError, match=r"unpacks to \d+ bytes, over the"):
+        materialize(store, bundle.sha256, bundle.entrypoint, tmp_path / "node")
+    assert list((tmp_path / "node").iterdir()) == [], "no partial unpacking left behind"
+
+
+def test_validate_refuses_a_missing_or_outside_entrypoint(cli: Cli, tmp_path: Path) -> None:
+    _project(tmp_path / "elsewhere")
+    (tmp_path / "project").mkdir()
+    for entrypoint, message in (
+        ("nope.py:build", "does not exist"),
+        ("../elsewhere/train.py:build", "lies outside"),
+    ):
+        spec = tmp_path / "project" / "experiment.yaml"
+        spec.write_text(f"training:\n  entrypoint: {entrypoint}\n")
+        result = cli("validate", str(spec))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "training.entrypoint: " in result.stderr and message in result.stderr

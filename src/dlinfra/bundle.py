@@ -8,51 +8,97 @@ copies the bundle of the original run, so it runs the original code even after t
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import hashlib
 import io
+import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlinfra.errors import SpecError
+from dlinfra.errors import SpecError, StoreError
 from dlinfra.layout import RunStore
 from dlinfra.records import BundlePin
 
 MAX_BUNDLE_BYTES = 50 * 1024 * 1024
 SKIPPED_DIRS = {"__pycache__", "node_modules", "venv"}
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
+# Names that hold keys and credentials, left out unless .dlinfraignore says `!pattern`: a bundle goes
+# to the store and every node, and reruns keep it.
+SECRET_NAMES = ("id_*", "*.pem", "*.key", "*.p12", "*.pfx", "*.env", "credentials*", "*.tfstate*", "*.kdbx")
+IGNORE_FILE = ".dlinfraignore"
 
 
 @dataclass(frozen=True)
 class Bundle:
     data: bytes
     entrypoint: str  # 'relative/file.py:function' inside the bundle
+    files: tuple[str, ...] = ()
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
     def pin(self) -> BundlePin:
-        return BundlePin(sha256=self.sha256, entrypoint=self.entrypoint, bytes=len(self.data))
+        return BundlePin(
+            sha256=self.sha256, entrypoint=self.entrypoint, bytes=len(self.data), files=list(self.files)
+        )
 
 
-def pack_entrypoint(entrypoint: str, base: Path) -> Bundle:
-    """Bundle the directory of 'file.py:function' (a path relative to `base`, the spec's directory)."""
-    file_name, _, func = entrypoint.rpartition(":")
+def entrypoint_file(entrypoint: str, base: Path) -> Path:
+    """The file of 'file.py:function', relative to `base` (the spec's directory) and inside it."""
+    file_name = entrypoint.rpartition(":")[0]
     path = (base / file_name).resolve()
     if not path.is_file():
         raise SpecError(
             [f"training.entrypoint: {path} does not exist. Fix: give a path relative to the spec file"]
         )
-    return Bundle(pack(path.parent), f"{path.name}:{func}")
+    if not path.is_relative_to(base.resolve()):
+        raise SpecError(
+            [
+                f"training.entrypoint: {file_name} lies outside {base}, and its whole directory would be "
+                "packed and uploaded. Fix: keep the training code next to (or below) the experiment file"
+            ]
+        )
+    return path
+
+
+def pack_entrypoint(entrypoint: str, base: Path) -> Bundle:
+    """Bundle the directory of 'file.py:function' (a path relative to `base`, the spec's directory)."""
+    path = entrypoint_file(entrypoint, base)
+    files = tuple(packed_files(path.parent))
+    return Bundle(pack(path.parent), f"{path.name}:{entrypoint.rpartition(':')[2]}", files)
+
+
+def packed_files(root: Path) -> list[str]:
+    """What `pack` puts in the bundle, as relative paths (what a person reviews before a deploy)."""
+    return [p.relative_to(root).as_posix() for p in _files(root)]
+
+
+def _ignored(root: Path) -> tuple[list[str], list[str]]:
+    """(patterns left out, patterns let back in): the secret names, then .dlinfraignore's lines."""
+    out, back = list(SECRET_NAMES), []
+    ignore = root / IGNORE_FILE
+    if ignore.is_file():
+        for line in ignore.read_text(encoding="utf-8", errors="replace").splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                (back if line.startswith("!") else out).append(line.removeprefix("!"))
+    return out, back
 
 
 def _files(root: Path) -> list[Path]:
+    out, back = _ignored(root)
     found = []
     for path in sorted(root.rglob("*")):
-        parts = path.relative_to(root).parts
+        rel = path.relative_to(root)
+        parts = rel.parts
         if any(p.startswith(".") or p in SKIPPED_DIRS for p in parts) or path.name.endswith(SKIPPED_SUFFIXES):
+            continue
+        names = (rel.as_posix(), path.name)
+        matches = any(fnmatch.fnmatch(n, pat) for n in names for pat in out)
+        if matches and not any(fnmatch.fnmatch(n, pat) for n in names for pat in back):
             continue
         if path.is_file() and not path.is_symlink():
             found.append(path)
@@ -96,9 +142,20 @@ def materialize(store: RunStore, sha256: str, entrypoint: str, work: Path) -> st
     target = work / f"code-{sha256[:12]}"
     if not target.exists():
         partial = work / f".code-{sha256[:12]}.partial"
-        partial.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(store.bundle(sha256)), mode="r:gz") as tar:
-            tar.extractall(partial, filter="data")  # refuses absolute paths and '..'
+        shutil.rmtree(partial, ignore_errors=True)  # an earlier life's half-done unpacking
+        partial.mkdir(parents=True)
+        try:
+            with tarfile.open(fileobj=io.BytesIO(store.bundle(sha256)), mode="r:gz") as tar:
+                unpacked = sum(m.size for m in tar.getmembers())  # sizes from headers, before writing
+                if unpacked > MAX_BUNDLE_BYTES:
+                    raise StoreError(
+                        f"code bundle {sha256[:12]} unpacks to {unpacked} bytes, over the "
+                        f"{MAX_BUNDLE_BYTES // 2**20} MB a bundle may hold. Fix: deploy again from the code"
+                    )
+                tar.extractall(partial, filter="data")  # refuses absolute paths and '..'
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         partial.replace(target)
     file_name, _, func = entrypoint.rpartition(":")
     return f"{target / file_name}:{func}"

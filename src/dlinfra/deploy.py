@@ -91,6 +91,11 @@ def deploy(
     target = target_for(request.spec.target, options)
     prepared, review = plan(request, target)
     run = prepared.run
+    if (bundle := run.manifest().bundle) and bundle.files:
+        shown = ", ".join(bundle.files[:20]) + (
+            f" and {len(bundle.files) - 20} more" if len(bundle.files) > 20 else ""
+        )
+        options.log(f"code: {len(bundle.files)} files packed ({bundle.bytes} bytes): {shown}")
     if not review.needs_approval:
         options.log(review.text)
     elif not approve(review.text):

@@ -143,6 +143,7 @@ class BundlePin(BaseModel):
     sha256: str
     entrypoint: str
     bytes: int
+    files: list[str] = []  # what was packed, for review (empty in records of older versions)
 
 
 class Heal(BaseModel):

@@ -66,6 +66,10 @@ def _load(path: Path | None, overrides: Overrides) -> Spec:
     from dlinfra.targets import hardware_problems
 
     resolved = load_spec(path, overrides, check=hardware_problems)
+    if resolved.training.entrypoint:
+        from dlinfra.bundle import entrypoint_file
+
+        entrypoint_file(resolved.training.entrypoint, path.absolute().parent if path else Path.cwd())
     _warn_hardware(resolved)
     return resolved
 
