@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -81,8 +84,11 @@ def test_aws_user_data_installs_the_runs_wheel_from_the_store(tmp_path: Path) ->
     for node, extras in (("worker-0", "train-gpu,aws"), ("chief-0", "train,aws")):  # g4dn / m5 nodes
         doc = yaml.safe_load(rendered[node])
         commands = [" ".join(map(str, c)) for c in doc["runcmd"]]
-        install = commands.index("sh /usr/local/lib/dlinfra/install.sh")
-        assert install < commands.index("systemctl start --no-block dlinfra-node.service")
+        assert commands[-1] == (
+            "sh -c sh /usr/local/lib/dlinfra/install.sh && systemctl daemon-reload && "
+            "systemctl start --no-block dlinfra-node.service || "
+            '{ echo "dlinfra: the install failed: powering off"; systemctl poweroff; }'
+        ), "the agent starts only after a good install"
         files = {f["path"]: f["content"] for f in doc["write_files"]}
         script = files["/usr/local/lib/dlinfra/install.sh"]
         assert f'"sha256:{"ab" * 32}" "{"gpu" if extras.startswith("train-gpu") else "cpu"}"' in script
@@ -168,3 +174,43 @@ def test_no_credential_lands_in_rendered_or_recorded_files(cli: Cli, tmp_path: P
         for secret in secrets:
             assert secret.encode() not in data, f"{secret[:8]}… found in {path}"
     assert secrets[0] not in result.stdout + result.stderr
+
+
+def test_a_wheel_off_its_pin_is_never_installed(tmp_path: Path) -> None:
+    """The install script itself, run on this machine with its paths moved under tmp: a wheel whose
+    bytes differ from the run's pin stops the script before pip; the pinned bytes go on to pip.
+    `aws` is a stand-in for the S3 download (a copy of a local file), named as such below."""
+    wheel_name = "dlinfra-0.1.0-py3-none-any.whl"
+    good = b"the run's wheel\n"
+    spec = load_spec(None, Overrides(target="aws", workers=1))
+    uri = f"s3://bucket/runs/r-1/code/{wheel_name}"
+    pin = WheelPin(name=wheel_name, sha256=hashlib.sha256(good).hexdigest(), uri=uri)
+    doc = yaml.safe_load(
+        render_cluster(node_configs(spec, "r-1", "s3://bucket/runs/r-1"), node_install(spec, uri, pin))[
+            "chief-0"
+        ]
+    )
+    script = next(f for f in doc["write_files"] if f["path"].endswith("install.sh"))["content"]
+    # one pass: a moved path is never moved again
+    script = re.sub(r"/opt/dlinfra-wheel|/opt/dlinfra|/etc/dlinfra", lambda m: f"{tmp_path}{m[0]}", script)
+    (tmp_path / "install.sh").write_text(script)
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    (stand_in / "aws").write_text(
+        f'#!/bin/sh\n# stand-in for `aws s3 cp URI DIR/`\ncp "{tmp_path}/served.whl" "$4{wheel_name}"\n'
+    )
+    (stand_in / "aws").chmod(0o755)
+    (tmp_path / "opt" / "dlinfra-wheel").mkdir(parents=True)
+    env = {
+        **os.environ,
+        "PATH": f"{stand_in}:{os.environ['PATH']}",
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+    }
+    for served, refused in ((good + b"tampered", True), (good, False)):
+        (tmp_path / "served.whl").write_bytes(served)
+        result = subprocess.run(
+            ["sh", str(tmp_path / "install.sh")], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode != 0  # refused, or pip finds no index here: neither installs anything
+        assert ("does not match the sha256 the run pinned" in result.stderr) is refused, result.stderr
+        assert "pip" in result.stderr.lower() or "dlinfra" in result.stderr, result.stderr

@@ -76,6 +76,7 @@ def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
         want=install.want if install else None,
         flavor=flavor_for(config.gpus),
         wheel=wheel,
+        wheel_sha256=install.wheel_sha256 if install else None,
         wheel_dir=WHEEL_DIR,
         pip_target=pip_target,
         pip_options=pip_install_options,
