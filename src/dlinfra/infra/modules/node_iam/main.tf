@@ -27,7 +27,6 @@ locals {
         "s3:GetObject",
         "s3:PutObject",
         "s3:PutObjectTagging",
-        "s3:DeleteObject",
         "s3:AbortMultipartUpload",
       ]
       Resource = "${local.bucket_arn}/${var.prefix}/*"

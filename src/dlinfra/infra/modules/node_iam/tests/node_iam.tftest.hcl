@@ -19,7 +19,7 @@ run "policy_reaches_only_the_run_prefix" {
   }
   assert {
     condition = toset(jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[0].Action) == toset([
-      "s3:GetObject", "s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObject", "s3:AbortMultipartUpload",
+      "s3:GetObject", "s3:PutObject", "s3:PutObjectTagging", "s3:AbortMultipartUpload",
     ])
     error_message = "object actions must be exactly get/put/tag/delete/abort"
   }
