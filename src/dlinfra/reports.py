@@ -73,10 +73,10 @@ def list_run_rows() -> list[dict[str, Any]]:
     for run in list_runs():
         try:
             m = run.manifest()
-        except StoreError:  # another dlinfra's record: list it, do not guess at its fields
+        except StoreError:  # corrupt, or another dlinfra's record: list it, do not guess at its fields
             rows.append(dict.fromkeys(("created", "target", "strategy", "eval_accuracy", "usd_per_hour")))
             rows[-1]["resources_up"] = False
-            rows[-1] |= {"run_id": run.id, "status": "unreadable (other schema_version)", "age": "-"}
+            rows[-1] |= {"run_id": run.id, "status": "unreadable (`dlinfra show` says why)", "age": "-"}
             continue
         status, accuracy = m.status, (m.metrics or {}).get("eval_accuracy")
         # nobody watching a detached run: the store knows whether it ended
