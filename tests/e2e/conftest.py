@@ -3,6 +3,7 @@ many tests (deploying is the expensive part; 2 cores)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,13 +11,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import run_cli
+from support import alive_node_pids, run_cli
+
+
+@pytest.fixture(autouse=True)
+def _no_node_outlives_its_test(tmp_path: Path) -> Iterator[None]:
+    """A test that fails half-way must not leave its nodes training beside the next tests: a Ctrl-C
+    test that failed before its SIGINT once left four trainers at full CPU for the rest of a CI run
+    (its nodes run in their own sessions, so killing the CLI does not reach them)."""
+    yield
+    for pid in alive_node_pids(str(tmp_path)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
