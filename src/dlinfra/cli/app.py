@@ -233,6 +233,10 @@ def _report(follow: Any, emulate: str | None) -> None:
     from dlinfra.targets.base import TargetOptions
 
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` and CI timeouts tear the cluster down too
+    # A deploy started in the background by a script (`dlinfra deploy … &`) inherits SIGINT ignored
+    # (bash does that for `&` jobs without job control), and Ctrl-C or `kill -INT` would then leave
+    # the cluster running and billing: Ctrl-C always means stop here.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     progress = LiveTable(out) if out.is_terminal else ProgressLines(out)
     try:
         outcome = follow(TargetOptions(log=out.print, emulate_instances=emulate), progress)
