@@ -193,13 +193,15 @@ def watch(
     left_running = False
     try:
         while True:
+            # poll first: it may block (a heal's apply takes a minute), and a snapshot taken before it
+            # would make every node look silent for that long (seen: a healed run failed as "lost")
+            codes = cluster.poll()
             snap = _snapshot(store, names, started)
             on_update(snap)
             if snap.marker is not None:
                 _let_nodes_finish(cluster, seconds=3 * poll + 5)
                 on_update(_snapshot(store, names, started))
                 break
-            codes = cluster.poll()
             limits = prepared.spec.cluster
             if verdict := diagnose(snap.nodes, codes, limits.heartbeat_timeout, limits.stall_timeout):
                 _fail(store, verdict, snap.nodes)
