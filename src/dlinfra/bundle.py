@@ -67,13 +67,9 @@ def entrypoint_file(entrypoint: str, base: Path) -> Path:
 def pack_entrypoint(entrypoint: str, base: Path) -> Bundle:
     """Bundle the directory of 'file.py:function' (a path relative to `base`, the spec's directory)."""
     path = entrypoint_file(entrypoint, base)
-    files = tuple(packed_files(path.parent))
-    return Bundle(pack(path.parent), f"{path.name}:{entrypoint.rpartition(':')[2]}", files)
-
-
-def packed_files(root: Path) -> list[str]:
-    """What `pack` puts in the bundle, as relative paths (what a person reviews before a deploy)."""
-    return [p.relative_to(root).as_posix() for p in _files(root)]
+    files = _files(path.parent)  # one walk: what is packed is what is listed
+    listed = tuple(f.relative_to(path.parent).as_posix() for f in files)
+    return Bundle(pack(path.parent, files), f"{path.name}:{entrypoint.rpartition(':')[2]}", listed)
 
 
 def _ignored(root: Path) -> tuple[list[str], list[str]]:
@@ -105,12 +101,12 @@ def _files(root: Path) -> list[Path]:
     return found
 
 
-def pack(root: Path) -> bytes:
+def pack(root: Path, files: list[Path] | None = None) -> bytes:
     """A reproducible tar.gz of `root`: hidden paths, caches and virtualenvs left out."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         total = 0
-        for path in _files(root):
+        for path in _files(root) if files is None else files:
             data = path.read_bytes()
             total += len(data)
             if total > MAX_BUNDLE_BYTES:

@@ -9,9 +9,10 @@ import re
 from dlinfra.spec_input import shown
 
 # Run ids (name + 21 chars) name IAM roles, which AWS caps at 64 characters with our affixes.
-NAME_RE = r"^[a-z][a-z0-9-]{0,26}$"
+NAME = r"[a-z][a-z0-9-]{0,26}"
+NAME_RE = rf"^{NAME}$"
 # name-YYYYMMDD-HHMMSS-xxxx (run.new_run_id): one directory name under runs/, never a path
-RUN_ID_RE = re.compile(r"[a-z][a-z0-9-]{0,26}-\d{8}-\d{6}-[0-9a-f]{4}")
+RUN_ID_RE = re.compile(rf"{NAME}-\d{{8}}-\d{{6}}-[0-9a-f]{{4}}")
 BUCKET_RE = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"  # S3's bucket naming rules
 # a prefix lands in shell command lines (aws s3 cp) and IAM policies: plain characters only
 S3_URL_RE = rf"s3://{BUCKET_RE}(/[A-Za-z0-9._=/-]*)?"
