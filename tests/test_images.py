@@ -4,10 +4,18 @@ the VMs' networks, the private-mirror settings, and each role's AMI choice again
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import os
+import pty
 import re
+import select
+import signal
+import socket
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +23,7 @@ import yaml
 
 from dlinfra.errors import SpecError
 from dlinfra.images import IMAGE_JSON_PATH, Recipe
-from dlinfra.images.vm import Segment, nat_network
+from dlinfra.images.vm import Segment, nat_network, shell
 from dlinfra.images.wheelhouse import _write_index, serve
 from dlinfra.prepare import node_install
 from dlinfra.records import ImagePin, WheelPin
@@ -118,6 +126,69 @@ def test_vm_networks_never_overlap_the_vpc_and_runs_never_share_a_segment() -> N
     b = Segment.for_run("digits-cnn-20261123-082822-ddde", "10.42.1.0/24")
     assert (a.group, a.port) != (b.group, b.port)
     assert ipaddress.IPv4Address(a.group).is_multicast
+
+
+@contextlib.contextmanager
+def _serial_console(tmp_path: Path) -> Iterator[Path]:
+    """What qemu's second serial port holds: a real interactive bash on a real tty, behind a unix
+    socket (output is dropped while no one is connected, as qemu's socket chardev does)."""
+    pid, master = pty.fork()
+    if pid == 0:
+        os.execvpe(
+            "bash", ["bash", "--norc", "--noprofile", "-i"], {"PS1": "root@worker-0:~# ", "TERM": "vt100"}
+        )
+    sock_path = tmp_path / "shell.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock_path))
+    server.listen(1)
+    stop = threading.Event()
+
+    def relay() -> None:
+        while not stop.is_set():
+            server.settimeout(0.2)
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                while not stop.is_set():
+                    ready, _, _ = select.select([conn, master], [], [], 0.2)
+                    if conn in ready:
+                        data = conn.recv(4096)
+                        if not data:
+                            break
+                        os.write(master, data)
+                    if master in ready:
+                        output = os.read(master, 4096)
+                        try:
+                            conn.sendall(output)
+                        except OSError:  # the client left: its output is dropped
+                            break
+
+    thread = threading.Thread(target=relay, daemon=True)
+    thread.start()
+    try:
+        yield sock_path
+    finally:
+        stop.set()
+        thread.join()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(master)
+        server.close()
+
+
+def test_vm_shell_returns_only_the_commands_output_though_the_tty_echoes_typeahead(tmp_path: Path) -> None:
+    """A command that reaches the shell while it is still busy is echoed twice (the tty's echo of
+    typeahead, then readline's redraw); the answer is still the command's output alone."""
+    with _serial_console(tmp_path) as sock:
+        assert shell(sock, "echo $((6 * 7))") == "42"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as busy:
+            busy.connect(str(sock))
+            busy.sendall(b"sleep 2\n")
+        # typed while `sleep` runs, as a test types while the node's agent keeps the VM busy
+        assert shell(sock, "echo restarts; echo $((1 + 1))") == "restarts\r\n2"
+        assert shell(sock, "false") == ""
 
 
 def test_wheelhouse_index_is_pep503_and_served_on_loopback(tmp_path: Path) -> None:

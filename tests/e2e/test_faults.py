@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from datetime import datetime
@@ -108,11 +109,13 @@ def test_killed_mirrored_worker_restarts_all_from_checkpoint(tmp_path: Path) -> 
 
 def test_user_code_error_fails_fast(tmp_path: Path) -> None:
     spec = tmp_path / "experiment.yaml"
+    # user code lives next to its experiment file (only that directory is packed and shipped)
+    shutil.copy(Path(__file__).parent.parent / "data" / "raising_program.py", tmp_path)
     spec.write_text(
         "name: raises\n"
         "strategy: multi_worker_mirrored\n"
         "cluster: {workers: {count: 2}}\n"
-        f"training: {{entrypoint: {Path(__file__).parent.parent / 'data' / 'raising_program.py'}:program, "
+        "training: {entrypoint: raising_program.py:program, "
         "steps: 400, log_every: 5}\n"
     )
     raised_at = tmp_path / "raised_at"

@@ -162,7 +162,8 @@ def test_install_path_on_a_base_image_and_systemd_restarts_a_killed_agent(
             assert "killed" in shell(sock, "systemctl kill -s KILL dlinfra-node && echo killed")
             restarted = _wait_for_status(live, "worker-0", lambda s: s and s["restarts"] > status["restarts"])
             after = _last_number(shell(sock, "systemctl show -p NRestarts --value dlinfra-node"))
-            assert int(after) == int(before) + 1, "systemd restarted the agent (Restart=on-failure)"
+            journal = "journalctl -u dlinfra-node --no-pager -n 20"
+            assert int(after) == int(before) + 1, f"systemd restarts it (Restart=): {shell(sock, journal)}"
             assert restarted["started"] > status["started"]
         finally:
             live.proc.send_signal(signal.SIGINT)  # proven: the run need not train to its end here

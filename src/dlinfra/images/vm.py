@@ -214,7 +214,12 @@ class Vm:
 def shell(sock: Path, command: str, timeout: float = 120.0) -> str:
     """Run one command in a VM's root shell on its second serial port; its output (a test's and an
     operator's way in, like EC2's serial console)."""
-    marker = f"__dlinfra_{time.monotonic_ns()}__"
+    tag = f"dlinfra{time.monotonic_ns()}"
+    begin, end = f"{tag}-begin", f"{tag}-end"
+    # A tty echoes the command line, and twice when it arrives while the shell is busy (the kernel
+    # echoes typeahead, then readline redraws it). The markers are printed from two parts, so only
+    # the command's output ever holds them whole.
+    line = f"\nprintf '%s-begin\\n' {tag}; {command}; printf '%s-end\\n' {tag}\n"
     deadline = time.monotonic() + timeout
     # unix socket paths are capped at 108 bytes; a run dir is often longer: go through a short link
     short = Path(tempfile.mkdtemp(prefix="vm-")) / "s"
@@ -224,19 +229,14 @@ def shell(sock: Path, command: str, timeout: float = 120.0) -> str:
         s.connect(str(short))
         shutil.rmtree(short.parent)
         buf = b""
-        s.sendall(f"\n{command}; echo {marker[:-2]}_END__\n".encode())
-        end = f"{marker[:-2]}_END__".encode()
-        while time.monotonic() < deadline:
+        s.sendall(line.encode())
+        while end.encode() not in buf:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from the VM's shell in {timeout:.0f}s: {buf[-500:]!r}")
             with contextlib.suppress(TimeoutError):
                 chunk = s.recv(65536)
                 if not chunk:
-                    break
+                    raise ConnectionError(f"the VM's shell closed: {buf[-500:]!r}")
                 buf += chunk
-                # the echo of the command line holds the marker once, its output a second time
-                if buf.count(end) >= 2:
-                    break
-        else:
-            raise TimeoutError(f"no answer from the VM's shell in {timeout:.0f}s: {buf[-500:]!r}")
     text = buf.decode(errors="replace")
-    body = text.split(end.decode())[1] if text.count(end.decode()) >= 2 else text
-    return body.strip()
+    return text.split(begin, 1)[-1].split(end, 1)[0].strip()
