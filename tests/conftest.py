@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PROVIDER_MIRROR, Cli, free_port, run_cli
+from support import PROVIDER_MIRROR, Cli, run_cli
 
 
 def _machine_has_a_gpu() -> bool:
@@ -22,9 +22,28 @@ def _machine_has_a_gpu() -> bool:
     return listed.returncode == 0 and "GPU" in listed.stdout
 
 
+# Longest modules first (scripts/test.sh hands whole modules to two workers: a long one started last
+# would leave one worker idle at the end). A rank per marker; a module takes its slowest test's.
+_FIRST = ("images", "terraform", "faults", "e2e", "slow")
+
+
+def _module_rank(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, m in enumerate(_FIRST) if item.get_closest_marker(m)), len(_FIRST))
+
+    modules: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        modules[module] = min(modules.get(module, len(_FIRST)), rank(item))
+    order = {module: i for i, module in enumerate(modules)}
+    # stable, and each module stays contiguous (its module fixtures are set up once)
+    items.sort(key=lambda item: (modules[m := item.nodeid.split("::", 1)[0]], order[m]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`gpu` tests run where a GPU is, or when asked for by marker; elsewhere they are deselected
-    (counted in pytest's summary line), never skipped silently."""
+    """Longest modules first. `gpu` tests run where a GPU is, or when asked for by marker; elsewhere
+    they are deselected (counted in pytest's summary line), never skipped silently."""
+    _module_rank(items)
     wanted = "gpu" in (config.getoption("markexpr") or "")
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests or wanted or _machine_has_a_gpu():
@@ -69,10 +88,11 @@ def moto_endpoint() -> Iterator[str]:
     os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
     from moto.server import ThreadedMotoServer
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    # port 0: the kernel picks a free port and it is bound at once (no window for another worker)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    yield f"http://127.0.0.1:{port}"
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
     server.stop()
 
 

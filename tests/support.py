@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -46,13 +45,10 @@ def run_cli(
     return result
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 REPO = Path(__file__).resolve().parents[1]
+# Node images for the VM tests: built once per checkout (a few minutes) and reused while the recipe,
+# packages and wheel are the same.
+IMAGE_CACHE = REPO / ".dlinfra" / "test-images"
 
 
 def s3_client(endpoint: str):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import Live, start_deploy
-from support import FAKE_CREDS, alive_node_pids, free_port, s3_client
+from support import FAKE_CREDS, alive_node_pids, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
 
@@ -164,10 +164,10 @@ def test_store_outage_of_10s_loses_nothing(tmp_path: Path) -> None:
     and the watcher's reads retry with backoff, and every checkpoint and the model land."""
     from moto.server import ThreadedMotoServer
 
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
+    port = server.get_host_and_port()[1]  # the outage ends with a server on this same port
+    endpoint = f"http://127.0.0.1:{port}"
     try:
         s3 = s3_client(endpoint)
         s3.create_bucket(Bucket="outage-results")

@@ -20,12 +20,10 @@ import pytest
 from dlinfra.images.vm import shell
 from dlinfra.images.wheelhouse import serve, wheelhouse
 from e2e.conftest import deploy, start_deploy
-from support import FAKE_CREDS, REPO, ec2_client, run_cli, s3_client
+from support import FAKE_CREDS, IMAGE_CACHE, ec2_client, run_cli, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm]
 BUCKET = "dlinfra-vm-results"
-# Built once per checkout (a few minutes) and reused while the recipe, packages and wheel are the same.
-IMAGE_CACHE = REPO / ".dlinfra" / "test-images"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Local node images: Debian bookworm from mmdebstrap, the node recipe run in its chroot, turned
-into what qemu boots directly (kernel, initrd, an ext4 root disk). Cached by digest under
+"""Local node images: Debian bookworm from mmdebstrap (made once, shared by every flavor), the node
+recipe run in a copy's chroot, turned into what qemu boots directly (kernel, initrd, an ext4 root disk). Cached by digest under
 images_home(); `--emulate-instances=vm` boots instances from them.
 
 A `base` image has no node environment (the stand-in for a cloud base image: nodes install at
@@ -81,8 +81,12 @@ def _check_host() -> None:
         raise DlinfraError("local images are built as root (mmdebstrap, chroot). Fix: run it with sudo")
 
 
+def _bootstrap_key() -> str:
+    return hashlib.sha256((SETUP.read_text() + PACKAGES + "\n".join(MIRRORS)).encode()).hexdigest()[:16]
+
+
 def image_key(flavor: LocalFlavor, recipe: Recipe | None) -> str:
-    h = hashlib.sha256((SETUP.read_text() + PACKAGES + "\n".join(MIRRORS)).encode())
+    h = hashlib.sha256(_bootstrap_key().encode())
     if recipe is not None:
         h.update(recipe.digest.encode())
     return f"{flavor}-{h.hexdigest()[:16]}"
@@ -112,29 +116,49 @@ def build(flavor: LocalFlavor, wheel: Path | None, log: Log) -> LocalImage:
         return image
     _check_host()
     t0 = time.monotonic()
-    requirements = ["awscli"]
-    if recipe is not None:
-        requirements = [f"{recipe.wheel}[{EXTRAS[flavor]}]", "awscli", "py-spy>=0.3.14"]
-    log(f"image {image.dir.name}: downloading wheels ({', '.join(requirements)})")
-    house = wheelhouse(requirements)
-    image.dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=image.dir.parent, prefix=".build-") as tmp:
+    debian = _bootstrap(log)
+    with tempfile.TemporaryDirectory(dir=images_home(), prefix=".build-") as tmp:
+        work = Path(tmp)
+        out = work / "out"
+        out.mkdir()
+        tree = debian / "rootfs"
+        if recipe is not None:
+            tree = work / "rootfs"
+            _run(["cp", "-a", str(debian / "rootfs"), str(tree)], "copying the Debian tree")
+            _bake(tree, recipe, log)
+            shutil.copy2(tree / IMAGE_JSON_PATH.lstrip("/"), out / "image.json")
+        for boot in ("vmlinuz", "initrd.img"):
+            shutil.copy2(debian / boot, out / boot)
+        used = sum(f.stat().st_size for f in tree.rglob("*") if f.is_file() and not f.is_symlink())
+        size_mb = used // 2**20 + HEADROOM_GB * 1024
+        disk = out / "rootfs.img"
+        mke2fs = ["mke2fs", "-q", "-t", "ext4", "-L", "rootfs", "-d", str(tree), str(disk), f"{size_mb}M"]
+        _run(mke2fs, "mke2fs")
+        if image.dir.exists():
+            shutil.rmtree(image.dir)
+        out.rename(image.dir)
+    log(f"image {image.dir.name}: built in {time.monotonic() - t0:.0f}s at {image.dir}")
+    return image
+
+
+def _bootstrap(log: Log) -> Path:
+    """Debian with the packages and the set-up every flavor shares (the `base` image's tree, with
+    its kernel and initrd), made once per package list and set-up: each flavor copies it and bakes
+    its recipe on top instead of bootstrapping Debian again."""
+    root = images_home() / f"debian-{_bootstrap_key()}"
+    if (root / "initrd.img").is_file():
+        return root
+    t0 = time.monotonic()
+    house = wheelhouse(["awscli"])
+    images_home().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=images_home(), prefix=".debian-") as tmp:
         work = Path(tmp)
         stage = work / "stage"
         shutil.copytree(house, stage / "wheelhouse", ignore=shutil.ignore_patterns("simple"))
         shutil.copy2(SETUP, stage / "setup.sh")
-        if recipe is not None:
-            shutil.copy2(recipe.wheel, stage / recipe.wheel.name)
-            script = recipe.render(
-                f"/tmp/dlinfra-build/{recipe.wheel.name}",
-                "--no-index --find-links /tmp/dlinfra-build/wheelhouse",
-                builder="local",
-            )
-            (stage / "recipe.sh").write_text(script, encoding="utf-8")
-        out = work / "out"
-        out.mkdir()
-        rootfs = work / "rootfs"
-        log(f"image {image.dir.name}: mmdebstrap {SUITE} and the {flavor} setup (a few minutes)")
+        done = work / "debian"
+        done.mkdir()
+        log(f"debian {root.name}: mmdebstrap {SUITE} and the node set-up (a few minutes, once)")
         _run(
             [
                 "mmdebstrap",
@@ -145,26 +169,42 @@ def build(flavor: LocalFlavor, wheel: Path | None, log: Log) -> LocalImage:
                 '--customize-hook=mv "$1/tmp/stage" "$1/tmp/dlinfra-build"',
                 '--customize-hook=chroot "$1" sh /tmp/dlinfra-build/setup.sh',
                 '--customize-hook=rm -rf "$1/tmp/dlinfra-build"',
-                f'--customize-hook=cp -L "$1"/boot/vmlinuz-* {out}/vmlinuz',
-                f'--customize-hook=cp -L "$1"/boot/initrd.img-* {out}/initrd.img',
-                f'--customize-hook=if [ -f "$1{IMAGE_JSON_PATH}" ]; then cp "$1{IMAGE_JSON_PATH}" {out}/; fi',
+                f'--customize-hook=cp -L "$1"/boot/vmlinuz-* {done}/vmlinuz',
+                f'--customize-hook=cp -L "$1"/boot/initrd.img-* {done}/initrd.img',
                 SUITE,
-                str(rootfs),
+                str(done / "rootfs"),
                 *MIRRORS,
             ],
             "mmdebstrap",
         )
-        used = sum(f.stat().st_size for f in rootfs.rglob("*") if f.is_file() and not f.is_symlink())
-        size_mb = used // 2**20 + HEADROOM_GB * 1024
-        disk = out / "rootfs.img"
-        mke2fs = ["mke2fs", "-q", "-t", "ext4", "-L", "rootfs", "-d", str(rootfs), str(disk), f"{size_mb}M"]
-        _run(mke2fs, "mke2fs")
-        shutil.rmtree(rootfs)
-        if image.dir.exists():
-            shutil.rmtree(image.dir)
-        out.rename(image.dir)
-    log(f"image {image.dir.name}: built in {time.monotonic() - t0:.0f}s at {image.dir}")
-    return image
+        if root.exists():
+            shutil.rmtree(root)
+        done.rename(root)
+    log(f"debian {root.name}: made in {time.monotonic() - t0:.0f}s")
+    return root
+
+
+def _bake(tree: Path, recipe: Recipe, log: Log) -> None:
+    """Run the recipe as root in the tree's chroot, offline: pip installs from a staged wheelhouse."""
+    requirements = [f"{recipe.wheel}[{EXTRAS[recipe.flavor]}]", "awscli", "py-spy>=0.3.14"]
+    log(f"recipe {recipe.digest[:12]}: downloading wheels ({', '.join(requirements)})")
+    house = wheelhouse(requirements)
+    stage = tree / "tmp" / "dlinfra-build"
+    shutil.copytree(house, stage / "wheelhouse", ignore=shutil.ignore_patterns("simple"))
+    shutil.copy2(recipe.wheel, stage / recipe.wheel.name)
+    inside = "/tmp/dlinfra-build"
+    script = recipe.render(
+        f"{inside}/{recipe.wheel.name}", f"--no-index --find-links {inside}/wheelhouse", "local"
+    )
+    (stage / "recipe.sh").write_text(script, encoding="utf-8")
+    log(f"recipe {recipe.digest[:12]}: baking the {recipe.flavor} environment")
+    # A private mount namespace: the chroot's /dev and /proc vanish with it, whatever happens.
+    mounted_chroot = 'mount --rbind /dev "$0/dev" && mount -t proc proc "$0/proc" && exec chroot "$0" "$@"'
+    _run(
+        ["unshare", "--mount", "--fork", "sh", "-c", mounted_chroot, str(tree), "sh", f"{inside}/recipe.sh"],
+        "recipe",
+    )
+    shutil.rmtree(stage)
 
 
 def _run(cmd: list[str], what: str) -> None:

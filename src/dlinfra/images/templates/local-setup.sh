@@ -21,6 +21,3 @@ ln -sf /lib/systemd/system/serial-getty@.service \
 python3 -m venv /opt/awscli
 /opt/awscli/bin/pip install --quiet --no-index --find-links /tmp/dlinfra-build/wheelhouse awscli
 ln -sf /opt/awscli/bin/aws /usr/local/bin/aws
-if [ -f /tmp/dlinfra-build/recipe.sh ]; then
-    sh /tmp/dlinfra-build/recipe.sh
-fi
