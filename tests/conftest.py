@@ -24,7 +24,7 @@ def _machine_has_a_gpu() -> bool:
 
 # Longest modules first (scripts/test.sh hands whole modules to two workers: a long one started last
 # would leave one worker idle at the end). A rank per marker; a module takes its slowest test's.
-_FIRST = ("images", "terraform", "faults", "e2e", "slow")
+_FIRST = ("images", "vm", "terraform", "faults", "e2e", "slow")
 
 
 def _module_rank(items: list[pytest.Item]) -> None:

@@ -9,8 +9,10 @@ from PyPI, and the manifest records the requirement instead of a wheel.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from dlinfra import __version__
@@ -39,16 +41,18 @@ def node_wheel() -> Path | None:
     wheels = sorted(out.glob(f"dlinfra-{__version__}-*.whl"))
     if wheels:
         return wheels[0]
-    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check"]
-    result = subprocess.run(
-        [*pip, "-w", str(out), str(SOURCE_ROOT)],
-        capture_output=True,
-        text=True,
-    )
-    wheels = sorted(out.glob(f"dlinfra-{__version__}-*.whl"))
-    if result.returncode != 0 or not wheels:
-        raise DlinfraError(
-            f"could not build the dlinfra wheel for the nodes from {SOURCE_ROOT}:\n{result.stderr[-2000:]}\n"
-            "Fix: `pip wheel --no-deps .` must work in the checkout (it needs the hatchling build backend)"
-        )
-    return wheels[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Built aside, then renamed in: another process never sees half a wheel.
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
+        pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check"]
+        result = subprocess.run([*pip, "-w", tmp, str(SOURCE_ROOT)], capture_output=True, text=True)
+        built = sorted(Path(tmp).glob(f"dlinfra-{__version__}-*.whl"))
+        if result.returncode != 0 or not built:
+            raise DlinfraError(
+                f"could not build the dlinfra wheel for the nodes from {SOURCE_ROOT}:\n"
+                f"{result.stderr[-2000:]}\nFix: `pip wheel --no-deps .` must work in the checkout "
+                "(it needs the hatchling build backend)"
+            )
+        out.mkdir(exist_ok=True)
+        os.replace(built[0], out / built[0].name)
+    return out / built[0].name

@@ -81,6 +81,7 @@ def _destroy(run_id: str, home: Path, env: dict[str, str]) -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.exclusive  # at most 10 minutes, with the machine to itself
 def test_three_vms_train_from_the_baked_image_and_power_off(
     baked_image: Path, vm_env: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -1,19 +1,21 @@
 """Local node images: Debian bookworm from mmdebstrap (made once, shared by every flavor), the node
-recipe run in a copy's chroot, turned into what qemu boots directly (kernel, initrd, an ext4 root disk). Cached by digest under
-images_home(); `--emulate-instances=vm` boots instances from them.
+recipe run in a copy's chroot, turned into what qemu boots directly (kernel, initrd, an ext4 root
+disk). Cached by digest under images_home(); `--emulate-instances=vm` boots instances from them.
 
 A `base` image has no node environment (the stand-in for a cloud base image: nodes install at
 boot); a `cpu` or `gpu` image has the recipe baked in."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -115,6 +117,28 @@ def build(flavor: LocalFlavor, wheel: Path | None, log: Log) -> LocalImage:
         log(f"image {image.dir.name}: cached at {image.dir}")
         return image
     _check_host()
+    with _cache_lock(log):
+        if image.rootfs.is_file():  # another build made it while this one waited
+            log(f"image {image.dir.name}: built meanwhile, at {image.dir}")
+            return image
+        return _build(image, recipe, log)
+
+
+@contextlib.contextmanager
+def _cache_lock(log: Log) -> Iterator[None]:
+    """One build at a time per cache: two would bootstrap Debian twice, and one could replace the
+    Debian tree while the other copies it."""
+    images_home().mkdir(parents=True, exist_ok=True)
+    with open(images_home() / ".build.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another image build in {images_home()}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # the lock ends with the file's close, also when the process dies
+
+
+def _build(image: LocalImage, recipe: Recipe | None, log: Log) -> LocalImage:
     t0 = time.monotonic()
     debian = _bootstrap(log)
     with tempfile.TemporaryDirectory(dir=images_home(), prefix=".build-") as tmp:
@@ -150,7 +174,6 @@ def _bootstrap(log: Log) -> Path:
         return root
     t0 = time.monotonic()
     house = wheelhouse(["awscli"])
-    images_home().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images_home(), prefix=".debian-") as tmp:
         work = Path(tmp)
         stage = work / "stage"

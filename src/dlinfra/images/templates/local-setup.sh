@@ -16,6 +16,12 @@ ExecStart=-/sbin/agetty --autologin root --noclear --keep-baud 115200,57600,3840
 UNIT
 ln -sf /lib/systemd/system/serial-getty@.service \
     /etc/systemd/system/getty.target.wants/serial-getty@ttyS1.service
+# The root disk and the seed are virtio disks: an initramfs with just their drivers. Debian's generic
+# one carries every storage driver, and unpacking and probing them all is half a minute of a boot
+# under software emulation (measured: cloud-init starts 33 s after power-on instead of 57 s).
+sed -i 's/^MODULES=.*/MODULES=list/' /etc/initramfs-tools/initramfs.conf
+printf 'virtio_pci\nvirtio_blk\n' >> /etc/initramfs-tools/modules
+update-initramfs -u -k all
 # Cloud base images come with a current AWS CLI (the Deep Learning AMI's v2); Debian's 2.9 predates
 # the shared config's endpoint_url, which an emulator's vendor-data relies on.
 python3 -m venv /opt/awscli
