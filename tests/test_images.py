@@ -14,6 +14,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -281,3 +282,38 @@ def test_pip_trusts_a_plain_http_mirror_only_when_it_is_named() -> None:
     assert pip_options("http://10.0.2.2:8080/simple", False) == (
         "--index-url http://10.0.2.2:8080/simple --trusted-host 10.0.2.2:8080"
     )
+
+
+def test_a_second_image_build_waits_for_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builds in one cache run one after the other (a real flock, held by another process)."""
+    from dlinfra.images import local
+
+    monkeypatch.setenv("DLINFRA_IMAGE_CACHE", str(tmp_path))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from dlinfra.images import local\n"
+            "with local._cache_lock(print):\n"
+            "    print('holding', flush=True); sys.stdin.readline()\n",
+        ],
+        env=dict(os.environ, DLINFRA_IMAGE_CACHE=str(tmp_path)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdin is not None
+    assert holder.stdout.readline().strip() == "holding"
+    told_to_let_go = threading.Event()
+
+    def let_go() -> None:
+        told_to_let_go.set()  # before the holder can possibly let go
+        holder.stdin.write("\n")  # type: ignore[union-attr]
+        holder.stdin.flush()  # type: ignore[union-attr]
+
+    threading.Timer(1.0, let_go).start()
+    said: list[str] = []
+    with local._cache_lock(said.append):
+        assert told_to_let_go.is_set(), "entered while the other build held the cache"
+    assert said == [f"waiting for another image build in {tmp_path}"]
+    assert holder.wait(timeout=60) == 0
