@@ -27,7 +27,7 @@ def _machine_has_a_gpu() -> bool:
 _FIRST = ("images", "vm", "terraform", "faults", "e2e", "slow")
 
 
-def _module_rank(items: list[pytest.Item]) -> None:
+def _longest_modules_first(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         return next((i for i, m in enumerate(_FIRST) if item.get_closest_marker(m)), len(_FIRST))
 
@@ -43,7 +43,7 @@ def _module_rank(items: list[pytest.Item]) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest modules first. `gpu` tests run where a GPU is, or when asked for by marker; elsewhere
     they are deselected (counted in pytest's summary line), never skipped silently."""
-    _module_rank(items)
+    _longest_modules_first(items)
     wanted = "gpu" in (config.getoption("markexpr") or "")
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests or wanted or _machine_has_a_gpu():
