@@ -67,9 +67,8 @@ def entrypoint_file(entrypoint: str, base: Path) -> Path:
 def pack_entrypoint(entrypoint: str, base: Path) -> Bundle:
     """Bundle the directory of 'file.py:function' (a path relative to `base`, the spec's directory)."""
     path = entrypoint_file(entrypoint, base)
-    files = _files(path.parent)  # one walk: what is packed is what is listed
-    listed = tuple(f.relative_to(path.parent).as_posix() for f in files)
-    return Bundle(pack(path.parent, files), f"{path.name}:{entrypoint.rpartition(':')[2]}", listed)
+    archive, listed = pack(path.parent)
+    return Bundle(archive, f"{path.name}:{entrypoint.rpartition(':')[2]}", listed)
 
 
 def _ignored(root: Path) -> tuple[list[str], list[str]]:
@@ -101,12 +100,14 @@ def _files(root: Path) -> list[Path]:
     return found
 
 
-def pack(root: Path, files: list[Path] | None = None) -> bytes:
-    """A reproducible tar.gz of `root`: hidden paths, caches and virtualenvs left out."""
+def pack(root: Path) -> tuple[bytes, tuple[str, ...]]:
+    """A reproducible tar.gz of `root` (hidden paths, caches and virtualenvs left out), and what it
+    holds as relative paths: one walk, so what is listed for review is exactly what is packed."""
     raw = io.BytesIO()
+    listed = []
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         total = 0
-        for path in _files(root) if files is None else files:
+        for path in _files(root):
             data = path.read_bytes()
             total += len(data)
             if total > MAX_BUNDLE_BYTES:
@@ -116,13 +117,14 @@ def pack(root: Path, files: list[Path] | None = None) -> bytes:
                         "Fix: keep the training code in its own directory; read data through training.dataset"
                     ]
                 )
-            info = tarfile.TarInfo(path.relative_to(root).as_posix())
+            listed.append(path.relative_to(root).as_posix())
+            info = tarfile.TarInfo(listed[-1])
             info.size, info.mtime, info.mode = len(data), 0, 0o644
             tar.addfile(info, io.BytesIO(data))
     out = io.BytesIO()
     with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=9) as gz:
         gz.write(raw.getvalue())
-    return out.getvalue()
+    return out.getvalue(), tuple(listed)
 
 
 def file_sha256(path: Path) -> str:
