@@ -37,7 +37,12 @@ PACKAGES = (
     "systemd-sysv,udev,dbus,cloud-init,python3,python3-venv,ca-certificates,netbase,iproute2,"
     "ifupdown,isc-dhcp-client,curl,kmod,procps,linux-image-cloud-amd64,initramfs-tools,e2fsprogs"
 )
-TOOLS = {"mmdebstrap": "mmdebstrap", "mke2fs": "e2fsprogs", "qemu-system-x86_64": "qemu-system-x86"}
+TOOLS = {
+    "mmdebstrap": "mmdebstrap",
+    "mke2fs": "e2fsprogs",
+    "unshare": "util-linux",
+    "qemu-system-x86_64": "qemu-system-x86",
+}
 SETUP = Path(__file__).parent / "templates" / "local-setup.sh"
 HEADROOM_GB = 3  # free space on the root disk: a node that installs at boot unpacks TensorFlow there
 
