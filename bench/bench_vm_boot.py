@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from dlinfra.images.wheelhouse import serve, wheelhouse  # noqa: E402
 from dlinfra.wheel import node_wheel  # noqa: E402
-from support import FAKE_CREDS, ec2_client, free_port, s3_client  # noqa: E402
+from support import FAKE_CREDS, ec2_client, s3_client  # noqa: E402
 
 CONSOLE_MARKS = {
     "cloud-init final starts": r"\[\s*([\d.]+)\].*running 'modules:final'",
@@ -38,10 +38,10 @@ CONSOLE_MARKS = {
 
 def main() -> None:
     os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
-    port = free_port()
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)  # the kernel picks a free port
     moto.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    host, port = moto.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
     s3_client(endpoint).create_bucket(Bucket="bench")
     ami = ec2_client(endpoint).describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     tmp = Path(tempfile.mkdtemp(prefix="bench-vm-"))

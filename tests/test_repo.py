@@ -1,5 +1,5 @@
 """Repository promises: workflows are valid, the README opens with the two commands, the
-example spec is the defaults, the CLI lists its commands, HCL ships in the wheel."""
+example spec is the defaults, the CLI lists its commands, HCL ships in the wheel, benchmarks import."""
 
 from __future__ import annotations
 
@@ -142,3 +142,20 @@ def test_wheel_ships_the_terraform(tmp_path: Path) -> None:
     ):
         assert required in names
     assert not any(".terraform/" in n or n.endswith(".tfstate") for n in names)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "bench").glob("bench_*.py")))
+def test_benchmark_script_imports(script: str) -> None:
+    """Benchmarks run by hand, not in CI: at least their imports (the test helpers some of them share)
+    must keep up with the code, or a bench breaks unseen."""
+    code = (
+        "import runpy, sys; sys.path[:0] = [sys.argv[2], sys.argv[3]]; "
+        "runpy.run_path(sys.argv[1], run_name='bench_import_check')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "bench" / script), str(ROOT / "tests"), str(ROOT / "bench")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
