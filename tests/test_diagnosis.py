@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from dlinfra.diagnosis import Verdict, diagnose, stack_summary, where_it_waits
+from dlinfra.layout import RunStore
 from dlinfra.node.beacon import dump_stacks, process_state
+from dlinfra.node.config import StoreConfig
+from dlinfra.node.status import NodeStatus
 from dlinfra.records import NodeState
 
 NOW = 10_000.0
@@ -102,6 +105,28 @@ CASES = [
 def test_diagnose(nodes, codes, expected) -> None:
     verdict = diagnose(nodes, codes, BEAT, STALL, now=NOW)
     assert (None if verdict is None else (verdict.kind, verdict.nodes)) == expected
+
+
+def test_a_trainer_stuck_before_its_first_step_is_stalled(tmp_path: Path) -> None:
+    """The stall clock starts when training does (a ps cluster on one CPU used to sit at step 0 for
+    good): waiting for peers never counts, re-entering training does not reset the clock."""
+    store = RunStore.open(StoreConfig(url=(tmp_path / "store").as_uri()))
+    status = NodeStatus(store, "chief-0", "chief", 0, tmp_path)
+    status.update(state="waiting for peers")
+    assert status.fields.get("progress_at") is None
+    status.update(state="training")
+    began = status.fields["progress_at"]
+    assert began is not None
+    status.update(state="training", loss=None)
+    assert status.fields["progress_at"] == began
+
+    def cluster(now: float) -> dict[str, NodeState | None]:
+        chief = NodeState(**status.fields, heartbeat=now - 1)
+        return {"chief-0": chief, "ps-0": node("ps-0", state="serving", heartbeat=now - 1)}
+
+    assert diagnose(cluster(began + STALL - 1), {}, BEAT, STALL, now=began + STALL - 1) is None
+    verdict = diagnose(cluster(began + STALL + 1), {}, BEAT, STALL, now=began + STALL + 1)
+    assert verdict is not None and verdict.kind == "stalled"
 
 
 DUMP = textwrap.dedent(

@@ -4,7 +4,7 @@ Verdicts, in the order they are checked (the first that holds names the culprit)
     crashed  a node's process ended with an error (its supervisor reports the exit code)
     frozen   a trainer stopped (SIGSTOP, a debugger) for longer than heartbeat_timeout
     lost     a node's beacon went silent for heartbeat_timeout: the machine or its supervisor is gone
-    stalled  every node alive, yet no training step for stall_timeout
+    stalled  every node alive, yet no training step for stall_timeout (the first counted from the start)
 A pure function of the node states and the clock, so it is tested table by table.
 """
 

@@ -46,7 +46,7 @@ class NodeState(Record):
     pid: int | None = None
     error: str | None = None
     resumed_from: int | None = None
-    progress_at: float | None = None  # when the trainer last reported a step
+    progress_at: float | None = None  # when the trainer began training or last reported a step
     devices: list[str] | None = None  # what TensorFlow sees on the node: "GPU:0 Tesla T4 15 GiB", "CPU:0"
     # What the node's beacon (a process beside the trainer) sees of the trainer from outside:
     process: str | None = None  # running | sleeping | disk-wait | stopped | zombie | gone

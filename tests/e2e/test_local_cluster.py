@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +155,27 @@ def test_status_show_runs_and_logs_read_the_run(ps_run: Deployed) -> None:
     assert "0 leftover node process groups stopped" in destroyed
     missing = run_cli("show", "no-such-run", env=env)
     assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+def test_a_ps_cluster_confined_to_one_cpu_trains(tmp_path: Path) -> None:
+    """Stands in for 1-vCPU instances (and a container limited to one CPU): every node of a ps run
+    may run on one CPU only (`taskset`). TensorFlow would size the ps's inter-op pool to one thread,
+    which blocks serving one request while the next waits: step 0 forever. Bounded by the stall
+    timeout, so a regression fails in a minute instead of hanging."""
+    cpu = str(min(os.sched_getaffinity(0)))
+    pinned = ["taskset", "-c", cpu, sys.executable, "-m", "dlinfra", "deploy"]
+    args = ["--workers", "1", "--strategy", "parameter_server", "--steps", "20"]
+    result = subprocess.run(
+        [*pinned, *args, "--set", "cluster.stall_timeout=60"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=dict(os.environ, DLINFRA_HOME=str(tmp_path / "home")),
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "home" / "runs").iterdir()
+    for node in ("chief-0", "ps-0", "worker-0"):
+        log = (run_dir / "logs" / f"{node}.log").read_text()
+        assert "inter-op threads 2" in log, log[-2000:]

@@ -60,12 +60,14 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         time.sleep(delay)
     try:
         found = devices.probe()
+        threads = devices.size_thread_pools()
         status.update(devices=found.names)
-        print(f"devices: {', '.join(found.names)} (CUDA_VISIBLE_DEVICES={visible!r})", flush=True)
+        pools = f", inter-op threads {threads}" if threads else ""
+        print(f"devices: {', '.join(found.names)} (CUDA_VISIBLE_DEVICES={visible!r}{pools})", flush=True)
         if problem := devices.shortfall(cfg, found, visible):
             return _give_up(cfg, store, status, problem, "", verdict="devices")
         if cfg.strategy == "parameter_server" and cfg.role != "chief":
-            return _serve(cfg, store, status)
+            return _serve(cfg, store, status, threads)
         return _train(cfg, store, status, work)
     except Exception as exc:
         trace = traceback.format_exc()
@@ -90,7 +92,7 @@ def _give_up(
 # ---------------------------------------------------------------- ps and workers of the ps strategy
 
 
-def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int:
+def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int) -> int:
     import tensorflow as tf
 
     tf.distribute.Server(
@@ -98,6 +100,8 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int:
         job_name=cfg.role,
         task_index=cfg.index,
         protocol="grpc",
+        # a server's sessions take their pools from this, not from tf.config.threading
+        config=tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads),
         start=True,
     )
     status.update(state="serving")

@@ -57,6 +57,27 @@ def probe() -> Devices:
     return Devices(names, len(gpus), bool(tf.test.is_built_with_cuda()))
 
 
+# TensorFlow sizes its inter-op pool by the CPUs it may run on. With one, a parameter server's only
+# thread blocks serving one request while the next waits for it: training stalls at step 0 (seen on a
+# 1-vCPU node, and on a local cluster under `taskset -c 0`).
+MIN_INTER_OP_THREADS = 2
+
+
+def inter_op_threads() -> int:
+    """0 (TensorFlow's own choice, a thread per CPU) unless this node may run on a single CPU."""
+    return 0 if len(os.sched_getaffinity(0)) >= MIN_INTER_OP_THREADS else MIN_INTER_OP_THREADS
+
+
+def size_thread_pools() -> int:
+    """Before TensorFlow's runtime starts (probe() does not start it): the inter-op pool this node's
+    sessions and servers use."""
+    import tensorflow as tf
+
+    if threads := inter_op_threads():
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    return threads
+
+
 def shortfall(cfg: NodeConfig, devices: Devices, visible: str) -> str | None:
     """Why this node cannot train as asked, or None when TensorFlow sees every GPU it asked for."""
     if devices.gpus >= cfg.gpus:

@@ -67,7 +67,10 @@ class NodeStatus:
         return float(self.fields["first_started"])
 
     def update(self, **fields: Any) -> None:
-        if "step" in fields and fields["step"] != self.fields.get("step"):
+        # The stall clock starts when training does: a cluster that deadlocks before its first step
+        # (a ps with one inter-op thread) is stalled, not forever "training".
+        starts = fields.get("state") == "training" != self.fields.get("state")
+        if starts or ("step" in fields and fields["step"] != self.fields.get("step")):
             fields["progress_at"] = time.time()
         self.fields.update(fields)
         self._write()
