@@ -95,7 +95,7 @@ def test_aws_user_data_installs_the_runs_wheel_from_the_store(tmp_path: Path) ->
         lines = script.splitlines()
         fetch = lines.index(f'aws s3 cp "{wheel}" /opt/dlinfra-wheel/')
         pip = lines.index(
-            "/opt/dlinfra/bin/pip install --quiet --no-compile --disable-pip-version-check "
+            "/opt/dlinfra/bin/pip install --quiet --no-compile --no-cache-dir --disable-pip-version-check "
             "--index-url https://pypi.internal.example/simple --cert /etc/ssl/certs/ca-certificates.crt "
             f'"/opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl[{extras}]"'
         )

@@ -27,9 +27,10 @@ from pathlib import Path
 from dlinfra.images.local import LocalImage
 
 MEMORY_MB = 2048  # TensorFlow's import alone takes ~0.7 GB
-# Every instance type has at least 2 vCPUs, and TensorFlow sizes its thread pools by them: with one,
-# a parameter server's single inter-op thread blocks in one request while the next waits (seen here).
-VCPUS = 2
+# One emulated vCPU per VM: three VMs of two vCPUs each on two host cores spend their time in guest
+# spinlocks and TensorFlow's spinning pools (measured, BENCHMARKS.md: the 3-VM run powers off at
+# 422 s instead of 614 s). The agent gives a one-CPU node two inter-op threads (node/devices.py).
+VCPUS = 1
 NAT_CANDIDATES = ("10.0.2.0/24", "192.168.76.0/24", "172.31.254.0/24")
 
 

@@ -6,6 +6,16 @@ set -eu
 printf '/dev/vda / ext4 rw,errors=remount-ro 0 1\n' > /etc/fstab
 echo dlinfra-node > /etc/hostname
 printf 'datasource_list: [ NoCloud, None ]\n' > /etc/cloud/cloud.cfg.d/90_dpkg.cfg
+# Only the cloud-init modules a node's boot uses: write_files and runcmd (dlinfra's user-data), the
+# vendor-data script (the emulated platform's), the hostname. Under software emulation every other
+# module costs seconds: locale-gen, a default user, host keys for an sshd the image does not have.
+cat > /etc/cloud/cloud.cfg.d/91_dlinfra_modules.cfg <<'CFG'
+cloud_init_modules: [write_files, set_hostname, update_hostname, update_etc_hosts]
+cloud_config_modules: [runcmd]
+cloud_final_modules:
+  [write_files_deferred, scripts_vendor, scripts_per_once, scripts_per_boot, scripts_per_instance,
+   scripts_user, final_message, power_state_change]
+CFG
 # The second serial port is the VM's interactive console (what EC2's serial console is to an
 # instance): a root shell for whoever holds the socket the launcher binds it to, never a network port.
 mkdir -p /etc/systemd/system/serial-getty@ttyS1.service.d
