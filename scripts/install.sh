@@ -32,11 +32,16 @@ pipq() {  # quiet unless it fails: this machine's pip config warns about every l
   "$@" --quiet --disable-pip-version-check >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }
   rm -f "$log"
 }
-pipq .venv/bin/python -m pip install -e ".[${extras}]"
-if [ "$profile" = dev ]; then
+checkov=""
+if [ "$profile" = dev ] && [ ! -x .venv-checkov/bin/checkov ]; then
   # checkov pins old boto3/botocore releases; it gets its own venv so it never downgrades ours.
-  [ -x .venv-checkov/bin/checkov ] || { python3 -m venv .venv-checkov \
-    && pipq .venv-checkov/bin/python -m pip install "checkov>=3.2,<4"; }
+  # Installed beside the main venv: pip mostly waits on downloads and the disk, so the two overlap.
+  { python3 -m venv .venv-checkov && pipq .venv-checkov/bin/python -m pip install "checkov>=3.2,<4"; } &
+  checkov=$!
+fi
+pipq .venv/bin/python -m pip install -e ".[${extras}]"
+[ -z "$checkov" ] || wait "$checkov"
+if [ "$profile" = dev ]; then
   command -v terraform >/dev/null 2>&1 || echo "install.sh: warning: terraform not on PATH; terraform tests will fail" >&2
 fi
 echo "install.sh: ready (.venv, extras: ${extras})"

@@ -3,7 +3,8 @@
 # pytest run instead (`bash scripts/test.sh -m faults -s`).
 #
 # Two phases. Most tests wait more than they compute (terraform's resource waiters, TensorFlow
-# starting, heartbeats), so all but the `exclusive` ones share the cores between two pytest workers,
+# starting, heartbeats), so all but the `exclusive` ones share the cores between three pytest workers
+# (two left a sixth of two cores idle),
 # whole modules each (a module's fixtures, such as a kept aws run, are set up once), longest first
 # (tests/conftest.py orders them; xdist must not reorder). The `exclusive` tests then run alone:
 # three emulated VMs need every core, and their time is part of their test.
@@ -13,7 +14,7 @@ pytest=(.venv/bin/python -m pytest)
 if [ $# -gt 0 ]; then
   exec "${pytest[@]}" "$@"
 fi
-"${pytest[@]}" -m "not exclusive" -n 2 --dist loadscope --no-loadscope-reorder
+"${pytest[@]}" -m "not exclusive" -n 3 --dist loadscope --no-loadscope-reorder
 shared=$?
 "${pytest[@]}" -m exclusive
 alone=$?

@@ -22,7 +22,7 @@ def _machine_has_a_gpu() -> bool:
     return listed.returncode == 0 and "GPU" in listed.stdout
 
 
-# Longest modules first (scripts/test.sh hands whole modules to two workers: a long one started last
+# Longest modules first (scripts/test.sh hands whole modules to the workers: a long one started last
 # would leave one worker idle at the end). A rank per marker; a module takes its slowest test's.
 _FIRST = ("images", "vm", "terraform", "faults", "e2e", "slow")
 
