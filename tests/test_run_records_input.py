@@ -72,3 +72,47 @@ def test_a_corrupt_record_is_named_and_nothing_starts(
     assert listed.returncode == 0, listed.stderr
     if record == "manifest.json":
         assert "unreadable" in listed.stdout
+
+
+IDS = [  # newest first, as list_runs gives them
+    "digits-cnn-20261123-101500-39a1",
+    "digits-cnn-20261123-101000-8a06",
+    "resnet-20261122-090000-39a2",
+]
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        ("@last", IDS[0]),
+        ("@last~2", IDS[2]),
+        ("8a06", IDS[1]),
+        ("39a2", IDS[2]),
+        ("digits-cnn-20261123-1015", IDS[0]),
+        ("resnet", IDS[2]),
+        (IDS[1], IDS[1]),
+    ],
+)
+def test_a_short_id_names_one_run(ref: str, expected: str) -> None:
+    from dlinfra.run import resolve_run_ref
+
+    assert resolve_run_ref(ref, IDS) == expected
+
+
+@pytest.mark.parametrize(
+    ("ref", "says"),
+    [
+        ("digits", "ambiguous: it matches 2 runs: " + ", ".join(IDS[:2])),
+        ("@last~3", "there are only 3 runs"),
+        ("39a", "no run matches '39a'"),  # a suffix is matched whole, never as a prefix of it
+        ("@last~-1", "a run id looks like"),
+        ("Digits", "a run id looks like"),
+    ],
+)
+def test_a_short_id_that_names_no_single_run_says_why(ref: str, says: str) -> None:
+    from dlinfra.errors import RunNotFound
+    from dlinfra.run import resolve_run_ref
+
+    with pytest.raises(RunNotFound, match="Fix:") as caught:
+        resolve_run_ref(ref, IDS)
+    assert says in str(caught.value)

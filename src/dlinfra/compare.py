@@ -15,7 +15,7 @@ from typing import Any
 from dlinfra.catalog import catalog
 from dlinfra.errors import DlinfraError
 from dlinfra.records import Manifest
-from dlinfra.run import Run
+from dlinfra.run import Run, list_runs, short_labels
 from dlinfra.spec import Spec
 from dlinfra.targets import target_for
 
@@ -79,8 +79,19 @@ def row(run: Run) -> dict[str, Any]:
     }
 
 
-def compare(run_ids: list[str]) -> list[dict[str, Any]]:
-    return [row(Run.open(run_id)) for run_id in run_ids]
+def compare(refs: list[str]) -> list[dict[str, Any]]:
+    """Rows of the runs `refs` name (ids, short ids, @last~N), each with a short label."""
+    rows = [row(Run.open(ref)) for ref in refs]
+    for r, label in zip(rows, short_labels([r["run"] for r in rows]), strict=True):
+        r["label"] = label
+    return rows
+
+
+def last_runs(count: int) -> list[str]:
+    """The ids of the `count` newest runs, oldest first (the order they were made in)."""
+    if count < 1:
+        raise DlinfraError(f"--last {count}: compare at least 1 run. Fix: --last 2")
+    return [run.id for run in list_runs()[:count]][::-1]
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -100,7 +111,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.plot(
             [t - t0 for t, _ in r["series"]],
             [eps for _, eps in r["series"]],
-            label=f"{r['run']} ({r['roles']})",
+            label=f"{r['label']} ({r['roles']})",
         )
     ax.set_xlabel("seconds since the first step")
     ax.set_ylabel("examples/s")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import secrets
 import shlex
 import subprocess
@@ -28,6 +29,9 @@ from dlinfra.spec import Spec
 from dlinfra.spec_input import shown
 
 SPEC_LOCK = "spec.lock.yaml"
+LAST_RE = re.compile(r"@last(?:~(\d{1,6}))?")
+SHORT_REF_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")  # lower-case names, digits, dashes: never a path
+AMBIGUOUS_SHOWN = 10
 
 
 def home() -> Path:
@@ -114,23 +118,18 @@ class Run:
         return run
 
     @classmethod
-    def open(cls, run_id: str | None = None) -> Run:
-        """The named run, or the newest one when `run_id` is None."""
+    def open(cls, ref: str | None = None) -> Run:
+        """The run `ref` names (a whole id, a unique prefix, its 4-hex suffix, @last or @last~N), or
+        the newest one when `ref` is None."""
         runs_dir = home() / "runs"
-        if run_id is None:
-            runs = list_runs()
-            if not runs:
-                raise RunNotFound(f"no runs under {runs_dir}. Fix: start one with `dlinfra deploy`")
-            return runs[0]
-        run_dir = runs_dir / run_id
-        if not RUN_ID_RE.fullmatch(run_id):
-            raise RunNotFound(
-                f"run {shown(run_id)} not found: a run id looks like digits-cnn-20261122-074449-713b. "
-                "Fix: `dlinfra runs` lists them"
-            )
-        if not (run_dir / MANIFEST).is_file():
-            raise RunNotFound(f"run {run_id!r} not found under {runs_dir}. Fix: `dlinfra runs` lists them")
-        return cls(run_id, run_dir)
+        if ref is None:
+            ref = "@last"
+        if RUN_ID_RE.fullmatch(ref):  # a whole id: no need to list every run
+            if not (runs_dir / ref / MANIFEST).is_file():
+                raise RunNotFound(f"run {ref!r} not found under {runs_dir}. Fix: `dlinfra runs` lists them")
+            return cls(ref, runs_dir / ref)
+        run_id = resolve_run_ref(ref, [run.id for run in list_runs()])
+        return cls(run_id, runs_dir / run_id)
 
     def spec(self) -> Spec:
         path = self.dir / SPEC_LOCK
@@ -190,6 +189,43 @@ class Run:
     def publish_manifest(self) -> None:
         """The manifest travels with the results: a run can be rerun from its store alone."""
         self.store().put_manifest(self.manifest())
+
+
+def resolve_run_ref(ref: str, ids: list[str]) -> str:
+    """The one id of `ids` (newest first) that `ref` names, the way git takes short commit ids:
+    @last, @last~N (N runs before it), a unique prefix, or the 4-hex suffix."""
+    last = LAST_RE.fullmatch(ref)
+    if not last and not SHORT_REF_RE.fullmatch(ref):
+        raise RunNotFound(
+            f"run {shown(ref)} not found: a run id looks like digits-cnn-20261122-074449-713b; a unique "
+            "prefix of one, its last 4 hex digits (713b), @last and @last~N name a run too. "
+            "Fix: `dlinfra runs` lists them"
+        )
+    if not ids:
+        raise RunNotFound(f"no runs under {home() / 'runs'}. Fix: start one with `dlinfra deploy`")
+    if last:
+        back = int(last.group(1) or 0)
+        if back >= len(ids):
+            raise RunNotFound(f"{ref}: there are only {len(ids)} runs. Fix: `dlinfra runs` lists them")
+        return ids[back]
+    matches = [i for i in ids if i.startswith(ref) or i.rpartition("-")[2] == ref]
+    if not matches:
+        raise RunNotFound(f"no run matches {ref!r} under {home() / 'runs'}. Fix: `dlinfra runs` lists them")
+    if len(matches) > 1:
+        listed = ", ".join(matches[:AMBIGUOUS_SHOWN])
+        more = f" and {len(matches) - AMBIGUOUS_SHOWN} more" if len(matches) > AMBIGUOUS_SHOWN else ""
+        raise RunNotFound(
+            f"run {ref!r} is ambiguous: it matches {len(matches)} runs: {listed}{more}. "
+            "Fix: give more of the id"
+        )
+    return matches[0]
+
+
+def short_labels(run_ids: list[str]) -> list[str]:
+    """Labels for runs shown side by side: the experiment name and the id's 4-hex suffix
+    (digits-cnn:713b); the whole ids when two of those would read alike."""
+    labels = [f"{i.rsplit('-', 3)[0]}:{i.rpartition('-')[2]}" for i in run_ids]
+    return labels if len(set(labels)) == len(labels) else list(run_ids)
 
 
 def list_runs() -> list[Run]:

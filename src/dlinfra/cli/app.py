@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dlinfra import __version__
-from dlinfra.cli.console import err, out
+from dlinfra.cli.console import ColorMode, err, out, set_color
 from dlinfra.cli.console import error as _error
 from dlinfra.cli.images import image_app
 from dlinfra.cli.inspection import inspection_app
@@ -50,8 +50,16 @@ app.add_typer(image_app, name="image")
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of unexpected errors.")] = False,
+    color: Annotated[
+        ColorMode,
+        typer.Option(
+            "--color",
+            help="Colour and box-drawing: on a terminal only (auto; NO_COLOR: no colour), always, never.",
+        ),
+    ] = "auto",
 ) -> None:
     _state["debug"] = debug
+    set_color(color)
 
 
 _state: dict[str, Any] = {"debug": False}
@@ -187,7 +195,9 @@ def deploy(
 @app.command()
 @with_overrides("target", "workers", "endpoint_url")
 def rerun(
-    run_id: Annotated[str, typer.Argument(help="The run to repeat.")],
+    run_id: Annotated[
+        str, typer.Argument(help="The run to repeat (its id, or a short id: prefix, 4-hex suffix, @last).")
+    ],
     allow_unpinned: Annotated[
         bool,
         typer.Option("--allow-unpinned", help="Rerun even what the manifest could not pin (dirty tree…)."),

@@ -33,7 +33,7 @@ def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
 
 @inspection_app.command()
 def logs(
-    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    run_id: Annotated[str, typer.Argument(help="Run id, or a short id (prefix, 4-hex suffix, @last).")],
     node: Annotated[
         str | None, typer.Option("--node", help="Node name, e.g. worker-0 (default: all).")
     ] = None,
@@ -84,12 +84,18 @@ def runs(as_json: JsonOpt = False) -> None:
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    out.print(runs_table(rows))
+    out.print(runs_table(rows, out.width))
 
 
 @inspection_app.command()
 def compare(
-    run_ids: Annotated[list[str], typer.Argument(help="Runs to compare (ids from `dlinfra runs`).")],
+    run_ids: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Runs to compare: ids, unique prefixes, 4-hex suffixes, @last~N.", show_default=False
+        ),
+    ] = None,
+    last: Annotated[int | None, typer.Option("--last", help="Compare the N newest runs.")] = None,
     as_json: JsonOpt = False,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="A markdown table (for PRs, reports).")
@@ -101,7 +107,11 @@ def compare(
     """Runs side by side: roles, strategy, steps/s, examples/s, time, accuracy and cost."""
     from dlinfra import compare as comparison
 
-    rows = comparison.compare(run_ids)
+    if run_ids and last is not None:
+        raise DlinfraError("compare: name the runs or give --last N, not both. Fix: drop one of them")
+    if not run_ids and last is None:
+        raise DlinfraError("compare: which runs? Fix: name them (dlinfra compare 39a1 8a06) or --last 2")
+    rows = comparison.compare(run_ids or comparison.last_runs(last or 0))
     if plot is not None:
         comparison.plot(rows, plot)
     if as_json:
@@ -111,9 +121,10 @@ def compare(
 
         sys.stdout.write(compare_markdown(rows))
     else:
-        from dlinfra.cli.views import compare_table
+        from dlinfra.cli.views import compare_view
 
-        out.print(compare_table(rows))
+        for part in compare_view(rows, out.width):
+            out.print(part)
     if plot is not None and not as_json:
         out.print(f"plot: {plot}")
 
@@ -135,7 +146,9 @@ def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
 
 @inspection_app.command()
 def destroy(
-    run_id: Annotated[str | None, typer.Argument(help="Run id.")] = None,
+    run_id: Annotated[
+        str | None, typer.Argument(help="Run id, or a short id (prefix, 4-hex suffix, @last).")
+    ] = None,
     ended: Annotated[
         bool, typer.Option("--ended", help="Every run that has ended but whose cloud resources are still up.")
     ] = False,

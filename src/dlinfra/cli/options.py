@@ -19,7 +19,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 SpecArg = Annotated[
     Path | None, typer.Argument(help="Experiment YAML (default: the built-in digits example).")
 ]
-RunArg = Annotated[str | None, typer.Argument(help="Run id (default: the newest run).")]
+RunArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="Run id, a unique prefix, its 4-hex suffix, @last or @last~N (default: the newest run)."
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")]
 KeepOpt = Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")]

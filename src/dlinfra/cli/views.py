@@ -6,12 +6,15 @@ import time
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from dlinfra.catalog import InstanceType, catalog
+from dlinfra.cli.console import out, table_box
 from dlinfra.compare import COLUMNS
 from dlinfra.deploy import Outcome, Snapshot
 
@@ -39,7 +42,7 @@ def _devices(names: list[str] | None) -> str:
 
 
 def nodes_table(nodes: dict[str, dict[str, Any] | None], title: str = "") -> Table:
-    table = Table(title=title or None, title_justify="left")
+    table = Table(title=title or None, title_justify="left", box=table_box())
     for column in ("node", "state", "step", "loss", "examples/s", "heartbeat", "restarts", "devices"):
         table.add_column(column, justify="left" if column in ("node", "state", "devices") else "right")
     now = time.time()
@@ -115,7 +118,12 @@ class LiveTable:
 
 def result_table(outcome: Outcome) -> Table:
     m = outcome.metrics
-    table = Table(title=f"run {outcome.run.id}: {outcome.state}", title_justify="left", show_header=False)
+    table = Table(
+        title=f"run {outcome.run.id}: {outcome.state}",
+        title_justify="left",
+        show_header=False,
+        box=table_box(),
+    )
     table.add_column("metric")
     table.add_column("value", justify="right", overflow="fold")
     rows = [
@@ -151,15 +159,62 @@ def print_failure(console: Console, outcome: Outcome) -> None:
             console.print(line, markup=False, highlight=False)
 
 
-def runs_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table()
-    for column in ("run", "status", "age", "target", "strategy", "accuracy", "resources"):
-        table.add_column(column)
+# Columns a narrow screen drops first; the run id, the one thing a user copies, is never cut.
+RUNS_COLUMNS = ("run", "status", "age", "target", "strategy", "accuracy", "resources")
+_RUNS_DROPPED_FIRST = ("resources", "strategy", "target", "age", "accuracy", "status")
+
+
+def _width(columns: list[list[str]]) -> int:
+    """The width of a table whose cells never wrap: each column as wide as its widest line, a space
+    of padding either side, a border between columns and at both edges."""
+    widest = [
+        max(cell_len(line) for cell in column for line in cell.splitlines() or [""]) for column in columns
+    ]
+    return sum(w + 2 for w in widest) + len(widest) + 1
+
+
+STATUS_STYLE = {"DONE": "green", "FAILED": "red", "STOPPED": "yellow", "RUNNING": "cyan"}
+
+
+def _table(headers: list[str], rows: list[list[str]], caption: str | None = None) -> Table:
+    table = Table(box=table_box(), caption=caption, caption_justify="left")
+    for header in headers:
+        table.add_column(header, no_wrap=True)
+    status = headers.index("status") if "status" in headers else None
+    for r in rows:
+        cells: list[str | Text] = list(r)
+        if status is not None:
+            cells[status] = Text(r[status], style=STATUS_STYLE.get(r[status], ""))
+        table.add_row(*cells)
+    return table
+
+
+def runs_table(rows: list[dict[str, Any]], width: int) -> Table:
+    cells = []
     for r in rows:
         acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
         up = "-" if not r["resources_up"] else "up" + _num(r["usd_per_hour"], " ${:.2f}/h")
-        table.add_row(r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc, up)
-    return table
+        cells.append(
+            dict(
+                zip(
+                    RUNS_COLUMNS,
+                    (r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc, up),
+                    strict=True,
+                )
+            )
+        )
+    shown = list(RUNS_COLUMNS)
+    for column in _RUNS_DROPPED_FIRST:
+        if _width([[c, *(row[c] for row in cells)] for c in shown]) <= width:
+            break
+        shown.remove(column)
+    dropped = [c for c in RUNS_COLUMNS if c not in shown]
+    caption = (
+        f"not shown at {width} columns: {', '.join(dropped)} (`dlinfra runs --json` has all)"
+        if dropped
+        else None
+    )
+    return _table(shown, [[row[c] for c in shown] for row in cells], caption)
 
 
 # ---------------------------------------------------------------- the instance catalog
@@ -169,7 +224,7 @@ def instances_table(kinds: list[InstanceType], region: str, note: str) -> Table:
     table = Table(
         caption=f"GiB: memory; Gbps: network, peak and baseline; $/h: on-demand, {region}; {note}",
         caption_justify="left",
-        box=box.SIMPLE_HEAD,
+        box=box.SIMPLE_HEAD if out.is_terminal else box.ASCII2,
         pad_edge=False,
     )
     for column in ("type", "vCPU", "GiB", "GPUs", "GPU", "GiB/GPU", "Gbps", "base", "EFA", "$/h"):
@@ -215,16 +270,37 @@ def compare_cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
-def compare_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(
-        caption=f"cost: instance-hours x on-demand prices of {catalog().prices_as_of}, NAT gateway included; "
-        "local runs cost 0"
+def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]:
+    """Runs as rows when that fits the screen; else the runs as columns under short labels (a metric
+    a row, as many runs a table as fit), with a legend of the whole ids. No cell is ever cut."""
+    note = Text(
+        f"cost $: instance-hours x on-demand prices of {catalog().prices_as_of},\n"
+        "NAT gateway included; local runs cost 0"
     )
-    for column in COLUMNS:
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        table.add_row(*compare_cells(r))
-    return table
+    cells = [compare_cells(r) for r in rows]
+    if _width([[c, *(row[i] for row in cells)] for i, c in enumerate(COLUMNS)]) <= width:
+        return [_table(list(COLUMNS), cells), note]
+    metrics = list(COLUMNS[1:])
+    per_run = [[r["label"], *cell[1:]] for r, cell in zip(rows, cells, strict=True)]
+    for run in per_run:
+        run[COLUMNS.index("roles")] = run[COLUMNS.index("roles")].replace(", ", "\n")
+    parts: list[RenderableType] = []
+    group: list[list[str]] = []
+    for run in per_run:
+        if group and _width([["", *metrics], *group, run]) > width:
+            parts.append(_transposed(metrics, group))
+            group = []
+        group.append(run)
+    parts.append(_transposed(metrics, group))
+    legend = [f"{r['label']} = {r['run']}" for r in rows if r["label"] != r["run"]]
+    legend = [line if cell_len(line) <= width else line.replace(" = ", " =\n    ") for line in legend]
+    return [*parts, *(Text(line) for line in legend), note]
+
+
+def _transposed(metrics: list[str], runs: list[list[str]]) -> Table:
+    return _table(
+        ["", *(run[0] for run in runs)], [[m, *(run[1 + i] for run in runs)] for i, m in enumerate(metrics)]
+    )
 
 
 def compare_markdown(rows: list[dict[str, Any]]) -> str:
