@@ -91,7 +91,10 @@ def last_runs(count: int) -> list[str]:
     """The ids of the `count` newest runs, oldest first (the order they were made in)."""
     if count < 1:
         raise DlinfraError(f"--last {count}: compare at least 1 run. Fix: --last 2")
-    return [run.id for run in list_runs()[:count]][::-1]
+    newest = [run.id for run in list_runs()[:count]]
+    if not newest:
+        raise DlinfraError("--last: there are no runs yet. Fix: start one with `dlinfra deploy`")
+    return newest[::-1]
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -189,20 +189,16 @@ def _table(headers: list[str], rows: list[list[str]], caption: str | None = None
     return table
 
 
+def _run_cells(r: dict[str, Any]) -> dict[str, str]:
+    """One row of `dlinfra runs`, column → text."""
+    acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
+    up = "-" if not r["resources_up"] else "up" + _num(r["usd_per_hour"], " ${:.2f}/h")
+    texts = (r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc, up)
+    return dict(zip(RUNS_COLUMNS, texts, strict=True))
+
+
 def runs_table(rows: list[dict[str, Any]], width: int) -> Table:
-    cells = []
-    for r in rows:
-        acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
-        up = "-" if not r["resources_up"] else "up" + _num(r["usd_per_hour"], " ${:.2f}/h")
-        cells.append(
-            dict(
-                zip(
-                    RUNS_COLUMNS,
-                    (r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc, up),
-                    strict=True,
-                )
-            )
-        )
+    cells = [_run_cells(r) for r in rows]
     shown = list(RUNS_COLUMNS)
     for column in _RUNS_DROPPED_FIRST:
         if _width([[c, *(row[c] for row in cells)] for c in shown]) <= width:
