@@ -104,7 +104,7 @@ def test_a_short_id_names_one_run(ref: str, expected: str) -> None:
     [
         ("digits", "ambiguous: it matches 2 runs: " + ", ".join(IDS[:2])),
         ("@last~3", "there are only 3 runs"),
-        ("39a", "no run matches '39a'"),  # a suffix is matched whole, never as a prefix of it
+        ("39a", "run '39a' not found: no run id"),  # a suffix is matched whole, never as a prefix of it
         ("@last~-1", "a run id looks like"),
         ("Digits", "a run id looks like"),
     ],

@@ -210,7 +210,10 @@ def resolve_run_ref(ref: str, ids: list[str]) -> str:
         return ids[back]
     matches = [i for i in ids if i.startswith(ref) or i.rpartition("-")[2] == ref]
     if not matches:
-        raise RunNotFound(f"no run matches {ref!r} under {home() / 'runs'}. Fix: `dlinfra runs` lists them")
+        raise RunNotFound(
+            f"run {ref!r} not found: no run id under {home() / 'runs'} starts with it or ends in it. "
+            "Fix: `dlinfra runs` lists them"
+        )
     if len(matches) > 1:
         listed = ", ".join(matches[:AMBIGUOUS_SHOWN])
         more = f" and {len(matches) - AMBIGUOUS_SHOWN} more" if len(matches) > AMBIGUOUS_SHOWN else ""
