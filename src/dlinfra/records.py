@@ -190,6 +190,7 @@ class Manifest(Record):
     metrics: dict[str, Any] | None = None
     # What the target created: local node process groups, or cloud instances and their Terraform.
     pids: dict[str, int] = Field(default_factory=dict)  # node → process group of its beacon
+    network: str | None = None  # local: private (the cluster's own namespace) or host
     detached: bool = False  # deployed with --detach: no watcher until `dlinfra watch`
     instances: dict[str, str] = Field(default_factory=dict)
     heals: list[Heal] = Field(default_factory=list)

@@ -103,6 +103,13 @@ class ClusterSpec(StrictModel):
         le=30 * DAY,
         description="Watchdog: every node stops after this many seconds (30 days at most).",
     )
+    local_network: Literal["auto", "private", "host"] = Field(
+        "auto",
+        description="local target: private puts the cluster in its own network namespace, unreachable from "
+        "outside (TensorFlow's servers listen on every interface, unauthenticated); host shares this "
+        "machine's network; auto: private unless the nodes need the network (an s3:// store, a remote "
+        "dataset) or this machine cannot make namespaces.",
+    )
     max_restarts: int = Field(
         5,
         ge=0,

@@ -52,10 +52,12 @@ class AddressPlan:
         return iter(self.nodes)
 
 
-def loopback_plan(spec: Spec) -> AddressPlan:
-    """Every node on this machine, each on a free loopback port."""
+def loopback_plan(spec: Spec, first_port: int | None = None) -> AddressPlan:
+    """Every node on this machine, each on a loopback port: from `first_port` on (in a namespace
+    of the cluster's own, where all are free), else free ones."""
     counts = {role: shape.count for role, shape in spec.roles().items()}
-    ports = free_ports(sum(counts.values()))
+    total = sum(counts.values())
+    ports = iter(range(first_port, first_port + total)) if first_port else free_ports(total)
     nodes = [
         Node(role, i, "127.0.0.1", next(ports)) for role in ROLE_ORDER for i in range(counts.get(role, 0))
     ]

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from dlinfra.errors import DlinfraError
 from dlinfra.node.config import NodeConfig
 from dlinfra.node.supervision import should_restart
 from dlinfra.prepare import NodeInstall
 from dlinfra.pricing import HourlyCost
 from dlinfra.render import AddressPlan, loopback_plan, node_config_from_user_data
 from dlinfra.render.addresses import free_ports
+from dlinfra.targets import private_network
 from dlinfra.targets.base import Review, TargetOptions
 
 if TYPE_CHECKING:
@@ -35,18 +37,30 @@ class LocalTarget:
 
     def __init__(self, options: TargetOptions):
         self.options = options
+        self.network: private_network.Choice | None = None
 
     def addresses(self, spec: Spec) -> AddressPlan:
-        return loopback_plan(spec)
+        private = self._network(spec).private
+        return loopback_plan(spec, private_network.FIRST_PORT if private else None)
+
+    def _network(self, spec: Spec) -> private_network.Choice:
+        if self.network is None:
+            self.network = private_network.choose(spec)
+        return self.network
 
     def node_install(self, pinned_wheel: Path | None = None, ship_wheel: bool = True) -> NodeInstall:
         return NodeInstall()  # the nodes run this very interpreter
 
     def preflight(self, spec: Spec) -> None:
-        pass
+        self._network(spec)
 
     def plan(self, prepared: Prepared) -> Review:
-        text = f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, store {prepared.store.uri()}"
+        network = self._network(prepared.spec)
+        prepared.run.update_manifest(network=network.name)
+        text = (
+            f"run {prepared.run.id}: {len(prepared.user_data)} local nodes, store {prepared.store.uri()}\n"
+            f"{network.why}"
+        )
         return Review(text=text, markdown=text + "\n", needs_approval=False)
 
     def provision(self, prepared: Prepared, review: Review) -> None:
@@ -54,7 +68,11 @@ class LocalTarget:
 
     def start(self, prepared: Prepared) -> LocalCluster:
         mirrored = prepared.spec.strategy == "multi_worker_mirrored"
-        cluster = LocalCluster(prepared.run.dir, restart_together=mirrored)
+        try:
+            namespace = private_network.Namespace() if self._network(prepared.spec).private else None
+        except private_network.Unavailable as exc:
+            raise DlinfraError(f"{exc}. Fix: {private_network.NAMESPACES_OFF_FIX}") from exc
+        cluster = LocalCluster(prepared.run.dir, restart_together=mirrored, namespace=namespace)
         try:
             cluster.start(prepared.user_data)
         except BaseException:
@@ -112,6 +130,7 @@ class LocalCluster:
     run_dir: Path
     remap: bool = False
     restart_together: bool = False
+    namespace: private_network.Namespace | None = None
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
     _loopback: dict[str, str] = field(default_factory=dict)
 
@@ -140,20 +159,21 @@ class LocalCluster:
 
     def _launch(self, name: str) -> None:
         log = self.run_dir / "logs" / f"{name}.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "dlinfra",
+            "node",
+            "run",
+            str(self.run_dir / "nodes" / f"{name}.json"),
+            "--log-file",
+            str(log),
+            "--work-dir",
+            str(self.run_dir / "work" / name),
+        ]
         with open(log, "ab") as out:
             process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "dlinfra",
-                    "node",
-                    "run",
-                    str(self.run_dir / "nodes" / f"{name}.json"),
-                    "--log-file",
-                    str(log),
-                    "--work-dir",
-                    str(self.run_dir / "work" / name),
-                ],
+                self.namespace.command(argv) if self.namespace else argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -192,6 +212,8 @@ class LocalCluster:
                 node.process.wait(max(0.0, deadline - time.monotonic()))
             _signal_group(node.process.pid, signal.SIGKILL)
             node.process.wait()
+        if self.namespace is not None:
+            self.namespace.close()
 
     def _to_loopback(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
         """Same private IP, same loopback port: a replaced instance rejoins at its old address."""

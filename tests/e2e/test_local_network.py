@@ -1,0 +1,115 @@
+"""A local run's TensorFlow ports are reachable from its own cluster alone.
+
+TensorFlow's gRPC server listens on every interface with no authentication. A local cluster
+therefore lives in a private network namespace (cluster.local_network: auto → private). These
+tests hold a real run up, find its nodes' ports listening, and try them from this machine on
+every address it has. `host` is the control: the same probe reaches the ports, so the probe can
+tell exposure from isolation."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support import run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+_SIOCGIFADDR = 0x8915
+
+
+def machine_addresses() -> list[str]:
+    """Every IPv4 address of this machine's interfaces, loopback included."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                reply = fcntl.ioctl(sock, _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # an interface without an IPv4 address
+            found.append(socket.inet_ntoa(reply[20:24]))
+    return found
+
+
+def connects(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _held_up_run(tmp_path: Path, network: str) -> Iterator[tuple[Path, dict[str, int]]]:
+    """A detached run training for long, once every node says its TF port is open; destroyed after."""
+    env = {"DLINFRA_HOME": str(tmp_path / "home")}
+    started = run_cli(
+        "deploy", "--workers", "1", "--steps", "1000000", "--detach",
+        "--set", f"cluster.local_network={network}", env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    [run_dir] = (tmp_path / "home" / "runs").iterdir()
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        assert manifest["network"] == network
+        ports = {
+            f"{job}-{i}": int(address.rsplit(":", 1)[1])
+            for job, addresses in manifest["addresses"].items()
+            for i, address in enumerate(addresses)
+        }
+        deadline = time.monotonic() + 300
+        while not all(_port_open(run_dir, node) for node in ports):
+            assert time.monotonic() < deadline, "the nodes' TF ports did not open in 300 s"
+            time.sleep(0.5)
+        yield run_dir, ports
+    finally:
+        destroyed = run_cli("destroy", run_dir.name, env=env, cwd=tmp_path)
+        assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
+
+
+def _port_open(run_dir: Path, node: str) -> bool:
+    path = run_dir / "store" / "status" / f"{node}.json"
+    return path.exists() and json.loads(path.read_text()).get("port_open") is True
+
+
+def _reached_from_inside(run_dir: Path, port: int) -> bool:
+    """Connect from inside the run's namespace (entered through its chief's process)."""
+    pid = json.loads((run_dir / "manifest.json").read_text())["pids"]["chief-0"]
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3).close()"
+    inside = subprocess.run(
+        ["nsenter", "--preserve-credentials", "--user", "--net", f"--target={pid}", "python3", "-c", probe],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return inside.returncode == 0
+
+
+def test_a_private_runs_ports_answer_inside_its_namespace_and_nowhere_on_this_machine(
+    tmp_path: Path,
+) -> None:
+    addresses = machine_addresses()
+    assert "127.0.0.1" in addresses
+    with _held_up_run(tmp_path, "private") as (run_dir, ports):
+        for node, port in ports.items():
+            assert _reached_from_inside(run_dir, port), f"{node}'s port {port} is not listening"
+            reached = [host for host in addresses if connects(host, port)]
+            assert reached == [], f"{node}'s TF port {port} answers on {reached} outside its namespace"
+
+
+def test_a_host_network_runs_ports_answer_on_every_address_of_this_machine(tmp_path: Path) -> None:
+    """The control: without the namespace TensorFlow listens on 0.0.0.0, and the probe sees it."""
+    addresses = machine_addresses()
+    with _held_up_run(tmp_path, "host") as (_, ports):
+        for node, port in ports.items():
+            unreached = [host for host in addresses if not connects(host, port)]
+            assert unreached == [], f"{node}'s TF port {port} does not answer on {unreached}"
