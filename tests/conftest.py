@@ -84,8 +84,6 @@ def cli(home: Path, tmp_path: Path) -> Cli:
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """A real moto server (S3, EC2, IAM, STS, SSM over HTTP) on a loopback port."""
-    # AWS-managed policies (AmazonSSMManagedInstanceCore) exist in moto only when loaded.
-    os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
     from moto.server import ThreadedMotoServer
 
     # port 0: the kernel picks a free port and it is bound at once (no window for another worker)

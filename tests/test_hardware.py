@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -168,7 +169,7 @@ def test_default_aws_render_installs_the_gpu_build_on_workers_only(cli: Cli, tmp
         text = path.read_text()
         files_written = {f["path"]: f["content"] for f in yaml.safe_load(text)["write_files"]}
         install = files_written["/usr/local/lib/dlinfra/install.sh"]
-        pip = [line.split('"')[1] for line in install.splitlines() if "/bin/pip install" in line]
+        pip = [shlex.split(line)[-1] for line in install.splitlines() if "/bin/pip install" in line]
         if path.name.startswith("worker"):
             assert pip == ["dlinfra[train-gpu,aws]==0.1.0"], pip
             assert "TensorFlow build of this node: GPU (tensorflow[and-cuda]) for 1 GPU" in text

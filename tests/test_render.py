@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -91,13 +92,13 @@ def test_aws_user_data_installs_the_runs_wheel_from_the_store(tmp_path: Path) ->
         ), "the agent starts only after a good install"
         files = {f["path"]: f["content"] for f in doc["write_files"]}
         script = files["/usr/local/lib/dlinfra/install.sh"]
-        assert f'"sha256:{"ab" * 32}" "{"gpu" if extras.startswith("train-gpu") else "cpu"}"' in script
+        assert f"sha256:{'ab' * 32} {'gpu' if extras.startswith('train-gpu') else 'cpu'} <<" in script
         lines = script.splitlines()
-        fetch = lines.index(f'aws s3 cp "{wheel}" /opt/dlinfra-wheel/')
+        fetch = lines.index(f"aws s3 cp {wheel} /opt/dlinfra-wheel/")
         pip = lines.index(
             "/opt/dlinfra/bin/pip install --quiet --no-compile --no-cache-dir --disable-pip-version-check "
             "--index-url https://pypi.internal.example/simple --cert /etc/ssl/certs/ca-certificates.crt "
-            f'"/opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl[{extras}]"'
+            f"'/opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl[{extras}]'"
         )
         venv = lines.index("[ -x /opt/dlinfra/bin/python ] || python3 -m venv /opt/dlinfra")
         assert venv < fetch < lines.index("update-ca-certificates") < pip
@@ -128,7 +129,7 @@ def test_aws_user_data_installs_this_exact_version_and_starts_the_agent() -> Non
     doc = yaml.safe_load(text)
     commands = [" ".join(map(str, c)) for c in doc["runcmd"]]
     script = next(f for f in doc["write_files"] if f["path"].endswith("install.sh"))["content"]
-    assert f'"dlinfra[train-gpu,aws]=={__version__}"' in script, "g4dn: the GPU build"
+    assert f"'dlinfra[train-gpu,aws]=={__version__}'" in script, "g4dn: the GPU build"
     unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
     assert "dlinfra node run /etc/dlinfra/node.json" in unit
     assert "Restart=on-failure" in unit
@@ -214,3 +215,20 @@ def test_a_wheel_off_its_pin_is_never_installed(tmp_path: Path) -> None:
         assert result.returncode != 0  # refused, or pip finds no index here: neither installs anything
         assert ("does not match the sha256 the run pinned" in result.stderr) is refused, result.stderr
         assert "pip" in result.stderr.lower() or "dlinfra" in result.stderr, result.stderr
+
+
+def test_every_value_a_shell_reads_is_quoted_not_pasted() -> None:
+    """Validation keeps such values out upstream; the template's quoting is the second wall."""
+    from dlinfra.render.cloud_init import Install, render_user_data
+
+    hostile = 's3://results-bucket/code/dlinfra-0.1.0-py3-none-any.whl"; touch pwned; echo "'
+    config = node_configs(load_spec(None, Overrides()), "run-1", "s3://results-bucket/r")["chief-0"]
+    text = render_user_data(config, Install(source=hostile, wheel_sha256="ab" * 32))
+    script = next(f for f in yaml.safe_load(text)["write_files"] if f["path"].endswith("install.sh"))[
+        "content"
+    ]
+    [fetch] = [line for line in script.splitlines() if line.startswith("aws s3 cp ")]
+    assert shlex.split(fetch) == ["aws", "s3", "cp", hostile, "/opt/dlinfra-wheel/"]
+    [pip] = [line for line in script.splitlines() if "/bin/pip install" in line]
+    assert shlex.split(pip)[-1].startswith("/opt/dlinfra-wheel/dlinfra-0.1.0-py3-none-any.whl")
+    assert "touch pwned" in shlex.split(pip)[-1], "the hostile tail stays inside one argument"

@@ -7,9 +7,10 @@ newer dlinfra, or something that is not ours) with a clear error instead of gues
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dlinfra.node.config import StoreConfig
 
@@ -119,9 +120,19 @@ class Metrics(Record):
 class CheckpointPointer(Record):
     """The latest checkpoint: written after the files it names, so it never names a partial one."""
 
-    step: int
+    step: int = Field(ge=0)
     prefix: str  # ckpt-<step>
     files: list[str]
+
+    @model_validator(mode="after")
+    def _names_stay_in_checkpoints(self) -> CheckpointPointer:
+        # A node restores into its work dir by these names: a planted '../' would write elsewhere.
+        if self.prefix != f"ckpt-{self.step}":
+            raise ValueError(f"prefix must be ckpt-{self.step} (got {self.prefix[:100]!r})")
+        plain = re.compile(rf"{re.escape(self.prefix)}\.[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,200}}")
+        if bad := [name for name in self.files if not plain.fullmatch(name)]:
+            raise ValueError(f"files must be plain {self.prefix}.* names (got {bad[0][:100]!r})")
+        return self
 
 
 class WheelPin(BaseModel):

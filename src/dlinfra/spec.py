@@ -289,7 +289,9 @@ class AwsSpec(StrictModel):
     )
     root_volume_gb: int = Field(100, ge=8, le=16384)
     ssm_access: bool = Field(
-        True, description="Attach AmazonSSMManagedInstanceCore: Session Manager instead of SSH."
+        False,
+        description="Session Manager shells on nodes (its channels only, not the account's SSM parameters); "
+        "there is never SSH.",
     )
     tags: dict[str, str] = Field(default_factory=dict)
     heal_timeout: float = Field(

@@ -22,6 +22,22 @@ from dlinfra.errors import StoreError
 T = TypeVar("T")
 
 
+def checked_key(key: str) -> str:
+    """A key is a relative '/'-path of plain segments, so no key names a place outside its store:
+    not absolute, no '.', '..' or empty segment, no backslash or control character."""
+    segments = key.split("/")
+    if (
+        any(segment in ("", ".", "..") for segment in segments)
+        or "\\" in key
+        or any(ord(ch) < 32 or ord(ch) == 127 for ch in key)
+    ):
+        raise StoreError(
+            f"store key {key[:200]!r} would leave its store (absolute path, '..', empty segment or control "
+            "character). Fix: this record or pointer was not written by dlinfra; remove it from the store"
+        )
+    return key
+
+
 def parse_s3_url(url: str) -> tuple[str, str]:
     """s3://bucket/some/prefix → ("bucket", "some/prefix")."""
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
@@ -89,7 +105,10 @@ class FileStore(Store):
         self.root = Path(url[len("file://") :])
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        path = self.root / checked_key(key)
+        if not path.resolve().is_relative_to(self.root.resolve()):  # a symlink inside pointing out
+            raise StoreError(f"store key {key[:200]!r} resolves outside {self.root}. Fix: remove the link")
+        return path
 
     def put_bytes(self, key: str, data: bytes) -> None:
         path = self._path(key)
@@ -148,6 +167,7 @@ class S3Store(Store):
         return self._client
 
     def _key(self, key: str) -> str:
+        checked_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _retrying(self, action: Callable[[], T], what: str) -> T:

@@ -288,7 +288,7 @@ def test_state_bucket_puts_each_runs_state_under_its_own_key_with_a_lockfile(aws
     ]
     assert backend["type"] == "s3"
     assert backend["config"]["key"] == f"dlinfra/{run_dir.name}/terraform.tfstate"
-    assert backend["config"]["use_lockfile"] is True
+    assert backend["config"]["use_lockfile"] is True and backend["config"]["encrypt"] is True
     assert not (run_dir / "terraform" / "stack" / "terraform.tfstate").exists()
 
 

@@ -156,29 +156,6 @@ class MotoServer:
             aws_secret_access_key=self.credentials["AWS_SECRET_ACCESS_KEY"],
         )
 
-    def load_aws_managed_policies(self) -> None:
-        """moto leaves AWS managed policies (AmazonSSMManagedInstanceCore...) out unless asked.
-
-        The switch is a process-wide moto setting; it is turned on only while this account's
-        IAM backend is (re)built, so other tests' mock_aws sessions keep moto's default.
-        """
-        from moto import settings
-        from moto.core import DEFAULT_ACCOUNT_ID
-        from moto.iam.models import iam_backends
-
-        ssm_core = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
-        saved = settings.default_user_config.get("iam")
-        settings.default_user_config["iam"] = {"load_aws_managed_policies": True}
-        try:
-            backend = iam_backends[DEFAULT_ACCOUNT_ID]["aws"]
-            if ssm_core not in backend.managed_policies:
-                backend.reset()
-        finally:
-            if saved is None:
-                settings.default_user_config.pop("iam", None)
-            else:
-                settings.default_user_config["iam"] = saved
-
     def terraform(self, workdir: Path, cli_config: Path) -> Terraform:
         """A terraform runner whose AWS provider talks to this server with fake credentials."""
         return Terraform(workdir, _terraform_env(cli_config, {**self.credentials, "AWS_REGION": self.region}))

@@ -57,7 +57,6 @@ def aws_env(moto_server, tf_cli_config: Path, tmp_path_factory: pytest.TempPathF
             "DLINFRA_HOME": str(home),
         }.items():
             mp.setenv(name, value)
-        moto_server.load_aws_managed_policies()
         moto_server.client("s3").create_bucket(Bucket=BUCKET)
         yield home
 

@@ -1,8 +1,7 @@
 """Real `terraform apply`/`destroy` of bucket/ and stack/ against a moto server, checked with boto3.
 
 moto 5.2 gaps handled here (see the stack README): no CreatePlacementGroup (the test runs with
-placement_group = false; the mocked `terraform test` covers placement groups) and AWS managed
-policies only on request (MotoServer.load_aws_managed_policies).
+placement_group = false; the mocked `terraform test` covers placement groups).
 """
 
 from __future__ import annotations
@@ -115,7 +114,6 @@ def ami_id(moto_server) -> str:
 
 @pytest.fixture(scope="module")
 def deployment(infra: Path, moto_server, tf_cli_config: Path, results_bucket: str, ami_id: str):
-    moto_server.load_aws_managed_policies()
     tfvars = {
         "run_id": RUN_ID,
         "region": moto_server.region,
@@ -239,19 +237,45 @@ def test_node_role_reaches_only_the_run_prefix(deployment: Deployment, moto_serv
     iam = moto_server.client("iam")
     role = f"dlinfra-{RUN_ID}-node"
     names = iam.list_role_policies(RoleName=role)["PolicyNames"]
-    assert names == ["run-prefix"]
-    document = iam.get_role_policy(RoleName=role, PolicyName="run-prefix")["PolicyDocument"]
-    document = json.loads(document) if isinstance(document, str) else document
-    statements = document["Statement"]
-    objects = [s for s in statements if s["Resource"] != f"arn:aws:s3:::{BUCKET}"]
-    listing = [s for s in statements if s["Resource"] == f"arn:aws:s3:::{BUCKET}"]
-    assert [s["Resource"] for s in objects] == [f"arn:aws:s3:::{BUCKET}/{PREFIX}/*"]
+    assert sorted(names) == ["run-prefix", "session-manager"]  # the tfvars ask for ssm_access
+
+    def statements(policy: str) -> list[dict]:
+        document = iam.get_role_policy(RoleName=role, PolicyName=policy)["PolicyDocument"]
+        return (json.loads(document) if isinstance(document, str) else document)["Statement"]
+
+    run_prefix = statements("run-prefix")
+    allowed = [s for s in run_prefix if s["Effect"] == "Allow" and s["Resource"] != f"arn:aws:s3:::{BUCKET}"]
+    listing = [s for s in run_prefix if s["Resource"] == f"arn:aws:s3:::{BUCKET}"]
+    [denied] = [s for s in run_prefix if s["Effect"] == "Deny"]
+    assert [s["Resource"] for s in allowed] == [f"arn:aws:s3:::{BUCKET}/{PREFIX}/*"]
+    assert "s3:DeleteObject" not in json.dumps(run_prefix)
+    assert sorted(denied["Resource"]) == [
+        f"arn:aws:s3:::{BUCKET}/{PREFIX}/{pinned}" for pinned in ("code/*", "manifest.json", "terraform/*")
+    ]
     assert [s["Action"] for s in listing] == ["s3:ListBucket"]
     assert listing[0]["Condition"] == {"StringLike": {"s3:prefix": [f"{PREFIX}/*"]}}
-    assert "*" not in json.dumps([s["Action"] for s in statements])
-    attached = iam.list_attached_role_policies(RoleName=role)["AttachedPolicies"]
-    assert [p["PolicyName"] for p in attached] == ["AmazonSSMManagedInstanceCore"]
+    session = statements("session-manager")
+    actions = sorted(
+        a for s in session for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    )
+    assert actions == sorted(
+        ["ssm:UpdateInstanceInformation"]
+        + [f"ssmmessages:{verb}{kind}Channel" for verb in ("Create", "Open") for kind in ("Control", "Data")]
+    )
+    assert "*" not in json.dumps([s["Action"] for s in run_prefix + session])
+    assert iam.list_attached_role_policies(RoleName=role)["AttachedPolicies"] == []
     assert deployment.outputs["instance_profile"] == role
+
+
+def test_the_s3_endpoint_lets_through_the_results_bucket_alone(deployment: Deployment, moto_server):
+    ec2 = moto_server.client("ec2")
+    vpc = deployment.outputs["vpc_id"]
+    [endpoint] = ec2.describe_vpc_endpoints(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["VpcEndpoints"]
+    policy = json.loads(endpoint["PolicyDocument"])
+    assert [r for s in policy["Statement"] for r in s["Resource"]] == [
+        f"arn:aws:s3:::{BUCKET}",
+        f"arn:aws:s3:::{BUCKET}/*",
+    ]
 
 
 def test_outputs_carry_no_user_data_and_no_credentials(deployment: Deployment):

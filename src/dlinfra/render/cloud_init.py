@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -42,6 +43,9 @@ def _template() -> jinja2.Template:
         keep_trailing_newline=True,
         autoescape=False,  # YAML, not HTML
     )
+    # Every value a shell reads is quoted by this filter, never pasted: validation upstream is the
+    # first wall, the quoting the second.
+    env.filters["sh"] = shlex.quote
     return env.get_template("user-data.yaml.j2")
 
 

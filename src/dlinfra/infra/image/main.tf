@@ -70,6 +70,7 @@ module "network" {
   egress             = var.network.egress
   availability_zone  = var.network.availability_zone
   existing_network   = local.existing_network
+  s3_endpoint        = { bucket = var.bucket }
 }
 
 ################################################################################

@@ -117,9 +117,9 @@ variable "root_volume_gb" {
 }
 
 variable "ssm_access" {
-  description = "Let operators open a Session Manager shell on the builder (attaches AmazonSSMManagedInstanceCore). There is never an SSH port."
+  description = "Let operators open a Session Manager shell on the builder: Session Manager's channels only, never the account's SSM parameters. There is never an SSH port."
   type        = bool
-  default     = true
+  default     = false
 }
 
 ################################################################################

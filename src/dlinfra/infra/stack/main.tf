@@ -62,6 +62,7 @@ module "network" {
   availability_zone  = var.network.availability_zone
   existing_network   = local.existing_network
   tf_ports           = var.tf_ports
+  s3_endpoint        = { bucket = var.bucket, read_objects = var.read_objects }
 }
 
 ################################################################################
@@ -76,6 +77,7 @@ module "node_iam" {
   prefix             = var.prefix
   bucket_kms_key_arn = var.bucket_kms_key_arn
   ssm_access         = var.ssm_access
+  read_objects       = var.read_objects
 }
 
 ################################################################################

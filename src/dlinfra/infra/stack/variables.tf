@@ -131,6 +131,17 @@ variable "prefix" {
   }
 }
 
+variable "read_objects" {
+  description = "Objects outside the run prefix that nodes read (\"bucket/key\", e.g. an s3:// data set): the node role may get them, and the S3 endpoint lets them through."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for o in var.read_objects : can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^*?]+$", o))])
+    error_message = "read_objects must be \"bucket/key\" strings without wildcards, e.g. \"datasets/cifar-10-python.tar.gz\"."
+  }
+}
+
 variable "bucket_kms_key_arn" {
   description = "KMS key of the bucket when it uses SSE-KMS; the node role gets use of that key only. Null for SSE-S3."
   type        = string
@@ -212,9 +223,9 @@ variable "roles" {
 }
 
 variable "ssm_access" {
-  description = "Let operators open Session Manager shells on nodes (attaches AmazonSSMManagedInstanceCore). There is never an SSH port."
+  description = "Let operators open Session Manager shells on nodes: Session Manager's channels only, never the account's SSM parameters. There is never an SSH port."
   type        = bool
-  default     = true
+  default     = false
 }
 
 variable "tags" {

@@ -50,8 +50,15 @@ def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None =
         "prefix": prefix,
         "roles": roles,
         "ssm_access": spec.aws.ssm_access,
+        "read_objects": read_objects(spec),
         "tags": {**spec.aws.tags, "dlinfra:run-id": run_id, "dlinfra:experiment": spec.name},
     }
+
+
+def read_objects(spec: Spec) -> list[str]:
+    """S3 objects outside the run prefix the nodes read ("bucket/key"): an s3:// data set."""
+    uri = spec.training.dataset.uri
+    return ["/".join(parse_s3_url(uri))] if uri and uri.startswith("s3://") else []
 
 
 def state_backend(spec: Spec, run_id: str) -> dict[str, Any] | None:
@@ -63,6 +70,7 @@ def state_backend(spec: Spec, run_id: str) -> dict[str, Any] | None:
         "key": f"dlinfra/{run_id}/terraform.tfstate",
         "region": spec.aws.region,
         "use_lockfile": True,
+        "encrypt": True,  # the state holds every node's user-data
     }
     if spec.aws.endpoint_url:
         backend |= {

@@ -19,6 +19,34 @@ locals {
 }
 
 data "aws_region" "current" {}
+data "aws_partition" "current" {}
+
+locals {
+  # Through the endpoint, the cluster reaches its own results bucket and the objects it reads, and
+  # no other S3 (a compromised node cannot ship data to a bucket of its choosing that way).
+  s3_arn = "arn:${data.aws_partition.current.partition}:s3:::"
+  s3_endpoint_policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = concat(
+      [{
+        Sid       = "ResultsBucket"
+        Effect    = "Allow"
+        Principal = "*"
+        Action = [
+          "s3:GetObject", "s3:PutObject", "s3:PutObjectTagging", "s3:AbortMultipartUpload", "s3:ListBucket",
+        ]
+        Resource = ["${local.s3_arn}${var.s3_endpoint.bucket}", "${local.s3_arn}${var.s3_endpoint.bucket}/*"]
+      }],
+      length(var.s3_endpoint.read_objects) == 0 ? [] : [{
+        Sid       = "ReadObjects"
+        Effect    = "Allow"
+        Principal = "*"
+        Action    = "s3:GetObject"
+        Resource  = [for object in var.s3_endpoint.read_objects : "${local.s3_arn}${object}"]
+      }],
+    )
+  })
+}
 
 ################################################################################
 # VPC
@@ -176,6 +204,7 @@ resource "aws_vpc_endpoint" "s3" {
   service_name      = "com.amazonaws.${data.aws_region.current.name}.s3"
   vpc_endpoint_type = "Gateway"
   route_table_ids   = [aws_route_table.cluster[0].id]
+  policy            = local.s3_endpoint_policy
 
   tags = merge(var.tags, { Name = "${var.name}-s3" })
 }

@@ -97,6 +97,23 @@ variable "tf_ports" {
   }
 }
 
+variable "s3_endpoint" {
+  description = "What the S3 gateway endpoint lets the cluster reach: its results bucket, and objects (\"bucket/key\") it only reads, such as a data set. Nothing else in S3 goes through the endpoint."
+  type = object({
+    bucket       = string
+    read_objects = optional(list(string), [])
+  })
+
+  validation {
+    condition     = can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", var.s3_endpoint.bucket))
+    error_message = "s3_endpoint.bucket must be a valid S3 bucket name, e.g. \"my-results\"."
+  }
+  validation {
+    condition     = alltrue([for o in var.s3_endpoint.read_objects : can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^*?]+$", o))])
+    error_message = "s3_endpoint.read_objects must be \"bucket/key\" strings without wildcards, e.g. \"datasets/cifar-10-python.tar.gz\"."
+  }
+}
+
 variable "tags" {
   description = "Tags added to every resource of this module."
   type        = map(string)

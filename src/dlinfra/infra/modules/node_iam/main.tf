@@ -4,10 +4,30 @@ locals {
   partition  = data.aws_partition.current.partition
   bucket_arn = "arn:${local.partition}:s3:::${var.bucket}"
 
-  # Managed policies keyed by a stable name; only Session Manager for now.
-  managed_policies = var.ssm_access ? {
-    ssm = "arn:${local.partition}:iam::aws:policy/AmazonSSMManagedInstanceCore"
-  } : {}
+  # Session Manager's channels only. AmazonSSMManagedInstanceCore would also let every node read
+  # every SSM parameter (and run documents) in the account.
+  session_manager_policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Sid      = "RegisterWithSsm"
+        Effect   = "Allow"
+        Action   = "ssm:UpdateInstanceInformation"
+        Resource = "arn:${local.partition}:ec2:*:*:instance/*"
+      },
+      {
+        Sid    = "SessionChannels"
+        Effect = "Allow"
+        Action = [
+          "ssmmessages:CreateControlChannel",
+          "ssmmessages:CreateDataChannel",
+          "ssmmessages:OpenControlChannel",
+          "ssmmessages:OpenDataChannel",
+        ]
+        Resource = "*" # ssmmessages has no resource-level permissions
+      },
+    ]
+  })
 
   assume_role_policy = jsonencode({
     Version = "2012-10-17"
@@ -32,6 +52,18 @@ locals {
       Resource = "${local.bucket_arn}/${var.prefix}/*"
     },
     {
+      # What pins the run (its code, the wheel nodes install, its Terraform inputs, its manifest) is
+      # written by the CLI alone: one compromised node must not poison the instances that replace it.
+      Sid    = "PinsAreReadOnly"
+      Effect = "Deny"
+      Action = ["s3:PutObject", "s3:PutObjectTagging"]
+      Resource = [
+        "${local.bucket_arn}/${var.prefix}/code/*",
+        "${local.bucket_arn}/${var.prefix}/terraform/*",
+        "${local.bucket_arn}/${var.prefix}/manifest.json",
+      ]
+    },
+    {
       Sid       = "ListRunPrefix"
       Effect    = "Allow"
       Action    = "s3:ListBucket"
@@ -39,6 +71,13 @@ locals {
       Condition = { StringLike = { "s3:prefix" = ["${var.prefix}/*"] } }
     },
   ]
+
+  read_statements = length(var.read_objects) == 0 ? [] : [{
+    Sid      = "ReadObjects"
+    Effect   = "Allow"
+    Action   = "s3:GetObject"
+    Resource = [for object in var.read_objects : "arn:${local.partition}:s3:::${object}"]
+  }]
 
   kms_statements = var.bucket_kms_key_arn == null ? [] : [{
     Sid      = "BucketKey"
@@ -49,7 +88,7 @@ locals {
 
   run_prefix_policy = jsonencode({
     Version   = "2012-10-17"
-    Statement = concat(local.run_prefix_statements, local.kms_statements)
+    Statement = concat(local.run_prefix_statements, local.kms_statements, local.read_statements)
   })
 }
 
@@ -71,11 +110,12 @@ resource "aws_iam_role_policy" "run_prefix" {
   policy = local.run_prefix_policy
 }
 
-resource "aws_iam_role_policy_attachment" "managed" {
-  for_each = local.managed_policies
+resource "aws_iam_role_policy" "session_manager" {
+  count = var.ssm_access ? 1 : 0
 
-  role       = aws_iam_role.this.name
-  policy_arn = each.value
+  name   = "session-manager"
+  role   = aws_iam_role.this.id
+  policy = local.session_manager_policy
 }
 
 ################################################################################

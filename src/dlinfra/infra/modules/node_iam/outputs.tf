@@ -14,7 +14,7 @@ output "instance_profile_name" {
 
   depends_on = [
     aws_iam_role_policy.run_prefix,
-    aws_iam_role_policy_attachment.managed,
+    aws_iam_role_policy.session_manager,
   ]
 }
 

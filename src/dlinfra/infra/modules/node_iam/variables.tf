@@ -39,10 +39,21 @@ variable "bucket_kms_key_arn" {
   }
 }
 
+variable "read_objects" {
+  description = "Objects outside the run prefix the nodes may read (\"bucket/key\", e.g. a data set)."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for o in var.read_objects : can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^*?]+$", o))])
+    error_message = "read_objects must be \"bucket/key\" strings without wildcards, e.g. \"datasets/cifar-10-python.tar.gz\"."
+  }
+}
+
 variable "ssm_access" {
-  description = "Attach AmazonSSMManagedInstanceCore so operators can open a Session Manager shell on nodes (no SSH port, no key pair)."
+  description = "Let operators open Session Manager shells on nodes (no SSH port, no key pair): an inline policy with Session Manager's channels only, not AmazonSSMManagedInstanceCore (which reads every SSM parameter of the account)."
   type        = bool
-  default     = true
+  default     = false
 }
 
 variable "tags" {

@@ -2,10 +2,55 @@ mock_provider "aws" {
   mock_data "aws_region" {
     defaults = { name = "us-east-1" }
   }
+  mock_data "aws_partition" {
+    defaults = { partition = "aws" }
+  }
 }
 
 variables {
-  name = "dlinfra-test-run"
+  name        = "dlinfra-test-run"
+  s3_endpoint = { bucket = "results-bucket" }
+}
+
+run "s3_endpoint_reaches_the_results_bucket_alone" {
+  command = plan
+
+  assert {
+    condition = (
+      length(jsondecode(aws_vpc_endpoint.s3[0].policy).Statement) == 1 &&
+      toset(jsondecode(aws_vpc_endpoint.s3[0].policy).Statement[0].Resource) == toset([
+        "arn:aws:s3:::results-bucket", "arn:aws:s3:::results-bucket/*",
+      ]) &&
+      !contains(jsondecode(aws_vpc_endpoint.s3[0].policy).Statement[0].Action, "s3:DeleteObject")
+    )
+    error_message = "the S3 endpoint must let through the results bucket and nothing else"
+  }
+}
+
+run "s3_endpoint_lets_read_objects_through_for_get_only" {
+  command = plan
+
+  variables {
+    s3_endpoint = { bucket = "results-bucket", read_objects = ["datasets/cifar-10-python.tar.gz"] }
+  }
+
+  assert {
+    condition = (
+      jsondecode(aws_vpc_endpoint.s3[0].policy).Statement[1].Action == "s3:GetObject" &&
+      jsondecode(aws_vpc_endpoint.s3[0].policy).Statement[1].Resource == ["arn:aws:s3:::datasets/cifar-10-python.tar.gz"]
+    )
+    error_message = "a read object is reachable for GetObject only"
+  }
+}
+
+run "rejects_a_wildcard_read_object" {
+  command = plan
+
+  variables {
+    s3_endpoint = { bucket = "results-bucket", read_objects = ["datasets/*"] }
+  }
+
+  expect_failures = [var.s3_endpoint]
 }
 
 run "default_creates_private_subnet_behind_nat" {

@@ -21,18 +21,30 @@ run "policy_reaches_only_the_run_prefix" {
     condition = toset(jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[0].Action) == toset([
       "s3:GetObject", "s3:PutObject", "s3:PutObjectTagging", "s3:AbortMultipartUpload",
     ])
-    error_message = "object actions must be exactly get/put/tag/delete/abort"
+    error_message = "object actions must be exactly get/put/tag/abort"
   }
   assert {
     condition = (
-      jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[1].Action == "s3:ListBucket" &&
-      jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[1].Resource == "arn:aws:s3:::results-bucket" &&
-      jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[1].Condition.StringLike["s3:prefix"] == ["runs/test-run/*"]
+      jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[1].Effect == "Deny" &&
+      toset(jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[1].Resource) == toset([
+        "arn:aws:s3:::results-bucket/runs/test-run/code/*",
+        "arn:aws:s3:::results-bucket/runs/test-run/terraform/*",
+        "arn:aws:s3:::results-bucket/runs/test-run/manifest.json",
+      ]) &&
+      contains(jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[1].Action, "s3:PutObject")
+    )
+    error_message = "nodes must not write the run's pins (code, terraform inputs, manifest)"
+  }
+  assert {
+    condition = (
+      jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[2].Action == "s3:ListBucket" &&
+      jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[2].Resource == "arn:aws:s3:::results-bucket" &&
+      jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[2].Condition.StringLike["s3:prefix"] == ["runs/test-run/*"]
     )
     error_message = "listing must be limited to the run prefix by an s3:prefix condition"
   }
   assert {
-    condition     = length(jsondecode(aws_iam_role_policy.run_prefix.policy).Statement) == 2
+    condition     = length(jsondecode(aws_iam_role_policy.run_prefix.policy).Statement) == 3
     error_message = "no KMS statement without a KMS key"
   }
   assert {
@@ -54,25 +66,31 @@ run "role_is_for_ec2_only" {
   }
 }
 
-run "ssm_access_attaches_session_manager_policy" {
+run "ssm_access_is_off_by_default" {
   command = plan
 
   assert {
-    condition     = aws_iam_role_policy_attachment.managed["ssm"].policy_arn == "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
-    error_message = "ssm_access = true must attach AmazonSSMManagedInstanceCore"
+    condition     = length(aws_iam_role_policy.session_manager) == 0
+    error_message = "nodes get no Session Manager access unless asked"
   }
 }
 
-run "ssm_access_off_attaches_nothing" {
+run "ssm_access_grants_session_channels_only" {
   command = plan
 
   variables {
-    ssm_access = false
+    ssm_access = true
   }
 
   assert {
-    condition     = length(aws_iam_role_policy_attachment.managed) == 0
-    error_message = "ssm_access = false must attach no managed policy"
+    condition = toset(flatten([
+      for s in jsondecode(aws_iam_role_policy.session_manager[0].policy).Statement : s.Action
+      ])) == toset([
+      "ssm:UpdateInstanceInformation",
+      "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+      "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel",
+    ])
+    error_message = "ssm_access must grant Session Manager's channels and nothing else (no ssm:GetParameter*)"
   }
 }
 
@@ -84,7 +102,7 @@ run "kms_key_adds_key_statement" {
   }
 
   assert {
-    condition     = jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[2].Resource == "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    condition     = jsondecode(aws_iam_role_policy.run_prefix.policy).Statement[3].Resource == "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     error_message = "a KMS-encrypted bucket needs the key, and only that key"
   }
 }
