@@ -21,6 +21,9 @@ from dlinfra.errors import TerraformError
 
 MIN_VERSION = (1, 5, 0)
 INTERRUPT_GRACE = 60.0  # seconds an interrupted terraform gets to stop cleanly before it is killed
+# No terraform command may hang a deploy for good (an endpoint that accepts and never answers, a
+# provider stuck in a retry loop). apply and destroy wait on EC2 (NAT gateways take minutes).
+TIMEOUTS = {"init": 600.0, "plan": 900.0, "show": 300.0, "output": 300.0, "apply": 3600.0, "destroy": 3600.0}
 # Progress worth a line; the rest of terraform's event stream stays in the run's terraform.log.
 _SHOWN = {"apply_complete", "apply_errored", "change_summary"}
 
@@ -85,7 +88,8 @@ class Terraform:
     ) -> str:
         """Run one terraform command, streaming its lines to terraform.log (and `log`). Past
         `timeout` seconds terraform is interrupted (SIGINT: it stops cleanly and saves its state),
-        and killed if it has not stopped a minute later."""
+        and killed if it has not stopped a minute later. Each command has a default (TIMEOUTS)."""
+        timeout = timeout if timeout is not None else TIMEOUTS.get(args[0], 900.0)
         errors: list[str] = []
         lines: list[str] = []
         timed_out = threading.Event()
@@ -101,15 +105,13 @@ class Terraform:
                 stdin=subprocess.DEVNULL,
             )
             assert proc.stdout is not None
-            timers = []
-            if timeout is not None:
-                timers = [
-                    threading.Timer(timeout, lambda: (timed_out.set(), proc.send_signal(signal.SIGINT))),
-                    threading.Timer(timeout + INTERRUPT_GRACE, proc.kill),
-                ]
-                for timer in timers:
-                    timer.daemon = True
-                    timer.start()
+            timers = [
+                threading.Timer(timeout, lambda: (timed_out.set(), proc.send_signal(signal.SIGINT))),
+                threading.Timer(timeout + INTERRUPT_GRACE, proc.kill),
+            ]
+            for timer in timers:
+                timer.daemon = True
+                timer.start()
             for line in proc.stdout:
                 lines.append(line)
                 if not quiet:
@@ -121,7 +123,9 @@ class Terraform:
                 timer.cancel()
         if timed_out.is_set():
             raise TerraformError(
-                f"terraform {args[0]} did not finish in {timeout:.0f}s (interrupted) in {self.workdir}"
+                f"terraform {args[0]} did not finish in {timeout:.0f}s (interrupted) in {self.workdir}. "
+                "Fix: check that the AWS endpoint answers (terraform.log there shows the last step), "
+                "then run the command again; `dlinfra destroy` removes what an interrupted apply made"
             )
         if code != 0:
             detail = "\n".join(errors) or "".join(lines[-20:]).strip()

@@ -62,12 +62,19 @@ def test_killed_ps_worker_rejoins_and_accuracy_holds(tmp_path: Path, ps_run) -> 
     # Same shape and steps as the undisturbed ps_run, so the accuracies compare.
     live = start_deploy(tmp_path, "--workers", "3", "--set", f"training.checkpoint_every={CHECKPOINT_EVERY}")
     steps = ps_run.metrics["total_steps"]
+    live.wait_for_step("chief-0", 1)  # the nodes are started and recorded
+    first_pids = json.loads((live.run_dir / "manifest.json").read_text())["pids"]
     pid = kill_at(live, "worker-1", 0.4, steps=steps)
     killed_at = time.time()
     done = live.finish()
     assert done.returncode == 0, done.stdout + done.stderr
     worker = live.status("worker-1")
     assert worker["restarts"] == 1 and worker["pid"] != pid
+    pids = json.loads((live.run_dir / "manifest.json").read_text())["pids"]
+    assert pids["worker-1"] != first_pids["worker-1"], "the manifest names the restarted node's group"
+    assert {n: p for n, p in pids.items() if n != "worker-1"} == {
+        n: p for n, p in first_pids.items() if n != "worker-1"
+    }
     metrics = live.metrics
     assert metrics["steps"] == steps
     assert (live.store / "model" / "saved_model" / "saved_model.pb").is_file()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -72,13 +73,17 @@ class LocalTarget:
             namespace = private_network.Namespace() if self._network(prepared.spec).private else None
         except private_network.Unavailable as exc:
             raise DlinfraError(f"{exc}. Fix: {private_network.NAMESPACES_OFF_FIX}") from exc
-        cluster = LocalCluster(prepared.run.dir, restart_together=mirrored, namespace=namespace)
+        cluster = LocalCluster(
+            prepared.run.dir,
+            restart_together=mirrored,
+            namespace=namespace,
+            record=lambda pids: prepared.run.update_manifest(pids=pids),
+        )
         try:
             cluster.start(prepared.user_data)
         except BaseException:
             cluster.stop()
             raise
-        prepared.run.update_manifest(pids=cluster.pids())
         return cluster
 
     def attach(self, prepared: Prepared) -> AttachedNodes:
@@ -125,12 +130,15 @@ class LocalCluster:
     `restart_together`: sync all-reduce cannot go on without any one member, so under
     multi_worker_mirrored every node restarts when one does (TF's documented recovery).
     `remap` rewrites cluster addresses (e.g. EC2 private IPs → loopback ports) so the same
-    user-data that boots an instance can boot a local process (the aws target's emulation)."""
+    user-data that boots an instance can boot a local process (the aws target's emulation).
+    `record` gets the node pids whenever they change (start, restart), so the manifest never names
+    a process group that is gone while its replacement runs unknown to `dlinfra destroy`."""
 
     run_dir: Path
     remap: bool = False
     restart_together: bool = False
     namespace: private_network.Namespace | None = None
+    record: Callable[[dict[str, int]], None] = lambda pids: None
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
     _loopback: dict[str, str] = field(default_factory=dict)
 
@@ -145,6 +153,7 @@ class LocalCluster:
             config_path = self.run_dir / "nodes" / f"{name}.json"
             config_path.write_text(configs[name].model_dump_json(indent=2), encoding="utf-8")
             self._launch(name)
+        self.record(self.pids())
 
     def replace(self, name: str, user_data: str) -> None:
         """Boot a node again from (new) user-data: what a replaced instance does."""
@@ -196,6 +205,7 @@ class LocalCluster:
             self.kill(name)
         for name in sorted(again, key=lambda n: n.startswith("chief")):
             self._launch(name)
+        self.record(self.pids())
         return self.exit_codes()
 
     def pids(self) -> dict[str, int]:

@@ -126,13 +126,17 @@ class AwsTarget:
             run.update_manifest(images=dict.fromkeys(spec.roles(), image.pin()))
         elif self.options.emulate_instances:
             mirrored = spec.strategy == "multi_worker_mirrored"
-            cluster.emulated = LocalCluster(run.dir, remap=True, restart_together=mirrored)
+            cluster.emulated = LocalCluster(
+                run.dir,
+                remap=True,
+                restart_together=mirrored,
+                record=lambda pids: run.update_manifest(pids=pids),
+            )
             try:
                 cluster.emulated.start(instance_user_data(preflight.client(spec, "ec2"), instances))
             except BaseException:
                 cluster.emulated.stop()
                 raise
-            run.update_manifest(pids=cluster.emulated.pids())
         return cluster
 
     def attach(self, prepared: Prepared) -> InstanceCluster:
