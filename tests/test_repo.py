@@ -4,6 +4,7 @@ example spec is the defaults, the CLI lists its commands, HCL ships in the wheel
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +38,39 @@ def test_workflow_is_valid_for_github_actions(workflow: str) -> None:
 def test_plan_workflow_uses_oidc_and_no_stored_keys() -> None:
     text = (ROOT / ".github" / "workflows" / "plan.yml").read_text()
     doc = yaml.safe_load(text)
-    assert doc["permissions"]["id-token"] == "write"
+    assert doc["jobs"]["plan"]["permissions"]["id-token"] == "write"
     assert "role-to-assume" in text
     assert "AWS_SECRET_ACCESS_KEY" not in text and "secrets." not in text
+
+
+def test_plan_workflow_keeps_pr_code_away_from_writes() -> None:
+    """PR code runs with the AWS role: behind a protected environment, with no token that can
+    write to the repository or the PR, storing nothing; the commenting job runs no PR code."""
+    doc = yaml.safe_load((ROOT / ".github" / "workflows" / "plan.yml").read_text())
+    assert doc["permissions"] == {"contents": "read"}
+    jobs = doc["jobs"]
+    with_role = [name for name, job in jobs.items() if job.get("permissions", {}).get("id-token") == "write"]
+    assert with_role == ["plan"]
+    plan = jobs["plan"]
+    assert plan["environment"] == "dlinfra-plan"
+    assert plan["permissions"] == {"contents": "read", "id-token": "write"}
+    runs = "\n".join(step.get("run", "") for step in plan["steps"])
+    assert "dlinfra plan" in runs and all(
+        "--no-upload" in line for line in runs.splitlines() if "dlinfra plan " in line
+    )
+    checkout = next(s for s in plan["steps"] if s.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["persist-credentials"] is False
+    commenting = [name for name, job in jobs.items() if job.get("permissions", {}).get("pull-requests")]
+    assert commenting == ["comment"]
+    assert not any(s.get("uses", "").startswith("actions/checkout@") for s in jobs["comment"]["steps"])
+
+
+@pytest.mark.parametrize("workflow", ["ci.yml", "plan.yml"])
+def test_every_action_is_pinned_by_commit_sha(workflow: str) -> None:
+    doc = yaml.safe_load((ROOT / ".github" / "workflows" / workflow).read_text())
+    uses = [step["uses"] for job in doc["jobs"].values() for step in job["steps"] if "uses" in step]
+    assert uses
+    assert [u for u in uses if not re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", u)] == []
 
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_second() -> None:

@@ -40,6 +40,7 @@ class Request:
     keep: bool = False  # leave the target's resources up after the run
     detach: bool = False  # return once the nodes are up; `dlinfra watch` follows the run later
     origin: Origin | None = None  # a rerun: the original's code bundle, pins and wheel
+    upload: bool = True  # False: write nothing to the results store (`dlinfra plan --no-upload`)
 
 
 @dataclass
@@ -75,6 +76,7 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
         code=origin.code if origin else None,
         pins=origin.pins if origin else None,
         typed=target.uses_instance_types,
+        upload=request.upload,
     )
     return prepared, target.plan(prepared)
 

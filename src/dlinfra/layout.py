@@ -209,7 +209,10 @@ class RunStore:
 
     def put_wheel(self, path: Path) -> str:
         self.store.put_file(f"code/{path.name}", path)
-        return self.store.uri(f"code/{path.name}")
+        return self.wheel_uri(path.name)
+
+    def wheel_uri(self, name: str) -> str:
+        return self.store.uri(f"code/{name}")
 
     def wheel(self, name: str, sha256: str) -> bytes:
         return self._pinned(f"code/{name}", sha256)

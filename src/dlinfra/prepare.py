@@ -43,6 +43,7 @@ class Prepared:
     plan: AddressPlan
     configs: dict[str, NodeConfig]
     user_data: dict[str, str]
+    upload: bool = True  # False: nothing was (or may be) written to the results store
 
     @property
     def store(self) -> RunStore:
@@ -72,10 +73,13 @@ def prepare(
     pins: dict[str, Any] | None = None,
     *,
     typed: bool,
+    upload: bool = True,
 ) -> Prepared:
     """Create the run record, store the code bundle, render every node's user-data into the run dir.
     `code` (a rerun's pinned bundle) replaces packing the entrypoint's directory; `pins` are extra
-    manifest fields (e.g. `rerun_of`); `typed`: the target runs nodes on their instance types."""
+    manifest fields (e.g. `rerun_of`); `typed`: the target runs nodes on their instance types.
+    `upload=False` (a plan for review by a read-only role) writes the run dir alone: the user-data
+    names the wheel's store URI, but nothing goes to the store."""
     base = spec_path.absolute().parent if spec_path else Path.cwd()
     if code is None and spec.training.entrypoint:
         code = pack_entrypoint(spec.training.entrypoint, base)
@@ -84,11 +88,12 @@ def prepare(
     store = run.store()
     (run.dir / "code").mkdir()
     if code is not None:
-        store.put_bundle(code.sha256, code.data)
+        if upload:
+            store.put_bundle(code.sha256, code.data)
         (run.dir / bundle_key(code.sha256)).write_bytes(code.data)
     requirement, wheel_pin = install.requirement, None
     if install.wheel is not None:  # cloud nodes install exactly this wheel, from the run's store
-        requirement = store.put_wheel(install.wheel)
+        requirement = store.put_wheel(install.wheel) if upload else store.wheel_uri(install.wheel.name)
         shutil.copy2(install.wheel, run.dir / "code" / install.wheel.name)
         wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=requirement)
     configs = build_node_configs(spec, run.id, run.manifest().store, plan, code, typed=typed)
@@ -107,8 +112,9 @@ def prepare(
         seeds={"seed": spec.training.seed, "deterministic": spec.training.deterministic},
         **(pins or {}),
     )
-    run.publish_manifest()
-    return Prepared(spec, run, plan, configs, user_data)
+    if upload:
+        run.publish_manifest()
+    return Prepared(spec, run, plan, configs, user_data, upload)
 
 
 def node_install(spec: Spec, requirement: str | None, wheel: WheelPin | None) -> Install | None:

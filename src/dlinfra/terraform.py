@@ -66,8 +66,10 @@ class Terraform:
     def init(self) -> None:
         self.run(["init", "-input=false", "-no-color"], json_events=False)
 
-    def plan(self, var_file: Path, out: Path, targets: tuple[str, ...] = ()) -> None:
+    def plan(self, var_file: Path, out: Path, targets: tuple[str, ...] = (), lock: bool = True) -> None:
         args = ["plan", "-input=false", "-json", f"-var-file={var_file}", f"-out={out}"]
+        if not lock:
+            args.append("-lock=false")
         self.run([*args, *(f"-target={address}" for address in targets)])
 
     def show_json(self, plan_file: Path) -> dict[str, Any]:

@@ -117,6 +117,28 @@ def test_plan_prints_the_summary_and_writes_markdown(aws_env: dict[str, Any], tm
     assert f"Prices: {catalog().price_note()}" in text
 
 
+def test_plan_no_upload_writes_nothing_to_the_results_bucket(aws_env: dict[str, Any]) -> None:
+    """What a pull-request check with a read-only role runs: a full plan, nothing stored."""
+    s3 = _client(aws_env["endpoint"], "s3")
+
+    def keys() -> set[str]:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+        return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+    before = keys()
+    home = aws_env["home"] / "no-upload"
+    env = dict(aws_env["env"], DLINFRA_HOME=str(home))
+    result = run_cli("plan", "--no-upload", *aws_env["args"], env=env, cwd=aws_env["cwd"], timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "to add, 0 to change, 0 to destroy" in result.stdout
+    [run_dir] = (home / "runs").iterdir()
+    assert (run_dir / "tfplan").is_file() and (run_dir / "plan.md").is_file()
+    assert keys() == before, f"plan --no-upload stored {sorted(keys() - before)}"
+    # the user-data still names where a deploy would put the wheel
+    user_data = next((run_dir / "user-data").iterdir()).read_text()
+    assert f"s3://{BUCKET}/runs/{run_dir.name}/code/dlinfra-" in user_data
+
+
 def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(
     kept_run: dict[str, Any], aws_env: dict[str, Any]
 ) -> None:

@@ -303,6 +303,14 @@ def plan(
     markdown: Annotated[
         Path | None, typer.Option("--markdown", help="Also write the PR-comment summary here.")
     ] = None,
+    no_upload: Annotated[
+        bool,
+        typer.Option(
+            "--no-upload",
+            help="Write nothing to the results bucket and take no state lock (a pull-request check "
+            "with a read-only role); the plan stays in the run dir.",
+        ),
+    ] = False,
     *,
     overrides: Overrides,
 ) -> None:
@@ -314,7 +322,7 @@ def plan(
 
     resolved = _load(spec, overrides.model_copy(update={"target": "aws"}))
     target = target_for("aws", TargetOptions(log=lambda line: err.print(line, markup=False)))
-    prepared, review = make_plan(Request(resolved, spec, sys.argv), target)
+    prepared, review = make_plan(Request(resolved, spec, sys.argv, upload=not no_upload), target)
     out.print(review.text, markup=False)
     if markdown:
         markdown.write_text(review.markdown, encoding="utf-8")

@@ -60,9 +60,9 @@ class AwsTarget:
         run = prepared.run
         tf = stack.run_stack(run, self.options.log)
         images = self._images(prepared)
-        inputs = stack.write_inputs(run, tfvars.stack_tfvars(prepared, images), tf)
+        inputs = stack.write_inputs(run, tfvars.stack_tfvars(prepared, images), tf, prepared.upload)
         plan_file = run.dir / "tfplan"
-        tf.plan(inputs, plan_file)
+        tf.plan(inputs, plan_file, lock=prepared.upload)  # a read-only role cannot write a state lock
         summary = review.summarize(tf.show_json(plan_file), run.id, prepared.spec, amis.describe(images))
         markdown = summary.markdown()
         (run.dir / "plan.md").write_text(markdown, encoding="utf-8")

@@ -46,15 +46,16 @@ def var_file(run: Run) -> Path:
     return run.dir / "tfvars.json"
 
 
-def write_inputs(run: Run, variables: dict[str, Any], tf: Terraform) -> Path:
-    """The run's tfvars and provider lock, pinned in the run dir, the store and the manifest: a rerun
-    months later must apply what this run applied."""
+def write_inputs(run: Run, variables: dict[str, Any], tf: Terraform, upload: bool = True) -> Path:
+    """The run's tfvars and provider lock, pinned in the run dir, the store (unless not `upload`)
+    and the manifest: a rerun months later must apply what this run applied."""
     text = json.dumps(variables, indent=2, sort_keys=True) + "\n"
     path = var_file(run)
     path.write_text(text, encoding="utf-8")
     lock = tf.workdir / ".terraform.lock.hcl"
     shutil.copy2(lock, run.dir / "terraform.lock.hcl")
-    run.store().put_terraform_pins(lock, text)
+    if upload:
+        run.store().put_terraform_pins(lock, text)
     run.update_manifest(
         tfvars_sha256=hashlib.sha256(text.encode()).hexdigest(),
         terraform_lock_sha256=file_sha256(lock),
