@@ -1,0 +1,99 @@
+"""Bad input, timed: every case of tests/test_spec_errors.py through `dlinfra validate` in a fresh
+process, with its exit code, wall time, peak RSS and stderr size. Goals (issue 14): each one under
+2 s and 200 MB, stderr under 8 KB, exit 2. The alias bomb is the case to watch (it once hung and ate
+gigabytes).
+
+`--baseline DIR` also runs another checkout's source (a `git worktree` of an older commit) in the
+same run, case by case, so both columns see the same machine load."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
+
+from test_spec_errors import CASES, FILE_CASES  # noqa: E402
+
+GOAL_SECONDS, GOAL_MB, GOAL_STDERR = 2.0, 200.0, 8192
+
+
+def measure(args: list[str], source: Path | None, home: str) -> tuple[int, float, float, int]:
+    """(exit code, seconds, peak RSS in MB, stderr bytes) of one fresh `dlinfra` process."""
+    env = dict(os.environ, DLINFRA_HOME=home)
+    if source:
+        env["PYTHONPATH"] = str(source / "src")
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dlinfra", *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0, os.SEEK_END)
+        return proc.returncode, seconds, usage.ru_maxrss / 1024, err.tell()  # Linux: ru_maxrss in KB
+
+
+def cases(workdir: Path) -> list[tuple[str, list[str]]]:
+    out = []
+    for name, text, extra, _ in CASES:
+        args = ["validate", *extra]
+        if text is not None:
+            path = workdir / f"{name}.yaml"
+            path.write_text(text)
+            args.insert(1, str(path))
+        out.append((name, args))
+    for name, content, _ in FILE_CASES:
+        path = workdir / f"file-{name}.yaml"
+        if content is None:
+            path.mkdir()
+        else:
+            path.write_bytes(content)
+        out.append((f"file-{name}", ["validate", str(path)]))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, help="another checkout to run side by side")
+    baseline = parser.parse_args().baseline
+    sources: list[tuple[str, Path | None]] = [("this", None)] + ([("baseline", baseline)] if baseline else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        rows = []
+        for name, args in cases(workdir):
+            rows.append((name, [measure(args, source, str(workdir / "home")) for _, source in sources]))
+    header = f"{'case':34}" + "".join(f"{label:>30}" for label, _ in sources)
+    print(header)
+    print(f"{'':34}" + f"{'exit      s     MB  stderr B':>30}" * len(sources))
+    for name, results in rows:
+        print(
+            f"{name:34}"
+            + "".join(f"{code:>6} {sec:6.2f} {mb:6.0f} {err:9}" for code, sec, mb, err in results)
+        )
+    for column, (label, _) in enumerate(sources):
+        results = [r[column] for _, r in rows]
+        off = [
+            n for n, r in rows if r[column][0] != 2 or r[column][1] > GOAL_SECONDS or r[column][2] > GOAL_MB
+        ]
+        slowest = max(r[1] for r in results)
+        print(
+            f"{label}: {len(rows)} cases; slowest {slowest:.2f} s (goal {GOAL_SECONDS} s), "
+            f"peak {max(r[2] for r in results):.0f} MB (goal {GOAL_MB:.0f}), largest stderr "
+            f"{max(r[3] for r in results)} B (goal < {GOAL_STDERR}); off goal: {', '.join(off) or 'none'}"
+        )
+
+
+if __name__ == "__main__":
+    main()
