@@ -268,6 +268,11 @@ def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) 
     error = (marker.error or marker.reason) if marker else None
     if marker and marker.last_checkpoint:  # what a STOPPED run can be resumed or inspected from
         error = f"{error}; last checkpoint {store.checkpoint_uri(marker.last_checkpoint)}"
+    if error and "Network is unreachable" in error and run.manifest().network == "private":
+        error += (
+            ". Fix: this local run's nodes have no network beyond their cluster; if the training "
+            "code must fetch something, set cluster.local_network: host"
+        )
     outcome = Outcome(run, state, metrics, marker.node if marker else None, error)
     outcome.wall_seconds = ended - started
     if metrics and metrics.first_step_at:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -51,7 +52,7 @@ def connects(host: str, port: int) -> bool:
 @contextlib.contextmanager
 def _held_up_run(tmp_path: Path, network: str) -> Iterator[tuple[Path, dict[str, int]]]:
     """A detached run training for long, once every node says its TF port is open; destroyed after."""
-    env = {"DLINFRA_HOME": str(tmp_path / "home")}
+    env = dict(os.environ, DLINFRA_HOME=str(tmp_path / "home"))
     started = run_cli(
         "deploy", "--workers", "1", "--steps", "1000000", "--detach",
         "--set", f"cluster.local_network={network}", env=env, cwd=tmp_path,
@@ -113,3 +114,29 @@ def test_a_host_network_runs_ports_answer_on_every_address_of_this_machine(tmp_p
         for node, port in ports.items():
             unreached = [host for host in addresses if not connects(host, port)]
             assert unreached == [], f"{node}'s TF port {port} does not answer on {unreached}"
+
+
+FETCHING_PROGRAM = '''
+"""User code that fetches its data from the network when the program is built."""
+import socket
+
+
+def program(training):
+    socket.create_connection(("192.0.2.1", 443), timeout=10)  # TEST-NET-1: never a real host
+    raise AssertionError("unreachable: the connection above cannot succeed")
+'''
+
+
+def test_user_code_that_needs_the_network_in_a_private_run_is_told_how_to_get_it(tmp_path: Path) -> None:
+    (tmp_path / "fetching_program.py").write_text(FETCHING_PROGRAM)
+    spec = tmp_path / "experiment.yaml"
+    spec.write_text(
+        "name: fetches\nstrategy: multi_worker_mirrored\ncluster: {workers: {count: 1}}\n"
+        "training: {entrypoint: fetching_program.py:program, steps: 10}\n"
+    )
+    result = run_cli(
+        "deploy", str(spec), env=dict(os.environ, DLINFRA_HOME=str(tmp_path / "home")), cwd=tmp_path
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Network is unreachable" in result.stderr
+    assert "set cluster.local_network: host" in result.stderr

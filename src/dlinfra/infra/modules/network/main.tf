@@ -3,6 +3,7 @@ locals {
   nat        = local.create_vpc && var.egress == "nat"
   public_ip  = local.create_vpc && var.egress == "public_ip"
   igw        = local.nat || local.public_ip
+  closed     = local.create_vpc && var.egress == "none" # no security group rule to the internet
 
   vpc_id      = local.create_vpc ? aws_vpc.this[0].id : var.existing_network.vpc_id
   subnet_id   = local.create_vpc ? aws_subnet.cluster[0].id : var.existing_network.subnet_id
@@ -250,12 +251,42 @@ resource "aws_vpc_security_group_ingress_rule" "tf_grpc" {
   tags = merge(var.tags, { Name = "${var.name}-tf-grpc" })
 }
 
+# egress = none in a VPC of our own: no rule to the internet at all, only peers and the S3
+# endpoint. Otherwise nodes reach package mirrors and data sets on hosts no list can name.
 resource "aws_vpc_security_group_egress_rule" "all" {
-  #checkov:skip=CKV_AWS_382:Nodes install packages (apt, pip) and fetch user data sets from arbitrary hosts; inbound stays closed.
+  #checkov:skip=CKV_AWS_382:Only with egress nat or public_ip (or an existing network): nodes install packages (apt, pip) and fetch user data sets from arbitrary hosts; egress none has no such rule; inbound stays closed.
+  count = local.closed ? 0 : 1
+
   security_group_id = aws_security_group.cluster.id
   description       = "Package installs, S3 and peers"
   cidr_ipv4         = "0.0.0.0/0"
   ip_protocol       = "-1"
 
   tags = merge(var.tags, { Name = "${var.name}-egress" })
+}
+
+resource "aws_vpc_security_group_egress_rule" "peers" {
+  count = local.closed ? 1 : 0
+
+  security_group_id            = aws_security_group.cluster.id
+  description                  = "TensorFlow gRPC to cluster members"
+  referenced_security_group_id = aws_security_group.cluster.id
+  ip_protocol                  = "tcp"
+  from_port                    = var.tf_ports.from
+  to_port                      = var.tf_ports.to
+
+  tags = merge(var.tags, { Name = "${var.name}-egress-peers" })
+}
+
+resource "aws_vpc_security_group_egress_rule" "s3" {
+  count = local.closed ? 1 : 0
+
+  security_group_id = aws_security_group.cluster.id
+  description       = "HTTPS to S3 through the gateway endpoint"
+  prefix_list_id    = aws_vpc_endpoint.s3[0].prefix_list_id
+  ip_protocol       = "tcp"
+  from_port         = 443
+  to_port           = 443
+
+  tags = merge(var.tags, { Name = "${var.name}-egress-s3" })
 }

@@ -22,12 +22,14 @@ output "subnet_cidr" {
 }
 
 output "security_group_id" {
-  description = "ID of the cluster security group (TensorFlow gRPC between members, egress all, no SSH)."
+  description = "ID of the cluster security group (TensorFlow gRPC between members, egress as `egress` allows, no SSH)."
   value       = aws_security_group.cluster.id
 
   depends_on = [
     aws_vpc_security_group_ingress_rule.tf_grpc,
     aws_vpc_security_group_egress_rule.all,
+    aws_vpc_security_group_egress_rule.peers,
+    aws_vpc_security_group_egress_rule.s3,
   ]
 }
 

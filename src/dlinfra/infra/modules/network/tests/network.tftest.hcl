@@ -272,3 +272,33 @@ run "rejects_inverted_port_range" {
 
   expect_failures = [var.tf_ports]
 }
+
+run "egress_none_opens_nothing_to_the_internet" {
+  command = plan
+
+  variables {
+    egress = "none"
+  }
+
+  assert {
+    condition     = length(aws_vpc_security_group_egress_rule.all) == 0
+    error_message = "egress = none must have no rule to 0.0.0.0/0"
+  }
+  assert {
+    condition = (
+      length(aws_vpc_security_group_egress_rule.peers) == 1 &&
+      aws_vpc_security_group_egress_rule.s3[0].from_port == 443 &&
+      aws_vpc_security_group_egress_rule.s3[0].to_port == 443
+    )
+    error_message = "egress = none still reaches peers on the TF ports and S3 over HTTPS"
+  }
+}
+
+run "egress_nat_keeps_the_open_rule" {
+  command = plan
+
+  assert {
+    condition     = length(aws_vpc_security_group_egress_rule.all) == 1 && length(aws_vpc_security_group_egress_rule.peers) == 0
+    error_message = "egress = nat needs the open egress rule for package mirrors"
+  }
+}
