@@ -103,7 +103,7 @@ run "security_group_opens_only_tf_ports_to_itself" {
     error_message = "ingress must be TCP 2222-2223 with no CIDR source"
   }
   assert {
-    condition     = aws_vpc_security_group_egress_rule.all.ip_protocol == "-1" && aws_vpc_security_group_egress_rule.all.cidr_ipv4 == "0.0.0.0/0"
+    condition     = aws_vpc_security_group_egress_rule.all[0].ip_protocol == "-1" && aws_vpc_security_group_egress_rule.all[0].cidr_ipv4 == "0.0.0.0/0"
     error_message = "egress must be open so nodes can install packages"
   }
 }
