@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +77,18 @@ def test_local_plan_gives_each_role_distinct_loopback_ports(strategy, workers, p
     listed = [n.address for n in plan]
     assert len(set(listed)) == len(listed)
     assert all(n.host == "127.0.0.1" for n in plan)
+
+
+def test_free_ports_for_host_network_runs_lie_below_the_ephemeral_range_and_are_free() -> None:
+    """A port chosen in the ephemeral range can go to any outgoing connection before a node binds it."""
+    from dlinfra.render.addresses import free_ports
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = list(free_ports(40))
+    assert len(set(ports)) == 40 and all(p < low for p in ports)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
 
 
 def test_aws_plan_uses_fixed_private_ips_in_role_blocks() -> None:

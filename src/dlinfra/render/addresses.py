@@ -8,10 +8,12 @@ Terraform never replaces them).
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
 from dlinfra.errors import SpecError
 from dlinfra.spec import Spec
@@ -87,12 +89,33 @@ def private_ip_plan(spec: Spec) -> AddressPlan:
     return AddressPlan(tuple(nodes))
 
 
+# Ports below the kernel's ephemeral range: the kernel hands out ephemeral ports to every outgoing
+# connection on the machine, so a free one chosen there can be taken before the node binds it (a CI
+# run failed "Could not start gRPC server" that way). Explicit binds below it are rare.
+LISTEN_PORTS = (15000, 32768)
+
+
 def free_ports(count: int) -> Iterator[int]:
-    """`count` distinct free loopback ports (all held open while choosing, so none repeats)."""
+    """`count` distinct loopback ports free now, outside the ephemeral range (all held open while
+    choosing, so none repeats)."""
+    low, high = LISTEN_PORTS[0], min(LISTEN_PORTS[1], _ephemeral_low())
+    candidates = random.sample(range(low, high), min(high - low, count * 8)) if high - low > count else []
     with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        for port in [*candidates, *[0] * count]:  # port 0: the kernel's choice, the fallback
+            if len(ports) == count:
+                break
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
             ports.append(sock.getsockname()[1])
     return iter(ports)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return LISTEN_PORTS[1]
