@@ -103,10 +103,11 @@ class FileStore(Store):
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.root = Path(url[len("file://") :])
+        self._real_root = self.root.resolve()
 
     def _path(self, key: str) -> Path:
         path = self.root / checked_key(key)
-        if not path.resolve().is_relative_to(self.root.resolve()):  # a symlink inside pointing out
+        if not path.resolve().is_relative_to(self._real_root):  # a symlink inside pointing out
             raise StoreError(f"store key {key[:200]!r} resolves outside {self.root}. Fix: remove the link")
         return path
 

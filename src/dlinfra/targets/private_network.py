@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from dlinfra.spec import Spec
 
 # Inside a fresh namespace every port is free: ports are fixed, so no two clusters race for one.
-FIRST_PORT = 20000
+# Below the range host-network runs draw from (addresses.LISTEN_PORTS), so a port seen answering on
+# this machine is never mistaken for a private node's.
+FIRST_PORT = 12000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _ENTER = ("--preserve-credentials", "--user", "--net")
 NAMESPACES_OFF_FIX = (
