@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 from dlinfra.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
 from dlinfra.errors import DlinfraError, RunFailed
 from dlinfra.layout import RunStore
-from dlinfra.prepare import Prepared, prepare
+from dlinfra.node.config import NodeConfig, StoreConfig
+from dlinfra.prepare import Prepared, node_install, prepare
 from dlinfra.records import Marker, Metrics, NodeState
+from dlinfra.render import build_node_configs, render_cluster
 from dlinfra.run import Run, utc_now
 from dlinfra.spec import Spec
 from dlinfra.targets import target_for
@@ -62,6 +64,16 @@ class Outcome:
     seconds_to_first_step: float | None = None
 
 
+def preview(spec: Spec, target: Target) -> tuple[dict[str, NodeConfig], dict[str, str]]:
+    """Every node's config and user-data as a deploy would render them, for a run named RUN_ID
+    (`dlinfra render` and `validate`): nothing is created."""
+    store = StoreConfig.for_run(spec, f"{spec.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID")
+    typed = target.uses_instance_types
+    configs = build_node_configs(spec, "RUN_ID", store, target.addresses(spec), typed=typed)
+    install = node_install(spec, target.node_install(ship_wheel=False).requirement, None)
+    return configs, render_cluster(configs, install, target.user_data_limit)
+
+
 def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
     """Check, create the run and its user-data, and show what the target would create."""
     spec, origin = request.spec, request.origin
@@ -77,6 +89,7 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
         pins=origin.pins if origin else None,
         typed=target.uses_instance_types,
         upload=request.upload,
+        user_data_limit=target.user_data_limit,
     )
     return prepared, target.plan(prepared)
 

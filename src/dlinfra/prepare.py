@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.bundle import Bundle, file_sha256, pack_entrypoint
+from dlinfra.errors import SpecError
 from dlinfra.layout import RunStore, bundle_key
 from dlinfra.node.config import NodeConfig
 from dlinfra.records import WheelPin
@@ -74,30 +75,40 @@ def prepare(
     *,
     typed: bool,
     upload: bool = True,
+    user_data_limit: int | None = None,
 ) -> Prepared:
     """Create the run record, store the code bundle, render every node's user-data into the run dir.
     `code` (a rerun's pinned bundle) replaces packing the entrypoint's directory; `pins` are extra
     manifest fields (e.g. `rerun_of`); `typed`: the target runs nodes on their instance types.
     `upload=False` (a plan for review by a read-only role) writes the run dir alone: the user-data
-    names the wheel's store URI, but nothing goes to the store."""
+    names the wheel's store URI, but nothing goes to the store. A spec whose user-data would exceed
+    `user_data_limit` leaves nothing behind: it is rendered before anything is stored."""
     base = spec_path.absolute().parent if spec_path else Path.cwd()
     if code is None and spec.training.entrypoint:
         code = pack_entrypoint(spec.training.entrypoint, base)
-    dataset = dataset_pin(spec, base)
+    spec = absolute_dataset(spec, base)
+    dataset = dataset_pin(spec)
     run = Run.create(spec, spec_path, argv)
     store = run.store()
+    requirement, wheel_pin = install.requirement, None
+    if install.wheel is not None:  # cloud nodes install exactly this wheel, from the run's store
+        requirement = store.wheel_uri(install.wheel.name)
+        wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=requirement)
+    configs = build_node_configs(spec, run.id, run.manifest().store, plan, code, typed=typed)
+    try:
+        user_data = render_cluster(configs, node_install(spec, requirement, wheel_pin), user_data_limit)
+    except SpecError:
+        shutil.rmtree(run.dir)
+        raise
     (run.dir / "code").mkdir()
     if code is not None:
         if upload:
             store.put_bundle(code.sha256, code.data)
         (run.dir / bundle_key(code.sha256)).write_bytes(code.data)
-    requirement, wheel_pin = install.requirement, None
-    if install.wheel is not None:  # cloud nodes install exactly this wheel, from the run's store
-        requirement = store.put_wheel(install.wheel) if upload else store.wheel_uri(install.wheel.name)
+    if install.wheel is not None:
+        if upload:
+            store.put_wheel(install.wheel)
         shutil.copy2(install.wheel, run.dir / "code" / install.wheel.name)
-        wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=requirement)
-    configs = build_node_configs(spec, run.id, run.manifest().store, plan, code, typed=typed)
-    user_data = render_cluster(configs, node_install(spec, requirement, wheel_pin))
     out = run.dir / "user-data"
     out.mkdir()
     for name, text in user_data.items():
@@ -125,7 +136,26 @@ def node_install(spec: Spec, requirement: str | None, wheel: WheelPin | None) ->
     return Install(requirement, sha256, spec.aws.pip_index_url, spec.aws.pip_extra_ca)
 
 
-def dataset_pin(spec: Spec, base: Path) -> dict[str, Any]:
+def absolute_dataset(spec: Spec, base: Path) -> Spec:
+    """The spec with a relative file:// dataset made absolute against `base` (the experiment file's
+    directory), so the pin hashes the very file the nodes read, whatever their working directory."""
+    uri = spec.training.dataset.uri
+    if not uri or not uri.startswith("file://") or Path(uri[len("file://") :]).is_absolute():
+        return spec
+    local = (base / uri[len("file://") :]).resolve()
+    if not local.is_file():
+        raise SpecError(
+            [
+                f"training.dataset.uri: {uri} is relative to the experiment file's directory ({base}), "
+                f"and {local} is not a file. Fix: point it at the data file, relative to {base} or "
+                "absolute (file:///path/to/data)"
+            ]
+        )
+    dataset = spec.training.dataset.model_copy(update={"uri": f"file://{local}"})
+    return spec.model_copy(update={"training": spec.training.model_copy(update={"dataset": dataset})})
+
+
+def dataset_pin(spec: Spec) -> dict[str, Any]:
     """What identifies the training data: built-in sets by their package version, a URI by sha256
     (computed here for a local file the spec did not pin; None when nothing can pin it)."""
     ds = spec.training.dataset
@@ -136,7 +166,6 @@ def dataset_pin(spec: Spec, base: Path) -> dict[str, Any]:
         pin["source"] = f"generated from training.seed {spec.training.seed}"
     elif ds.sha256 is None and ds.uri and ds.uri.startswith("file://"):
         local = Path(ds.uri[len("file://") :])
-        local = local if local.is_absolute() else base / local
         if local.is_file():
             pin["sha256"] = file_sha256(local)
     pin["pinned"] = ds.format != "cifar10" or pin["sha256"] is not None

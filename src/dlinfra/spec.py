@@ -7,22 +7,20 @@ commented example `dlinfra init` writes is kept equal to them by a test, and a s
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     field_validator,
     model_validator,
 )
 
-from dlinfra.grammar import BUCKET_RE, NAME_RE, REGION_RE, S3_URL_RE, http_url
-from dlinfra.spec_input import shown
+from dlinfra.grammar import NAME_RE, S3_URL_RE, http_url
+from dlinfra.spec_aws import AwsSpec
+from dlinfra.spec_input import StrictModel, shown
 
 STORE_SCHEMES = ("file://", "s3://")
 DATA_SCHEMES = ("file://", "s3://", "https://", "http://")
@@ -31,16 +29,6 @@ PositiveInt = Annotated[int, Field(ge=1)]
 HOUR = 3600
 DAY = 24 * HOUR
 MAX_COUNT = 10**9  # steps and step intervals: far past any run, well inside every integer type
-
-
-class StrictModel(BaseModel):
-    """User input: unknown keys are typos, and a resolved spec never changes."""
-
-    # allow_inf_nan: `.inf` for a timeout would switch the check off, and render cannot print it
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-# ---------------------------------------------------------------- cluster
 
 
 class ChiefSpec(StrictModel):
@@ -61,8 +49,13 @@ def _gpu_count(value: Any) -> Any:
 GpuCount = Annotated[int | Literal["auto"], BeforeValidator(_gpu_count)]
 
 
+# The worker block of the largest subnet a VPC can have (/16): hosts .128 up to the broadcast address.
+# The subnet actually chosen is the real limit, checked with the address plan (its fix names a size).
+MAX_WORKERS = 2**16 - 128 - 1
+
+
 class WorkersSpec(StrictModel):
-    count: int = Field(2, ge=1, le=1000, description="Number of worker nodes.")
+    count: int = Field(2, ge=1, le=MAX_WORKERS, description="Number of worker nodes.")
     instance_type: str = Field("g4dn.xlarge", min_length=1, description="EC2 type of each worker (aws).")
     gpus: GpuCount = Field(
         "auto",
@@ -269,81 +262,6 @@ class StorageSpec(StrictModel):
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
         return http_url(v)
-
-
-class AwsSpec(StrictModel):
-    region: str = Field("us-east-1", pattern=REGION_RE)
-    endpoint_url: str | None = Field(
-        None, description="Emulator endpoint for every AWS service (moto, LocalStack)."
-    )
-    ami: str | None = Field(
-        None, pattern=r"^ami-[0-9a-f]{8,17}$", description="AMI id; default: the Deep Learning AMI."
-    )
-    vpc_cidr: str = "10.42.0.0/16"
-    subnet_cidr: str = "10.42.1.0/24"
-    egress: Literal["nat", "public_ip", "none"] = Field("nat", description="How nodes reach package mirrors.")
-    state_bucket: str | None = Field(
-        None,
-        pattern=f"^{BUCKET_RE}$",
-        description="S3 bucket for Terraform state (default: local in the run dir).",
-    )
-    root_volume_gb: int = Field(100, ge=8, le=16384)
-    ssm_access: bool = Field(
-        False,
-        description="Session Manager shells on nodes (its channels only, not the account's SSM parameters); "
-        "there is never SSH.",
-    )
-    tags: dict[str, str] = Field(default_factory=dict)
-    heal_timeout: float = Field(
-        300, gt=0, le=3600, description="Seconds one replacement of a vanished instance may take (3 tries)."
-    )
-    image: Literal["auto", "baked", "base"] = Field(
-        "auto",
-        description="auto: the AMI `dlinfra image build --target aws` baked for this dlinfra, else the base "
-        "AMI with an install at boot; baked: that AMI or an error; base: always install at boot.",
-    )
-    pip_index_url: str | None = Field(
-        None, description="Package index nodes install from (a private mirror); default: PyPI."
-    )
-    pip_extra_ca: str | None = Field(
-        None, description="PEM certificate nodes trust besides the system's (a mirror's or a proxy's CA)."
-    )
-
-    @field_validator("pip_extra_ca")
-    @classmethod
-    def _pem(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if "PRIVATE KEY" in v:
-            raise ValueError("holds a private key: give only the CA's certificate (it lands in user-data)")
-        if not re.search(r"-----BEGIN CERTIFICATE-----\n[\s\S]+?\n-----END CERTIFICATE-----", v):
-            raise ValueError(
-                "must be PEM text with its line breaks: -----BEGIN CERTIFICATE-----, base64 lines, "
-                "-----END CERTIFICATE----- (in YAML, a block scalar: `pip_extra_ca: |`)"
-            )
-        return v.strip() + "\n"
-
-    @field_validator("endpoint_url", "pip_index_url")
-    @classmethod
-    def _endpoint(cls, v: str | None) -> str | None:
-        return http_url(v)
-
-    @field_validator("vpc_cidr", "subnet_cidr")
-    @classmethod
-    def _cidr(cls, v: str) -> str:
-        try:
-            net = ipaddress.IPv4Network(v, strict=True)
-        except ValueError as exc:
-            raise ValueError(f"must be an IPv4 CIDR like 10.42.1.0/24 ({exc})") from None
-        if not net.is_private:
-            raise ValueError(f"must be a private range (10/8, 172.16/12, 192.168/16), got {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _subnet_in_vpc(self) -> AwsSpec:
-        if not ipaddress.IPv4Network(self.subnet_cidr).subnet_of(ipaddress.IPv4Network(self.vpc_cidr)):
-            raise ValueError(f"subnet_cidr {self.subnet_cidr} must lie inside vpc_cidr {self.vpc_cidr}")
-        return self
 
 
 # ---------------------------------------------------------------- the spec

@@ -18,11 +18,12 @@ def describe(
     root: type[BaseModel],
 ) -> str:
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    msg = error["msg"].removeprefix("Value error, ")
+    # a validator that knows the fix says it after ". Fix: "
+    msg, _, fix = error["msg"].removeprefix("Value error, ").partition(". Fix: ")
     got = error.get("input")
     quiet = error["type"] in ("missing", "extra_forbidden", "value_error") or isinstance(got, dict | list)
     echoed = "" if quiet else f" (got {shown(got)})"
-    return located(source, lines, flag_of, loc, msg + echoed, _fix(error, loc, root))
+    return located(source, lines, flag_of, loc, msg + echoed, fix or _fix(error, loc, root))
 
 
 def located(

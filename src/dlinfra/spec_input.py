@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict
 
 from dlinfra.errors import SpecError
 
@@ -193,3 +194,13 @@ class _Walk:
                 f"{where}: {dotted}: a number of {len(node.value)} digits. "
                 "Fix: use a value in the allowed range"
             )
+
+
+class StrictModel(BaseModel):
+    """User input: unknown keys are typos, and a resolved spec never changes."""
+
+    # allow_inf_nan: `.inf` for a timeout would switch the check off, and render cannot print it
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# ---------------------------------------------------------------- cluster

@@ -107,12 +107,14 @@ def init(
 @with_overrides(*ALL_OVERRIDES)
 def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     """Check an experiment file (and overrides) without running anything."""
+    from dlinfra.deploy import preview
     from dlinfra.hardware import cluster_hardware
     from dlinfra.targets import target_for
 
     resolved = _load(spec, overrides)
     target = target_for(resolved.target)
     plan = target.addresses(resolved)
+    preview(resolved, target)  # what only rendering shows: user-data over the target's limit
     out.print(
         f"{spec or '<built-in default>'}: valid · {resolved.target} · {resolved.strategy} · "
         f"{len(plan.nodes)} nodes ({', '.join(f'{k} {len(v)}' for k, v in plan.cluster().items())})",
@@ -141,20 +143,13 @@ def render(
     overrides: Overrides,
 ) -> None:
     """Render every node's cloud-init user-data and node.json, without running anything."""
-    from dlinfra.node.config import StoreConfig
-    from dlinfra.prepare import node_install
-    from dlinfra.render import build_node_configs, render_cluster
+    from dlinfra.deploy import preview
     from dlinfra.targets import target_for
 
     resolved = _load(spec, overrides)
-    target = target_for(resolved.target)
-    store = StoreConfig.for_run(resolved, f"{resolved.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID")
-    configs = build_node_configs(
-        resolved, "RUN_ID", store, target.addresses(resolved), typed=target.uses_instance_types
-    )
+    configs, user_data = preview(resolved, target_for(resolved.target))
     out_dir.mkdir(parents=True, exist_ok=True)
-    install = node_install(resolved, target.node_install(ship_wheel=False).requirement, None)
-    for name, text in render_cluster(configs, install).items():
+    for name, text in user_data.items():
         (out_dir / f"{name}.user-data.yaml").write_text(text, encoding="utf-8")
         (out_dir / f"{name}.json").write_text(
             configs[name].model_dump_json(indent=2) + "\n", encoding="utf-8"

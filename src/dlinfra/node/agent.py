@@ -42,7 +42,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     work.mkdir(parents=True, exist_ok=True)
     store = RunStore.open(cfg.store)
     status = NodeStatus(store, cfg.name, cfg.role, cfg.index, work)
-    os.environ["TF_CONFIG"] = json.dumps(tf_config(cfg.cluster, cfg.role, cfg.index))
+    os.environ["TF_CONFIG"] = json.dumps(tf_config(cfg.peers, cfg.role, cfg.index))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     visible = devices.limit_visible_gpus(cfg)  # before TensorFlow loads
     life = f"life {status.restarts + 1}" if status.restarts else "first life"
@@ -96,7 +96,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int) -
     import tensorflow as tf
 
     tf.distribute.Server(
-        tf.train.ClusterSpec(cfg.cluster),
+        tf.train.ClusterSpec(cfg.peers),
         job_name=cfg.role,
         task_index=cfg.index,
         protocol="grpc",
@@ -105,7 +105,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int) -
         start=True,
     )
     status.update(state="serving")
-    print(f"serving {cfg.role} {cfg.index} at {cfg.cluster[cfg.role][cfg.index]}", flush=True)
+    print(f"serving {cfg.role} {cfg.index} at {cfg.address}", flush=True)
     while (marker := store.marker()) is None:
         time.sleep(POLL_SECONDS)
     status.stop(state=marker.marker.lower())
@@ -121,8 +121,8 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
 
     t = cfg.training
     status.update(state="waiting for peers", total_steps=t.steps)
-    me = cfg.cluster[cfg.role][cfg.index]
-    peers = [addr for addrs in cfg.cluster.values() for addr in addrs if addr != me]
+    me = cfg.address
+    peers = [addr for addrs in cfg.peers.values() for addr in addrs if addr != me]
     if cfg.strategy == "parameter_server":
         wait_for_peers(peers, cfg.startup_timeout)
         strategy = None
@@ -163,7 +163,7 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
         total_steps=t.steps,
         strategy=cfg.strategy,
         workers=cfg.num_workers,
-        ps=len(cfg.cluster.get("ps", [])),
+        ps=len(cfg.peers.get("ps", [])),
         batch_size=t.batch_size,
         replicas=outcome.scale.replicas,
         global_batch=outcome.scale.global_batch,

@@ -3,11 +3,12 @@ its exit code tells its supervisor. The renderer writes it, the agent and the tr
 
 from __future__ import annotations
 
+import ipaddress
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from dlinfra import __version__
 from dlinfra.spec import Spec, TrainingSpec
@@ -43,6 +44,38 @@ class StoreConfig(BaseModel):
         )
 
 
+# The order TF_CONFIG lists a cluster's jobs in (and the address plan numbers them in).
+ROLE_ORDER = ("chief", "worker", "ps")
+
+
+class SubnetLayout(BaseModel):
+    """A cluster of fixed private IPs, told by its rule instead of its list: each role's nodes take
+    consecutive host numbers from its block's first (`offsets`), all on one port. A node expands it
+    itself (`addresses`), so its user-data stays the same size at 3 workers and at 3000."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    subnet: str
+    port: int = Field(ge=1, le=65535)
+    offsets: dict[str, int]
+    counts: dict[str, int]
+
+    def hosts(self) -> list[tuple[str, int, str]]:
+        """(role, index, private IP) of every node, roles in TF_CONFIG order."""
+        base = ipaddress.IPv4Network(self.subnet).network_address
+        return [
+            (role, i, str(base + self.offsets[role] + i))
+            for role in ROLE_ORDER
+            for i in range(self.counts.get(role, 0))
+        ]
+
+    def addresses(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for role, _, host in self.hosts():
+            out.setdefault(role, []).append(f"{host}:{self.port}")
+        return out
+
+
 class NodeConfig(BaseModel):
     """Written to /etc/dlinfra/node.json by cloud-init; read by `dlinfra node run`."""
 
@@ -53,7 +86,8 @@ class NodeConfig(BaseModel):
     role: Literal["chief", "worker", "ps"]
     index: int
     strategy: Literal["parameter_server", "multi_worker_mirrored"]
-    cluster: dict[str, list[str]]
+    # Every node's address: the rule on AWS (fixed IPs), the list where ports are drawn (local).
+    cluster: SubnetLayout | dict[str, list[str]]
     store: StoreConfig
     training: TrainingSpec
     entrypoint: str | None = None  # 'file.py:function' inside the code bundle
@@ -82,12 +116,19 @@ class NodeConfig(BaseModel):
         return Path(tempfile.gettempdir()) / "dlinfra" / self.run_id / self.name
 
     @property
+    def peers(self) -> dict[str, list[str]]:
+        """The TF cluster map: job name → addresses ordered by task index."""
+        return self.cluster.addresses() if isinstance(self.cluster, SubnetLayout) else self.cluster
+
+    @property
     def address(self) -> str:
         """host:port this node serves TensorFlow on."""
-        return self.cluster[self.role][self.index]
+        return self.peers[self.role][self.index]
 
     @property
     def num_workers(self) -> int:
+        if isinstance(self.cluster, SubnetLayout):
+            return self.cluster.counts.get("worker", 0)
         return len(self.cluster.get("worker", []))
 
 

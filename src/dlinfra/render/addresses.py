@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlinfra.errors import SpecError
-from dlinfra.spec import Spec
+from dlinfra.node.config import ROLE_ORDER, SubnetLayout
+from dlinfra.spec import MAX_WORKERS, Spec
 
 # Host numbers inside the subnet for each role's block (AWS reserves .0-.3 and the last address).
 HOST_OFFSET = {"chief": 10, "ps": 16, "worker": 128}
-ROLE_ORDER = ("chief", "worker", "ps")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class Node:
 @dataclass(frozen=True)
 class AddressPlan:
     nodes: tuple[Node, ...]
+    layout: SubnetLayout | None = None  # the rule the nodes follow, when there is one
+
+    def description(self) -> SubnetLayout | dict[str, list[str]]:
+        """What each node is told of the cluster: the rule if there is one, else the list."""
+        return self.layout or self.cluster()
 
     def cluster(self) -> dict[str, list[str]]:
         """The TF cluster map: job name → addresses ordered by task index."""
@@ -71,7 +76,6 @@ def private_ip_plan(spec: Spec) -> AddressPlan:
     subnet = ipaddress.IPv4Network(spec.aws.subnet_cidr)
     need = {role: shape.count for role, shape in spec.roles().items()}
     limits = {"chief": HOST_OFFSET["ps"], "ps": HOST_OFFSET["worker"], "worker": subnet.num_addresses - 1}
-    nodes = []
     for role in ROLE_ORDER:
         count = need.get(role, 0)
         if HOST_OFFSET[role] + count > limits[role]:
@@ -79,14 +83,20 @@ def private_ip_plan(spec: Spec) -> AddressPlan:
             raise SpecError(
                 [
                     f"aws.subnet_cidr: {subnet} has room for {room} {role} nodes, the spec asks for "
-                    f"{count}. Fix: use a larger subnet (a /22 holds 890 workers)"
+                    f"{count}. Fix: {_larger_subnet(count)}"
                 ]
             )
-        nodes += [
-            Node(role, i, str(subnet.network_address + HOST_OFFSET[role] + i), spec.cluster.port)
-            for i in range(count)
-        ]
-    return AddressPlan(tuple(nodes))
+    layout = SubnetLayout(subnet=str(subnet), port=spec.cluster.port, offsets=HOST_OFFSET, counts=need)
+    nodes = tuple(Node(role, i, host, layout.port) for role, i, host in layout.hosts())
+    return AddressPlan(nodes, layout)
+
+
+def _larger_subnet(workers: int) -> str:
+    """The fix for a worker block too small: the smallest subnet size whose block holds them."""
+    for prefix in range(28, 15, -1):
+        if (room := 2 ** (32 - prefix) - 1 - HOST_OFFSET["worker"]) >= workers:
+            return f"use a /{prefix} or larger aws.subnet_cidr (a /{prefix} holds {room} workers)"
+    return f"use fewer workers: a /16, the largest subnet AWS allows, holds {MAX_WORKERS}"
 
 
 # Ports below the kernel's ephemeral range: the kernel hands out ephemeral ports to every outgoing

@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from dlinfra.errors import SpecError
 from dlinfra.images import IMAGE_JSON_PATH, VENV, flavor_for, pip_options
 from dlinfra.node.config import FINAL_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 
@@ -95,8 +96,39 @@ def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
     )
 
 
-def render_cluster(configs: dict[str, NodeConfig], install: Install | None = None) -> dict[str, str]:
-    return {name: render_user_data(cfg, install) for name, cfg in configs.items()}
+def render_cluster(
+    configs: dict[str, NodeConfig], install: Install | None = None, limit: int | None = None
+) -> dict[str, str]:
+    """`limit`: the most bytes of user-data the target's machines accept (EC2: 16 KB); a node over
+    it is a spec error now, not a failed apply later."""
+    rendered = {name: render_user_data(cfg, install) for name, cfg in configs.items()}
+    if limit is not None:
+        sizes = {name: len(text.encode()) for name, text in rendered.items()}
+        if (biggest := max(sizes, key=sizes.__getitem__, default=None)) and sizes[biggest] > limit:
+            raise SpecError([_oversized(biggest, sizes[biggest], limit, configs[biggest], install)])
+    return rendered
+
+
+# What each spec field that can swell a user-data should become instead.
+SHRINK = {
+    "training": "define a long model in code (training.entrypoint) instead of training.model",
+    "aws.pip_extra_ca": "give only the CA certificate the mirror needs (one is about 2 KB)",
+    "aws.pip_index_url": "use a shorter index URL",
+}
+
+
+def _oversized(name: str, size: int, limit: int, config: NodeConfig, install: Install | None) -> str:
+    """Name the spec field that weighs most in a user-data over the limit."""
+    parts = {
+        "training": len(config.training.model_dump_json()),
+        "aws.pip_extra_ca": len(install.extra_ca or "") if install else 0,
+        "aws.pip_index_url": len(install.index_url or "") if install else 0,
+    }
+    field = max(parts, key=parts.__getitem__)
+    return (
+        f"{field}: the user-data of node {name} is {size:,} bytes and the target accepts at most "
+        f"{limit:,} (EC2's user-data limit); {field} takes {parts[field]:,} of them. Fix: {SHRINK[field]}"
+    )
 
 
 def node_config_from_user_data(user_data: str) -> NodeConfig:

@@ -23,7 +23,7 @@ def build_node_configs(
     typed: bool,
 ) -> dict[str, NodeConfig]:
     """`typed`: the target runs each node on its instance type (see hardware)."""
-    cluster = plan.cluster()
+    cluster = plan.description()
     # Heartbeats come several times per timeout so one slow write is never read as a lost node.
     heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
     hardware = cluster_hardware(spec, typed)

@@ -61,6 +61,7 @@ class Target(Protocol):
     # tears them down after the run unless asked to keep them.
     leaves_resources: ClassVar[bool]
     uses_instance_types: ClassVar[bool]  # the spec's instance types (and their prices) apply
+    user_data_limit: ClassVar[int | None]  # bytes of user-data its machines accept (None: no limit)
     options: TargetOptions
 
     def addresses(self, spec: Spec) -> AddressPlan:

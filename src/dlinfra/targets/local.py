@@ -34,6 +34,7 @@ class LocalTarget:
 
     name: ClassVar[str] = "local"
     uses_instance_types: ClassVar[bool] = False
+    user_data_limit: ClassVar[int | None] = None
     leaves_resources: ClassVar[bool] = False
 
     def __init__(self, options: TargetOptions):
@@ -227,14 +228,14 @@ class LocalCluster:
 
     def _to_loopback(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
         """Same private IP, same loopback port: a replaced instance rejoins at its old address."""
-        addresses = sorted({a for cfg in configs.values() for addrs in cfg.cluster.values() for a in addrs})
+        addresses = sorted({a for cfg in configs.values() for addrs in cfg.peers.values() for a in addrs})
         new = [a for a in addresses if a not in self._loopback]
         ports = free_ports(len(new))
         self._loopback.update({addr: f"127.0.0.1:{next(ports)}" for addr in new})
         return {
             name: cfg.model_copy(
                 update={
-                    "cluster": {job: [self._loopback[a] for a in addrs] for job, addrs in cfg.cluster.items()}
+                    "cluster": {job: [self._loopback[a] for a in addrs] for job, addrs in cfg.peers.items()}
                 }
             )
             for name, cfg in configs.items()

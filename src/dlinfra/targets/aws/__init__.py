@@ -38,6 +38,7 @@ def install_requirement() -> str:
 class AwsTarget:
     name: ClassVar[str] = "aws"
     uses_instance_types: ClassVar[bool] = True
+    user_data_limit: ClassVar[int | None] = 16384  # EC2's cap on raw (not base64) user-data
     leaves_resources: ClassVar[bool] = True
 
     def __init__(self, options: TargetOptions):

@@ -104,11 +104,7 @@ def image_tfvars(spec: Spec, recipe: Recipe, user_data: str, *, create_ami: bool
         # Nodes launched from the AMI need at least the root volume it was baked on.
         "root_volume_gb": spec.aws.root_volume_gb,
         "ssm_access": spec.aws.ssm_access,
-        "network": {
-            "vpc_cidr": spec.aws.vpc_cidr,
-            "subnet_cidr": spec.aws.subnet_cidr,
-            "egress": spec.aws.egress,
-        },
+        "network": spec.aws.network(),
         "bucket": bucket,
         "prefix": prefix,
         "tags": dict(spec.aws.tags),

@@ -40,11 +40,7 @@ def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None =
         "region": spec.aws.region,
         "endpoint_url": spec.aws.endpoint_url,
         "ami_id": spec.aws.ami,
-        "network": {
-            "vpc_cidr": spec.aws.vpc_cidr,
-            "subnet_cidr": spec.aws.subnet_cidr,
-            "egress": spec.aws.egress,
-        },
+        "network": spec.aws.network(),
         "tf_ports": {"from": spec.cluster.port, "to": spec.cluster.port},
         "bucket": bucket,
         "prefix": prefix,
