@@ -192,6 +192,7 @@ class Manifest(Record):
     wheel: WheelPin | None = None
     install: str | None = None
     images: dict[str, ImagePin] = Field(default_factory=dict)  # role → the image it booted
+    ami_id: str | None = None  # aws: the base AMI the plan resolved (aws.ami or the SSM parameter)
     dataset: dict[str, Any] | None = None
     seeds: dict[str, Any] | None = None
     rerun_of: str | None = None

@@ -117,6 +117,7 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         "tensorboard_command": f"tensorboard --logdir {tensorboard.removeprefix('file://')}"
         if tensorboard.startswith("file://")
         else f"aws s3 sync {tensorboard} tb/ && tensorboard --logdir tb/",
+        **({"ami": manifest.ami_id} if manifest.ami_id else {}),
         "metrics": shown,
         "manifest": manifest.model_dump(mode="json"),
     }

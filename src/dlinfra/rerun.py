@@ -58,6 +58,9 @@ def load_origin(run_id: str, overrides: Overrides, allow_unpinned: bool) -> Orig
             + ["Or accept the difference: dlinfra rerun RUN --allow-unpinned"]
         )
     spec = load_spec(run.dir / "spec.lock.yaml", overrides, check=hardware_problems)
+    if manifest.ami_id and spec.target == "aws" and spec.aws.ami is None:
+        # the base AMI the original resolved from the SSM parameter, which has moved on since
+        spec = spec.model_copy(update={"aws": spec.aws.model_copy(update={"ami": manifest.ami_id})})
     code = None
     if pin := manifest.bundle:
         code = Bundle(run.store().bundle(pin.sha256), pin.entrypoint)

@@ -64,13 +64,15 @@ class AwsTarget:
         inputs = stack.write_inputs(run, tfvars.stack_tfvars(prepared, images), tf, prepared.upload)
         plan_file = run.dir / "tfplan"
         tf.plan(inputs, plan_file, lock=prepared.upload)  # a read-only role cannot write a state lock
-        summary = review.summarize(tf.show_json(plan_file), run.id, prepared.spec, amis.describe(images))
+        plan_json = tf.show_json(plan_file)
+        base_ami = tfvars.planned_ami(plan_json)
+        summary = review.summarize(plan_json, run.id, prepared.spec, amis.describe(images, base_ami))
         markdown = summary.markdown()
         (run.dir / "plan.md").write_text(markdown, encoding="utf-8")
         counts = PlanCounts(
             add=summary.add, change=summary.change, destroy=summary.destroy, usd_per_hour=summary.cost.known
         )
-        run.update_manifest(status="PLANNED", plan=counts)
+        run.update_manifest(status="PLANNED", plan=counts, ami_id=base_ami)
         return Review(summary.text(), markdown, needs_approval=True, plan_file=plan_file)
 
     def _images(self, prepared: Prepared) -> dict[str, ImagePin | None]:
@@ -80,6 +82,7 @@ class AwsTarget:
             return {}
         pinned = manifest.images if manifest.rerun_of else {}
         ec2 = preflight.client(prepared.spec, "ec2")
+        amis.check_exists(prepared.spec, ec2, manifest.rerun_of)
         chosen = amis.choose(prepared.spec, amis.role_flavors(prepared.configs), ec2, pinned)
         prepared.run.update_manifest(images={role: pin for role, pin in chosen.items() if pin})
         return chosen

@@ -54,11 +54,43 @@ def choose(
     return chosen
 
 
-def describe(chosen: dict[str, ImagePin | None]) -> str:
+def check_exists(spec: Spec, ec2: Any, rerun_of: str | None) -> None:
+    """aws.ami must name an AMI of the region: a deregistered one fails here, not mid-apply. A rerun
+    pins the AMI its original booted, so for a rerun this is the check that the image is still there."""
+    if spec.aws.ami is None:
+        return
+    from botocore.exceptions import ClientError  # the aws extra: present wherever ec2 is
+
+    try:
+        found = ec2.describe_images(ImageIds=[spec.aws.ami])["Images"]
+    except ClientError as exc:
+        if not exc.response.get("Error", {}).get("Code", "").startswith("InvalidAMIID"):
+            raise
+        found = []
+    if found:
+        return
+    if rerun_of:
+        raise SpecError(
+            [
+                f"aws.ami: {spec.aws.ami}, the AMI run {rerun_of} booted (a rerun pins it), no longer exists "
+                f"in {spec.aws.region}. Fix: rerun on another image with --set aws.ami=AMI_ID (the run then "
+                "differs from the original), or deploy the experiment anew"
+            ]
+        )
+    raise SpecError(
+        [
+            f"aws.ami: {spec.aws.ami} does not exist in {spec.aws.region} (deregistered, or another "
+            "region's). Fix: an AMI id of this region, or leave aws.ami out for the Deep Learning AMI"
+        ]
+    )
+
+
+def describe(chosen: dict[str, ImagePin | None], base_ami: str | None = None) -> str:
+    base = f"base AMI {base_ami}" if base_ami else "base AMI"
     parts = []
     for role, pin in chosen.items():
         if pin is None:
-            parts.append(f"{role}: base AMI, installs dlinfra and TensorFlow at boot")
+            parts.append(f"{role}: {base}, installs dlinfra and TensorFlow at boot")
         else:
             parts.append(f"{role}: {pin.id} (baked, dlinfra {pin.dlinfra_version}, recipe {pin.digest[:12]})")
     return "Images: " + "; ".join(parts) + "."

@@ -88,6 +88,14 @@ def bucket_tfvars(bucket: str, region: str, endpoint_url: str | None) -> dict[st
     }
 
 
+def planned_ami(plan_json: dict[str, Any]) -> str | None:
+    """The base AMI a plan resolved (the stack's `ami_id` output: aws.ami, or the SSM parameter's
+    value read while planning); None when the plan could not know it."""
+    output = plan_json.get("planned_values", {}).get("outputs", {}).get("ami_id", {})
+    value = output.get("value")
+    return value if isinstance(value, str) else None
+
+
 def instances(outputs: dict[str, Any]) -> dict[str, dict[str, str]]:
     """node → {"id", "private_ip"}, from the run stack's outputs."""
     return {name: {"id": i["id"], "private_ip": i["private_ip"]} for name, i in outputs["instances"].items()}
