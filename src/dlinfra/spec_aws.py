@@ -69,6 +69,13 @@ class AwsSpec(StrictModel):
     ami: str | None = Field(
         None, pattern=r"^ami-[0-9a-f]{8,17}$", description="AMI id; default: the Deep Learning AMI."
     )
+    ami_ssm_parameter: str | None = Field(
+        None,
+        pattern=r"^/[A-Za-z0-9_.\-/]+$",
+        description="SSM parameter naming the base AMI when aws.ami is not set (another AMI family, "
+        "an ARM one); default: the Deep Learning Base OSS Nvidia Driver GPU AMI's. A run records the "
+        "AMI it resolved, and its reruns boot that one.",
+    )
     vpc_cidr: str = "10.42.0.0/16"
     subnet_cidr: str = Field("10.42.1.0/24", description="The cluster's subnet, inside vpc_cidr.")
     public_subnet_cidr: str | None = Field(

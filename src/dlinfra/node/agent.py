@@ -117,6 +117,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int) -
 
 def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> int:
     from dlinfra.training import loop
+    from dlinfra.training.data import S3Access
     from dlinfra.training.program import builtin_program, load_entrypoint
 
     t = cfg.training
@@ -132,7 +133,7 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
     if cfg.entrypoint and cfg.bundle:
         program = load_entrypoint(bundle.materialize(store, cfg.bundle, cfg.entrypoint, work), t)
     else:
-        program = builtin_program(t, work / "data")
+        program = builtin_program(t, work / "data", S3Access(cfg.store.endpoint_url, cfg.store.region))
     checkpoints = CheckpointSync(store, work)
     progress = Progress(cfg, store, status, work)
     restore_from = checkpoints.download_latest()

@@ -9,6 +9,7 @@ import tarfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,12 +35,20 @@ class ArrayData:
         return int(max(self.y_train.max(), self.y_test.max())) + 1
 
 
-def load(spec: DatasetSpec, cache_dir: Path) -> ArrayData:
+class S3Access(NamedTuple):
+    """Where an s3:// data set is read: the run store's endpoint and region (an emulator's, or a
+    region's), so data and results are reached the same way."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+
+
+def load(spec: DatasetSpec, cache_dir: Path, s3: S3Access = S3Access()) -> ArrayData:
     if spec.format == "digits":
         return _digits(spec.test_fraction)
     if spec.format == "cifar10":
         assert spec.uri is not None
-        return _cifar10(fetch(spec.uri, cache_dir, spec.sha256))
+        return _cifar10(fetch(spec.uri, cache_dir, spec.sha256, s3))
     return _synthetic(spec)
 
 
@@ -92,7 +101,7 @@ def _cifar10(tarball: Path) -> ArrayData:
     return ArrayData(x_train, y_train, x_test, y_test)
 
 
-def fetch(uri: str, cache_dir: Path, sha256: str | None = None) -> Path:
+def fetch(uri: str, cache_dir: Path, sha256: str | None = None, s3: S3Access = S3Access()) -> Path:
     """Bring a data file to local disk (file://, s3://, http(s)://), checking its checksum if pinned."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     dest = cache_dir / hashlib.sha256(uri.encode()).hexdigest()[:16] / Path(uri).name
@@ -105,7 +114,7 @@ def fetch(uri: str, cache_dir: Path, sha256: str | None = None) -> Path:
             from dlinfra.store import S3Store, parse_s3_url
 
             bucket, key = parse_s3_url(uri)
-            if not S3Store(f"s3://{bucket}").get_file(key, tmp):
+            if not S3Store(f"s3://{bucket}", s3.endpoint_url, s3.region).get_file(key, tmp):
                 raise FileNotFoundError(uri)
         else:
             with urllib.request.urlopen(uri, timeout=60) as resp, open(tmp, "wb") as out:

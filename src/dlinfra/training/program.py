@@ -18,9 +18,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlinfra.spec import TrainingSpec
+
+if TYPE_CHECKING:
+    from dlinfra.training.data import S3Access
 
 
 @dataclass(frozen=True)
@@ -41,11 +44,12 @@ class Program:
     """Returns a tf.data.Dataset of unbatched (features, label) pairs held out from training."""
 
 
-def builtin_program(training: TrainingSpec, cache_dir: Path) -> Program:
-    """The built-in models and data sets, expressed through the same contract user code uses."""
+def builtin_program(training: TrainingSpec, cache_dir: Path, s3: S3Access | None = None) -> Program:
+    """The built-in models and data sets, expressed through the same contract user code uses.
+    `s3`: how an s3:// data set is reached (the run store's endpoint and region)."""
     from dlinfra.training import data, models
 
-    arrays = data.load(training.dataset, cache_dir)
+    arrays = data.load(training.dataset, cache_dir, s3 or data.S3Access())
 
     def train_data(shard: Shard) -> Any:
         import tensorflow as tf

@@ -40,6 +40,8 @@ def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None =
         "region": spec.aws.region,
         "endpoint_url": spec.aws.endpoint_url,
         "ami_id": spec.aws.ami,
+        # unset: the stack's default parameter (a null would override it)
+        **({"ami_ssm_parameter": spec.aws.ami_ssm_parameter} if spec.aws.ami_ssm_parameter else {}),
         "network": spec.aws.network(),
         "tf_ports": {"from": spec.cluster.port, "to": spec.cluster.port},
         "bucket": bucket,
