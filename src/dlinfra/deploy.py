@@ -18,7 +18,7 @@ from dlinfra.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
 from dlinfra.errors import DlinfraError, RunFailed
 from dlinfra.layout import RunStore
 from dlinfra.node.config import NodeConfig, StoreConfig
-from dlinfra.prepare import Prepared, node_install, prepare
+from dlinfra.prepare import Prepared, absolute_dataset, node_install, prepare
 from dlinfra.records import Marker, Metrics, NodeState
 from dlinfra.render import build_node_configs, render_cluster
 from dlinfra.run import Run, utc_now
@@ -64,9 +64,12 @@ class Outcome:
     seconds_to_first_step: float | None = None
 
 
-def preview(spec: Spec, target: Target) -> tuple[dict[str, NodeConfig], dict[str, str]]:
+def preview(
+    spec: Spec, target: Target, spec_path: Path | None = None
+) -> tuple[dict[str, NodeConfig], dict[str, str]]:
     """Every node's config and user-data as a deploy would render them, for a run named RUN_ID
     (`dlinfra render` and `validate`): nothing is created."""
+    spec = absolute_dataset(spec, spec_path.absolute().parent if spec_path else Path.cwd())
     store = StoreConfig.for_run(spec, f"{spec.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID")
     typed = target.uses_instance_types
     configs = build_node_configs(spec, "RUN_ID", store, target.addresses(spec), typed=typed)

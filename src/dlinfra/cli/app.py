@@ -114,7 +114,7 @@ def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     resolved = _load(spec, overrides)
     target = target_for(resolved.target)
     plan = target.addresses(resolved)
-    preview(resolved, target)  # what only rendering shows: user-data over the target's limit
+    preview(resolved, target, spec)  # what only rendering shows: user-data over the target's limit
     out.print(
         f"{spec or '<built-in default>'}: valid · {resolved.target} · {resolved.strategy} · "
         f"{len(plan.nodes)} nodes ({', '.join(f'{k} {len(v)}' for k, v in plan.cluster().items())})",
@@ -147,7 +147,7 @@ def render(
     from dlinfra.targets import target_for
 
     resolved = _load(spec, overrides)
-    configs, user_data = preview(resolved, target_for(resolved.target))
+    configs, user_data = preview(resolved, target_for(resolved.target), spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in user_data.items():
         (out_dir / f"{name}.user-data.yaml").write_text(text, encoding="utf-8")
