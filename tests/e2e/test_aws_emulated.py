@@ -68,7 +68,7 @@ def aws_env(
         "--set",
         "cluster.workers.gpus=0",
     ]
-    return {"env": env, "home": home, "args": args, "endpoint": moto_endpoint, "cwd": home}
+    return {"env": env, "home": home, "args": args, "endpoint": moto_endpoint, "cwd": home, "ami": ami}
 
 
 @pytest.fixture(scope="module")
@@ -468,3 +468,62 @@ def test_detached_aws_run_ends_alone_and_destroy_ended_removes_what_is_left(aws_
     assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
     assert f"run {run_id}: stack destroyed" in destroyed.stdout
     assert running() == [] and not row()["resources_up"]
+
+
+def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_parameter_resolved_then(
+    aws_env: dict[str, Any],
+) -> None:
+    """A 172.20.0.0/16 VPC (the NAT subnet derived clear of the cluster's) deploys end to end, and the
+    base AMI comes from an SSM parameter. The parameter stands in for AWS's public Deep Learning AMI
+    parameter, which cannot exist in moto (its /aws/ names are reserved). When it moves on to a newer
+    image, a rerun still boots the original one; once that image is gone, the rerun is refused."""
+    ec2, ssm = _client(aws_env["endpoint"], "ec2"), _client(aws_env["endpoint"], "ssm")
+    first, newer = (
+        ec2.register_image(Name=f"dlinfra-pin-{tag}", RootDeviceName="/dev/sda1")["ImageId"]
+        for tag in ("first", "newer")
+    )
+    parameter = "/dlinfra-test/base-ami/latest"
+    ssm.put_parameter(Name=parameter, Value=first, Type="String", Overwrite=True)
+    home = aws_env["home"] / "own-vpc"
+    env = dict(aws_env["env"], DLINFRA_HOME=str(home))
+    args = list(aws_env["args"])
+    at = args.index(f"aws.ami={aws_env['ami']}")
+    del args[at - 1 : at + 1]  # the AMI comes from the parameter instead
+    network = ["aws.vpc_cidr=172.20.0.0/16", "aws.subnet_cidr=172.20.8.0/24"]
+    network.append(f"aws.ami_ssm_parameter={parameter}")
+    sets = [x for s in [*network, "training.steps=40"] for x in ("--set", s)]
+    result = run_cli(
+        "deploy", "--target", "aws", "--workers", "2", "--yes", "--emulate-instances", *args, *sets,
+        env=env, cwd=aws_env["cwd"], timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    [run_dir] = (home / "runs").iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "DONE" and manifest["destroyed"]
+    assert manifest["ami_id"] == first
+    assert f"base AMI {first}" in result.stdout
+    tfvars = json.loads((run_dir / "tfvars.json").read_text())
+    assert tfvars["network"] == {
+        "vpc_cidr": "172.20.0.0/16",
+        "subnet_cidr": "172.20.8.0/24",
+        "public_subnet_cidr": "172.20.0.0/24",
+        "egress": "nat",
+    }
+    assert tfvars["ami_id"] is None and tfvars["ami_ssm_parameter"] == parameter
+    assert manifest["addresses"]["chief"] == ["172.20.8.10:2222"]
+
+    # a month later the parameter names a newer image; the rerun plans on the original (no --yes and
+    # no terminal: it stops at the approval, after the plan)
+    ssm.put_parameter(Name=parameter, Value=newer, Type="String", Overwrite=True)
+    rerun = run_cli("rerun", run_dir.name, env=env, cwd=aws_env["cwd"], timeout=600)
+    second = max((home / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    assert second != run_dir, rerun.stdout + rerun.stderr
+    assert json.loads((second / "tfvars.json").read_text())["ami_id"] == first
+    assert json.loads((second / "manifest.json").read_text())["ami_id"] == first
+    assert f"base AMI {first}" in rerun.stdout
+
+    ec2.deregister_image(ImageId=first)
+    gone = run_cli("rerun", run_dir.name, "--yes", env=env, cwd=aws_env["cwd"], timeout=600)
+    assert gone.returncode == 2 and "Traceback" not in gone.stderr
+    refusal = f"aws.ami: {first}, the AMI run {run_dir.name} booted (a rerun pins it), no longer exists"
+    assert refusal in gone.stderr
