@@ -52,20 +52,33 @@ def test_pinned_checksum_refuses_a_different_file(tmp_path: Path) -> None:
         data.load(DatasetSpec(format="cifar10", uri=f"file://{tarball}", sha256="0" * 64), tmp_path / "c2")
 
 
-def test_cifar10_from_s3(tmp_path: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cifar10_from_s3_through_the_stores_endpoint(
+    tmp_path: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes read an s3:// data set where they write results: the run store's endpoint and region
+    (node.json's `store`), with no AWS_ENDPOINT_URL_S3 in the environment."""
+    from dlinfra.node.config import StoreConfig
+    from dlinfra.spec import Spec, TrainingSpec
+    from dlinfra.training.program import builtin_program
     from support import FAKE_CREDS, s3_client
 
     for key, value in FAKE_CREDS.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     tarball = _cifar_tarball(tmp_path / "cifar-10-python.tar.gz")
     s3 = s3_client(moto_endpoint)
     s3.create_bucket(Bucket="datasets")
     s3.upload_file(str(tarball), "datasets", "cifar/cifar-10-python.tar.gz")
-    arrays = data.load(
-        DatasetSpec(format="cifar10", uri="s3://datasets/cifar/cifar-10-python.tar.gz"), tmp_path
-    )
-    assert arrays.x_train.shape[0] == 30
+    dataset = DatasetSpec(format="cifar10", uri="s3://datasets/cifar/cifar-10-python.tar.gz")
+    spec = Spec.model_validate({"storage": {"url": "s3://results/runs", "endpoint_url": moto_endpoint}})
+    store = StoreConfig.for_run(spec, "s3://results/runs/r")
+    s3_access = data.S3Access(store.endpoint_url, store.region)
+    assert data.load(dataset, tmp_path / "a", s3_access).x_train.shape[0] == 30
+    # the node's path: the agent hands builtin_program its store's endpoint and region
+    training = TrainingSpec(model=ModelSpec(name="mlp"), dataset=dataset)
+    program = builtin_program(training, tmp_path / "b", s3_access)
+    assert program.build_model() is not None
 
 
 def test_digits_split_is_fixed_and_independent_of_the_training_seed() -> None:

@@ -50,11 +50,12 @@ def preflight(spec: Spec, emulate_instances: str | None) -> str:
     find_terraform()
     bucket = results_bucket(spec)
     _check_region(spec)
-    if spec.aws.endpoint_url and not spec.aws.ami:
+    if spec.aws.endpoint_url and not spec.aws.ami and not spec.aws.ami_ssm_parameter:
         raise SpecError(
             [
-                "aws.ami: an emulator endpoint has no Deep Learning AMI parameter. "
-                "Fix: set aws.ami to an image id the endpoint lists (describe-images --owners amazon)"
+                "aws.ami: an emulator endpoint has no Deep Learning AMI parameter. Fix: set aws.ami to an "
+                "image id the endpoint lists (describe-images --owners amazon), or aws.ami_ssm_parameter "
+                "to a parameter of the emulator's that names one"
             ]
         )
     import botocore.exceptions as bx
