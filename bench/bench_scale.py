@@ -13,8 +13,8 @@ Uses the provider mirror at /opt/tf-plugins when present (offline).
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -123,7 +123,7 @@ def main() -> None:
                 f"  {step:<36} {(s2 - s1) / (n2 - n1) * 1000:8.2f} ms/worker ({n1}->{n2}), "
                 f"{(s3 - s2) / (n3 - n2) * 1000:8.2f} ms/worker ({n2}->{n3})"
             )
-    print(json.dumps({"work_dir": str(work)}))
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
