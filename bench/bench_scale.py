@@ -28,18 +28,32 @@ GOALS = {("render", 1000): 2.0, ("plan", 1000): 60.0, ("apply", 64): 180.0}
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
-def measured(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, float]:
-    """Seconds and peak RSS (MiB) of the largest process in the command's tree (wait4's rusage
+# Runs a command and writes its peak RSS (KiB) to argv[1]. A child forked straight from this script
+# would report this script's RSS (moto, boto3) as its peak: ru_maxrss survives exec.
+PEAK = """import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+open(sys.argv[1], "w").write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def measured(cmd: list[str], env: dict[str, str], peak_file: Path) -> tuple[float, float]:
+    """Seconds, and peak RSS (MiB) of the largest process in the command's tree (wait4's rusage
     covers the child and every descendant it waited for)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    output = proc.stdout.read() if proc.stdout else b""
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK, str(peak_file), *cmd],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     seconds = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd[:6])}... failed ({proc.returncode}):\n{output.decode()[-3000:]}")
-    return seconds, usage.ru_maxrss / 1024
+        sys.exit(f"{' '.join(cmd[:6])}... failed ({proc.returncode}):\n{proc.stdout.decode()[-3000:]}")
+    return seconds, int(peak_file.read_text()) / 1024
 
 
 def main() -> None:
@@ -73,6 +87,7 @@ def main() -> None:
     boto3.client("s3", **kw).create_bucket(Bucket="bench-results")
     ami = boto3.client("ec2", **kw).describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     dl = [sys.executable, "-m", "dlinfra"]
+    peak = work / "peak-rss"
     # plan is aws-only and takes no --target
     common = ["--set", f"aws.subnet_cidr={SUBNET}", "--strategy", "multi_worker_mirrored"]
     aws = ["--endpoint-url", endpoint, "--set", "storage.url=s3://bench-results/runs"]
@@ -81,14 +96,14 @@ def main() -> None:
 
     for n in args.render:
         out = ["--workers", str(n), "--out", str(work / f"r{n}")]
-        seconds, mib = measured([*dl, "render", "--target", "aws", *common, *out], env)
+        seconds, mib = measured([*dl, "render", "--target", "aws", *common, *out], env, peak)
         size = max(p.stat().st_size for p in (work / f"r{n}").glob("*.user-data.yaml"))
         rows.append((f"render (largest user-data {size / 1024:.1f} KiB)", n, seconds, mib))
 
     planned: dict[int, Path] = {}
     for n in sorted(set(args.plan) | set(args.apply)):
         before = set((work / "home" / "runs").glob("*")) if (work / "home" / "runs").exists() else set()
-        seconds, mib = measured([*dl, "plan", *common, *aws, "--workers", str(n)], env)
+        seconds, mib = measured([*dl, "plan", *common, *aws, "--workers", str(n)], env, peak)
         [run_dir] = set((work / "home" / "runs").glob("*")) - before
         planned[n] = run_dir
         if n in args.plan:
@@ -98,11 +113,11 @@ def main() -> None:
         stack = planned[n] / "terraform" / "stack"
         tf = ["terraform", f"-chdir={stack}"]
         apply = ["apply", "-input=false", "-auto-approve", str(planned[n] / "tfplan")]
-        seconds, mib = measured([*tf, *apply], env)
+        seconds, mib = measured([*tf, *apply], env, peak)
         rows.append(("terraform apply against moto", n, seconds, mib))
         var_file = planned[n] / "tfvars.json"
         destroy = ["destroy", "-input=false", "-auto-approve", f"-var-file={var_file}"]
-        seconds, mib = measured([*tf, *destroy], env)
+        seconds, mib = measured([*tf, *destroy], env, peak)
         rows.append(("terraform destroy against moto", n, seconds, mib))
     server.stop()
 
