@@ -4,7 +4,9 @@ whose instances boot from the rendered user-data and report to the S3 results st
     preflight.py  terraform, region, credentials, endpoint, bucket — before anything is planned
     tfvars.py     the Python ↔ HCL contract (the only Python that knows HCL names)
     stack.py      the run's copy of the stack: inputs, pins, destroy; the results-bucket stack
-    review.py     plan summary and dated prices
+    review.py     plan summary, dated prices, vCPU quotas
+    review_diff.py  a pull request's review: base vs head of an experiment
+    emulator.py   a throwaway moto for plans without credentials (`dlinfra plan --emulated`)
     healing.py    the running instances: replace a vanished one in place
 """
 
@@ -19,7 +21,7 @@ from dlinfra.prepare import NodeInstall
 from dlinfra.pricing import HourlyCost
 from dlinfra.records import ImagePin, PlanCounts
 from dlinfra.render import AddressPlan, private_ip_plan
-from dlinfra.targets.aws import amis, preflight, review, stack, tfvars
+from dlinfra.targets.aws import amis, emulator, preflight, review, stack, tfvars
 from dlinfra.targets.base import Review, TargetOptions
 
 if TYPE_CHECKING:
@@ -64,13 +66,24 @@ class AwsTarget:
         plan_file = run.dir / "tfplan"
         tf.plan(inputs, plan_file, lock=prepared.upload)  # a read-only role cannot write a state lock
         summary = review.summarize(tf.show_json(plan_file), run.id, prepared.spec, amis.describe(images))
-        markdown = summary.markdown()
+        markdown, text = summary.markdown(), summary.text()
+        if prepared.spec.aws.endpoint_url:  # nothing of this plan was checked by AWS: say what to confirm
+            emulator.mark_run(run.dir, prepared.spec)
+            markdown += "\n" + emulator.note_markdown(prepared.spec)
+            text += "\n" + emulator.note_text(prepared.spec)
         (run.dir / "plan.md").write_text(markdown, encoding="utf-8")
         counts = PlanCounts(
             add=summary.add, change=summary.change, destroy=summary.destroy, usd_per_hour=summary.cost.known
         )
         run.update_manifest(status="PLANNED", plan=counts)
-        return Review(summary.text(), markdown, needs_approval=True, plan_file=plan_file)
+        return Review(
+            text,
+            markdown,
+            needs_approval=True,
+            plan_file=plan_file,
+            counts=(summary.add, summary.change, summary.destroy),
+            details=tf.show_text(plan_file),
+        )
 
     def _images(self, prepared: Prepared) -> dict[str, ImagePin | None]:
         """Each role's AMI; VMs boot a local image instead (chosen when they start)."""
