@@ -26,7 +26,7 @@ from dlinfra.targets.aws import emulator
 from dlinfra.targets.aws.review import hourly_cost, quota_warnings
 from dlinfra.targets.base import Review
 
-PLAN_SHOWN = 30_000  # characters of `terraform show`: a PR comment holds 65,536 in all
+PLAN_SHOWN = 20_000  # characters of `terraform show`: a PR comment holds 65,536 in all
 FIELD_SHOWN = 80  # characters of one changed value
 FIELDS_SHOWN = 40
 
@@ -170,11 +170,9 @@ class ReviewDiff:
 
     def markdown(self) -> str:
         base = self.base
-        since = (
-            f"new file (absent at `{base.ref}`)"
-            if base.spec is None
-            else f"`{base.ref}` (`{base.commit[:7]}`) → head"
-        )
+        short = base.ref[:7] if base.commit.startswith(base.ref) else base.ref  # a SHA, or a name
+        named = f"`{short}`" + ("" if short == base.ref[:7] else f" (`{base.commit[:7]}`)")
+        since = f"new file (absent at `{short}`)" if base.spec is None else f"{named} → head"
         lines = [f"### `{self.label}`: {since}", ""]
         if self.review.counts:
             add, change, destroy = self.review.counts
@@ -211,7 +209,7 @@ class ReviewDiff:
         if self.review.details:
             plan = self.review.details
             if len(plan) > PLAN_SHOWN:
-                plan = plan[:PLAN_SHOWN] + f"\n… cut here: {len(self.review.details)} characters in all"
+                plan = plan[:PLAN_SHOWN].rsplit("\n", 1)[0] + f"\n… cut here: {len(plan)} characters in all"
             lines += [
                 "<details><summary>terraform plan</summary>",
                 "",
