@@ -51,6 +51,9 @@ def test_review_names_the_added_instances_the_type_change_and_the_cost_delta(rep
     assert "- `cluster.workers.count`: `3` → `5`" in text
     assert "- `cluster.workers.instance_type`: `c5.xlarge` → `c5.2xlarge`" in text
     assert "**27** to add, **0** to change, **0** to destroy" in text
+    assert text.startswith(
+        f"### `experiments/demo.yaml`: `main` (`{git(repo, 'rev-parse', 'main')[:7]}`) → head"
+    )
     assert "Spec changes" in text and "training." not in text, "only the fields that changed"
 
 

@@ -170,8 +170,9 @@ class ReviewDiff:
 
     def markdown(self) -> str:
         base = self.base
-        short = base.ref[:7] if base.commit.startswith(base.ref) else base.ref  # a SHA, or a name
-        named = f"`{short}`" + ("" if short == base.ref[:7] else f" (`{base.commit[:7]}`)")
+        is_sha = base.commit.startswith(base.ref)
+        short = base.ref[:7] if is_sha else base.ref
+        named = f"`{short}`" + ("" if is_sha else f" (`{base.commit[:7]}`)")
         since = f"new file (absent at `{short}`)" if base.spec is None else f"{named} → head"
         lines = [f"### `{self.label}`: {since}", ""]
         if self.review.counts:
