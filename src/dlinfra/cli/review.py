@@ -19,6 +19,7 @@ from dlinfra.errors import SpecError
 if TYPE_CHECKING:
     from dlinfra.spec import Spec
     from dlinfra.spec_loading import Overrides
+    from dlinfra.targets.aws.review_diff import Base
 
 EMULATED = "--emulated"
 
@@ -84,7 +85,8 @@ def plan(
     out.print(f"plan file {review.plan_file}; markdown {markdown or written}", markup=False)
 
 
-def _base(spec: Path | None, ref: str, overrides: Overrides):  # -> Base
+def _base(spec: Path | None, ref: str, overrides: Overrides) -> Base:
+    """The experiment at `ref`, resolved like head (same loader, same overrides)."""
     from dlinfra.spec_loading import load_spec
     from dlinfra.targets import hardware_problems
     from dlinfra.targets.aws.review_diff import load_base
