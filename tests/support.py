@@ -115,3 +115,38 @@ def store_config(spec, url: str):
     from dlinfra.node.config import StoreConfig
 
     return StoreConfig.for_run(spec, url)
+
+
+BASE_EXPERIMENT = """\
+name: review-demo
+target: aws
+cluster:
+  workers:
+    count: 3
+    instance_type: c5.xlarge
+    gpus: 0
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def review_repo(repo: Path) -> tuple[str, str]:
+    """An experiment repository: a base commit (3 c5.xlarge workers) and a pull request's commit
+    (5 c5.2xlarge workers). Returns (base sha, head sha); HEAD is the pull request."""
+    (repo / "experiments").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "test@example.com")
+    git(repo, "config", "user.name", "test")
+    (repo / "experiments" / "demo.yaml").write_text(BASE_EXPERIMENT)
+    (repo / "experiments" / "notes.yaml").write_text("owner: someone\n")  # YAML, not an experiment
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "-b", "pr")
+    changed = BASE_EXPERIMENT.replace("count: 3", "count: 5").replace("c5.xlarge", "c5.2xlarge")
+    (repo / "experiments" / "demo.yaml").write_text(changed)
+    (repo / "experiments" / "notes.yaml").write_text("owner: someone else\n")
+    git(repo, "commit", "-q", "-am", "more and bigger workers")
+    return base, git(repo, "rev-parse", "HEAD").strip()

@@ -142,7 +142,9 @@ def test_a_vpc_of_its_own_needs_no_nat_room_without_nat() -> None:
 
 
 def test_the_stack_gets_the_derived_nat_subnet(home: Path) -> None:
-    spec = _aws("aws.vpc_cidr=172.20.0.0/16", "aws.subnet_cidr=172.20.0.0/24", "storage.url=s3://results-b/runs")
+    spec = _aws(
+        "aws.vpc_cidr=172.20.0.0/16", "aws.subnet_cidr=172.20.0.0/24", "storage.url=s3://results-b/runs"
+    )
     target = target_for("aws")
     prepared = prepare(spec, target.addresses(spec), NodeInstall("dlinfra==0.0.0"), typed=True, upload=False)
     network = tfvars.stack_tfvars(prepared)["network"]

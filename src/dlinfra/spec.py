@@ -289,6 +289,7 @@ class Spec(StrictModel):
     training: TrainingSpec = TrainingSpec()
     storage: StorageSpec = StorageSpec()
     aws: AwsSpec = AwsSpec()
+    auto_apply: bool = Field(False, description="Deploy on merge (`dlinfra init --github --apply`).")
 
     @model_validator(mode="after")
     def _strategy_fits_cluster(self) -> Spec:

@@ -62,13 +62,19 @@ def load_spec(
     path: str | Path | None = None,
     overrides: Overrides | None = None,
     check: Callable[[Spec], list[Problem]] | None = None,
+    *,
+    text: str | None = None,
+    source: str | None = None,
 ) -> Spec:
     """Read, override and validate an experiment file (``None``: the built-in default). `check` finds
-    what the models cannot see (e.g. GPUs an instance type lacks); its problems exit 2 like theirs."""
-    source = str(path) if path else "<built-in default>"
+    what the models cannot see (e.g. GPUs an instance type lacks); its problems exit 2 like theirs.
+    `text` (named `source` in errors): the file's content from elsewhere, e.g. a git ref."""
+    source = source or (str(path) if path else "<built-in default>")
     data: dict[str, Any] = {}
     lines: dict[tuple[str | int, ...], int] = {}
-    if path is not None:
+    if text is not None:
+        data, lines = parse_document(text, source)
+    elif path is not None:
         data, lines = parse_document(read_text(Path(path), source), source)
     flag_of: dict[tuple[str, ...], str] = {}
     for flag, dotted, value in (overrides or Overrides()).as_paths():

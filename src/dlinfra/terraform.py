@@ -75,6 +75,10 @@ class Terraform:
     def show_json(self, plan_file: Path) -> dict[str, Any]:
         return json.loads(self.run(["show", "-json", str(plan_file)], json_events=False, quiet=True))
 
+    def show_text(self, plan_file: Path) -> str:
+        """The plan as a person reads it (a pull request's review shows it collapsed)."""
+        return self.run(["show", "-no-color", str(plan_file)], json_events=False, quiet=True)
+
     def apply(self, plan_file: Path, timeout: float | None = None) -> None:
         self.run(["apply", "-input=false", "-json", "-auto-approve", str(plan_file)], timeout=timeout)
 

@@ -29,6 +29,7 @@ from dlinfra.cli.options import (
     with_emulation_default,
     with_overrides,
 )
+from dlinfra.cli.review import plan
 from dlinfra.errors import DlinfraError, SpecError
 
 if TYPE_CHECKING:  # the spec models take pydantic most of `--help`'s time: loaded when a command runs
@@ -93,10 +94,44 @@ def _warn_hardware(spec: Spec) -> None:
 @app.command()
 def init(
     path: Annotated[Path, typer.Argument(help="Where to write the example.")] = Path("experiment.yaml"),
+    github: Annotated[
+        bool,
+        typer.Option(
+            "--github",
+            help="Instead, write GitHub workflows into ./.github/workflows: a plan review of the "
+            "experiments each pull request changes, posted as one comment (no AWS credentials needed).",
+        ),
+    ] = False,
+    experiments: Annotated[
+        str, typer.Option("--experiments", help="--github: the directory holding the experiment files.")
+    ] = "experiments",
+    install: Annotated[
+        str | None,
+        typer.Option("--install", help="--github: what pip installs (default: this dlinfra, pinned)."),
+    ] = None,
+    aws: Annotated[
+        bool, typer.Option("--aws", help="--github: also a plan on AWS with a read-only role (OIDC).")
+    ] = False,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="--github: also deploy auto_apply experiments on merge.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="--github: replace existing dlinfra workflows.")
+    ] = False,
 ) -> None:
-    """Write a commented example experiment file."""
+    """Write a commented example experiment file (or, with --github, the pull-request workflows)."""
     from dlinfra.spec_loading import example_text
 
+    if github:
+        from dlinfra.github import WorkflowSettings, default_install, write
+
+        settings = WorkflowSettings(install or default_install(), experiments.rstrip("/"), aws, apply)
+        for written in write(Path.cwd(), settings, force):
+            out.print(f"wrote {written}", markup=False)
+        out.print(
+            'next: commit them; README "Review experiments in pull requests" has the rest', markup=False
+        )
+        return
     if path.exists():
         raise DlinfraError(f"{path} already exists. Fix: choose another path or remove it")
     path.write_text(example_text(), encoding="utf-8")
@@ -291,39 +326,7 @@ def _finish(outcome: Any) -> None:
     raise typer.Exit(1)
 
 
-@app.command()
-@with_overrides(*(name for name in ALL_OVERRIDES if name != "target"))
-def plan(
-    spec: SpecArg = None,
-    markdown: Annotated[
-        Path | None, typer.Option("--markdown", help="Also write the PR-comment summary here.")
-    ] = None,
-    no_upload: Annotated[
-        bool,
-        typer.Option(
-            "--no-upload",
-            help="Write nothing to the results bucket and take no state lock (a pull-request check "
-            "with a read-only role); the plan stays in the run dir.",
-        ),
-    ] = False,
-    *,
-    overrides: Overrides,
-) -> None:
-    """terraform plan of an experiment on AWS: resources, instances by role, estimated $/hour."""
-    from dlinfra.deploy import Request
-    from dlinfra.deploy import plan as make_plan
-    from dlinfra.targets import target_for
-    from dlinfra.targets.base import TargetOptions
-
-    resolved = _load(spec, overrides.model_copy(update={"target": "aws"}))
-    target = target_for("aws", TargetOptions(log=lambda line: err.print(line, markup=False)))
-    prepared, review = make_plan(Request(resolved, spec, sys.argv, upload=not no_upload), target)
-    out.print(review.text, markup=False)
-    if markdown:
-        markdown.write_text(review.markdown, encoding="utf-8")
-    out.print(
-        f"plan file {review.plan_file}; markdown {markdown or prepared.run.dir / 'plan.md'}", markup=False
-    )
+app.command()(plan)  # cli/review.py: also --base (a pull request's review) and --emulated
 
 
 @app.command()

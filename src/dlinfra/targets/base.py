@@ -40,6 +40,8 @@ class Review:
     markdown: str
     needs_approval: bool
     plan_file: Path | None = None
+    counts: tuple[int, int, int] | None = None  # resources to add, change, destroy (cloud targets)
+    details: str = ""  # the tool's own plan output, for a reviewer who wants every attribute
 
 
 class Cluster(Protocol):

@@ -4,7 +4,9 @@ whose instances boot from the rendered user-data and report to the S3 results st
     preflight.py  terraform, region, credentials, endpoint, bucket — before anything is planned
     tfvars.py     the Python ↔ HCL contract (the only Python that knows HCL names)
     stack.py      the run's copy of the stack: inputs, pins, destroy; the results-bucket stack
-    review.py     plan summary and dated prices
+    review.py     plan summary, dated prices, vCPU quotas
+    review_diff.py  a pull request's review: base vs head of an experiment
+    emulator.py   a throwaway moto for plans without credentials (`dlinfra plan --emulated`)
     healing.py    the running instances: replace a vanished one in place
 """
 
@@ -19,7 +21,7 @@ from dlinfra.prepare import NodeInstall
 from dlinfra.pricing import HourlyCost
 from dlinfra.records import ImagePin, PlanCounts
 from dlinfra.render import AddressPlan, private_ip_plan
-from dlinfra.targets.aws import amis, preflight, review, stack, tfvars
+from dlinfra.targets.aws import amis, emulator, preflight, review, stack, tfvars
 from dlinfra.targets.base import Review, TargetOptions
 
 if TYPE_CHECKING:
@@ -67,13 +69,23 @@ class AwsTarget:
         plan_json = tf.show_json(plan_file)
         base_ami = tfvars.planned_ami(plan_json)
         summary = review.summarize(plan_json, run.id, prepared.spec, amis.describe(images, base_ami))
-        markdown = summary.markdown()
+        markdown, text = summary.markdown(), summary.text()
+        if prepared.spec.aws.endpoint_url:  # nothing of this plan was checked by AWS: say what to confirm
+            emulator.mark_run(run.dir, prepared.spec)
+            markdown += "\n" + emulator.note_markdown(prepared.spec)
+            text += "\n" + emulator.note_text(prepared.spec)
         (run.dir / "plan.md").write_text(markdown, encoding="utf-8")
         counts = PlanCounts(
             add=summary.add, change=summary.change, destroy=summary.destroy, usd_per_hour=summary.cost.known
         )
         run.update_manifest(status="PLANNED", plan=counts, ami_id=base_ami)
-        return Review(summary.text(), markdown, needs_approval=True, plan_file=plan_file)
+        return Review(
+            text,
+            markdown,
+            needs_approval=True,
+            plan_file=plan_file,
+            counts=(summary.add, summary.change, summary.destroy),
+        )
 
     def _images(self, prepared: Prepared) -> dict[str, ImagePin | None]:
         """Each role's AMI; VMs boot a local image instead (chosen when they start)."""

@@ -12,6 +12,13 @@ from dlinfra.pricing import HourlyCost
 from dlinfra.spec import Spec
 
 NAT_GATEWAY = "NAT gateway"
+# EC2 counts vCPUs against one quota per family group (Service Quotas names them so). Where a new
+# account's default sits varies and AWS raises it on request; past these, many accounts are refused.
+QUOTA_GROUPS = {
+    "Standard (A, C, D, H, I, M, R, T, Z)": (frozenset("acdhimrtz"), 32),
+    "G and VT": (frozenset({"g", "vt"}), 8),
+    "P": (frozenset({"p"}), 8),
+}
 
 
 def hourly_cost(spec: Spec) -> HourlyCost:
@@ -32,6 +39,36 @@ def hourly_cost(spec: Spec) -> HourlyCost:
         else:
             extras[NAT_GATEWAY] = nat
     return HourlyCost(per_role, extras, tuple(unpriced))
+
+
+def quota_usage(spec: Spec) -> dict[str, int]:
+    """'Running On-Demand <group> instances' (or 'All <group> Spot Instance Requests') → the vCPUs
+    this cluster needs of it; types the catalog does not know are not counted."""
+    used: dict[str, int] = {}
+    for shape in spec.roles().values():
+        kind = catalog().get(shape.instance_type)
+        if kind is None:
+            continue
+        letters = "vt" if kind.family.startswith("vt") else kind.family[0]
+        group = next((name for name, (prefixes, _) in QUOTA_GROUPS.items() if letters in prefixes), None)
+        name = f"All {group} Spot Instance Requests" if shape.spot else f"Running On-Demand {group} instances"
+        if group is None:
+            name = f"the {kind.family} instances quota"
+        used[name] = used.get(name, 0) + kind.vcpus * shape.count
+    return used
+
+
+def quota_warnings(spec: Spec) -> list[str]:
+    """Clusters past what many accounts may run by default: the apply would fail half-way."""
+    out = []
+    for name, vcpus in quota_usage(spec).items():
+        limit = next((lim for group, (_, lim) in QUOTA_GROUPS.items() if group in name), None)
+        if limit is not None and vcpus > limit:
+            out.append(
+                f"{vcpus} vCPUs of {name}: many accounts' default quota is {limit} or less, and the apply "
+                "would stop with VcpuLimitExceeded. Fix: check Service Quotas in the region first"
+            )
+    return out
 
 
 @dataclass(frozen=True)

