@@ -175,6 +175,12 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
         "a plain-HTTP uri needs its sha256",
     ),
     ("flag-set-deep-nesting", None, ["--set", "training.steps=" + "[" * 100 + "]" * 100], "nested deeper"),
+    # what the stack's own validations would refuse only after terraform init
+    ("instance-type-not-ec2", "cluster:\n  ps:\n    instance_type: M5\n", [], "cluster.ps.instance_type"),
+    ("tag-reserved-prefix", "aws:\n  tags:\n    'aws:team': ml\n", [], "aws.tags: tag 'aws:team'"),
+    ("tag-value-bad-chars", "aws:\n  tags:\n    team: 'a*b'\n", [], "is not a tag AWS takes"),
+    ("too-many-tags", "aws:\n  tags: {" + ", ".join(f"t{i}: v" for i in range(47)) + "}\n", [], "47 tags"),
+    ("vpc-too-big", "aws:\n  vpc_cidr: 10.0.0.0/8\n  subnet_cidr: 10.0.1.0/24\n", [], "must be /16 to /28"),
 ]
 
 

@@ -17,6 +17,7 @@ BUCKET_RE = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"  # S3's bucket naming rules
 # a prefix lands in shell command lines (aws s3 cp) and IAM policies: plain characters only
 S3_URL_RE = rf"s3://{BUCKET_RE}(/[A-Za-z0-9._=/-]*)?"
 REGION_RE = r"^[a-z]{2}(-gov)?-[a-z]+-\d$"
+INSTANCE_TYPE_RE = r"^[a-z0-9-]+\.[a-z0-9-]+$"  # family.size, as EC2 (and the stack's validation) spell it
 
 
 def http_url(v: str | None) -> str | None:

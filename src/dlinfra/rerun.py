@@ -58,9 +58,6 @@ def load_origin(run_id: str, overrides: Overrides, allow_unpinned: bool) -> Orig
             + ["Or accept the difference: dlinfra rerun RUN --allow-unpinned"]
         )
     spec = load_spec(run.dir / "spec.lock.yaml", overrides, check=hardware_problems)
-    if manifest.ami_id and spec.target == "aws" and spec.aws.ami is None:
-        # the base AMI the original resolved from the SSM parameter, which has moved on since
-        spec = spec.model_copy(update={"aws": spec.aws.model_copy(update={"ami": manifest.ami_id})})
     code = None
     if pin := manifest.bundle:
         code = Bundle(run.store().bundle(pin.sha256), pin.entrypoint)
@@ -68,6 +65,8 @@ def load_origin(run_id: str, overrides: Overrides, allow_unpinned: bool) -> Orig
         raise SpecError([f"rerun {run_id}: the run used training.entrypoint but recorded no code bundle"])
     wheel = _original_wheel(run, manifest.wheel) if manifest.wheel else None
     pins = {"rerun_of": run.id, "unpinned": gaps, "git": manifest.git, "spec_path": manifest.spec_path}
+    # the images the original booted: its target boots them again (see the target's plan)
+    pins |= {"images": manifest.images, "ami_id": manifest.ami_id}
     return Origin(spec, code, pins, wheel)
 
 

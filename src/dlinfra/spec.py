@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from dlinfra.grammar import NAME_RE, S3_URL_RE, http_url
+from dlinfra.grammar import INSTANCE_TYPE_RE, NAME_RE, S3_URL_RE, http_url
 from dlinfra.spec_aws import AwsSpec
 from dlinfra.spec_input import StrictModel, shown
 
@@ -32,7 +32,11 @@ MAX_COUNT = 10**9  # steps and step intervals: far past any run, well inside eve
 
 
 class ChiefSpec(StrictModel):
-    instance_type: str = Field("m5.xlarge", min_length=1, description="EC2 type of the chief (aws).")
+    instance_type: str = Field(
+        "m5.xlarge",
+        pattern=INSTANCE_TYPE_RE,
+        description="EC2 type of the chief (aws), family.size like m5.xlarge.",
+    )
 
 
 MAX_GPUS = 16
@@ -56,7 +60,11 @@ MAX_WORKERS = 2**16 - 128 - 1
 
 class WorkersSpec(StrictModel):
     count: int = Field(2, ge=1, le=MAX_WORKERS, description="Number of worker nodes.")
-    instance_type: str = Field("g4dn.xlarge", min_length=1, description="EC2 type of each worker (aws).")
+    instance_type: str = Field(
+        "g4dn.xlarge",
+        pattern=INSTANCE_TYPE_RE,
+        description="EC2 type of each worker (aws), family.size like g5.xlarge.",
+    )
     gpus: GpuCount = Field(
         "auto",
         description="GPUs each worker trains on. auto: all of the type's GPUs on aws, none on local "
@@ -67,7 +75,11 @@ class WorkersSpec(StrictModel):
 
 class PsSpec(StrictModel):
     count: int = Field(1, ge=0, le=100, description="Parameter servers (parameter_server strategy only).")
-    instance_type: str = Field("m5.xlarge", min_length=1, description="EC2 type of each ps (aws).")
+    instance_type: str = Field(
+        "m5.xlarge",
+        pattern=INSTANCE_TYPE_RE,
+        description="EC2 type of each ps (aws), family.size like m5.xlarge.",
+    )
 
 
 class ClusterSpec(StrictModel):

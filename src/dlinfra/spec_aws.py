@@ -13,8 +13,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from dlinfra.grammar import BUCKET_RE, REGION_RE, http_url
-from dlinfra.spec_input import StrictModel
+from dlinfra.spec_input import StrictModel, shown
 
+# AWS's tag rules; dlinfra adds Name, dlinfra:run-id, :experiment and :role to the 50 EC2 allows.
+TAG_KEY = re.compile(r"[\w .:/=+\-@]{1,128}")
+TAG_VALUE = re.compile(r"[\w .:/=+\-@]{0,256}")
+MAX_TAGS = 46
 # AWS: VPCs and subnets are /16 to /28.
 PREFIXES = range(16, 29)
 # The NAT gateway's public subnet needs few addresses; a /24 keeps the derived range easy to read.
@@ -95,7 +99,7 @@ class AwsSpec(StrictModel):
         description="Session Manager shells on nodes (its channels only, not the account's SSM parameters); "
         "there is never SSH.",
     )
-    tags: dict[str, str] = Field(default_factory=dict)
+    tags: dict[str, str] = Field(default_factory=dict, description="Tags on every resource of the run.")
     heal_timeout: float = Field(
         300, gt=0, le=3600, description="Seconds one replacement of a vanished instance may take (3 tries)."
     )
@@ -134,6 +138,20 @@ class AwsSpec(StrictModel):
     @classmethod
     def _cidr(cls, v: str | None) -> str | None:
         return None if v is None else checked_cidr(v)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_TAGS:
+            raise ValueError(f"{len(v)} tags: EC2 takes 50 and dlinfra adds 4. Fix: at most {MAX_TAGS}")
+        for key, value in v.items():
+            if not TAG_KEY.fullmatch(key) or key.lower().startswith("aws:") or not TAG_VALUE.fullmatch(value):
+                raise ValueError(
+                    f"tag {shown(key)}: {shown(value)} is not a tag AWS takes. Fix: keys of 1-128 and "
+                    "values of at most 256 letters, digits, spaces and + - = . _ : / @, keys not starting "
+                    "with aws:"
+                )
+        return v
 
     @model_validator(mode="after")
     def _ranges(self) -> AwsSpec:

@@ -12,6 +12,7 @@ whose instances boot from the rendered user-data and report to the S3 results st
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -60,6 +61,7 @@ class AwsTarget:
         preflight.preflight(spec, self.options.emulate_instances)
 
     def plan(self, prepared: Prepared) -> Review:
+        prepared = _rerun_base_ami(prepared)
         run = prepared.run
         tf = stack.run_stack(run, self.options.log)
         images = self._images(prepared)
@@ -92,9 +94,12 @@ class AwsTarget:
         manifest = prepared.run.manifest()
         if self.options.emulate_instances == "vm":
             return {}
-        pinned = manifest.images if manifest.rerun_of else {}
+        # a rerun boots the AMIs its original booted (not the local images of a VM-emulated original)
+        images = manifest.images if manifest.rerun_of else {}
+        pinned = {role: pin for role, pin in images.items() if pin.id.startswith("ami-")}
         ec2 = preflight.client(prepared.spec, "ec2")
-        amis.check_exists(prepared.spec, ec2, manifest.rerun_of)
+        pinned_ami = manifest.rerun_of and manifest.ami_id == prepared.spec.aws.ami
+        amis.check_exists(prepared.spec, ec2, manifest.rerun_of if pinned_ami else None)
         chosen = amis.choose(prepared.spec, amis.role_flavors(prepared.configs), ec2, pinned)
         prepared.run.update_manifest(images={role: pin for role, pin in chosen.items() if pin})
         return chosen
@@ -178,3 +183,13 @@ class AwsTarget:
 
 
 TARGET = AwsTarget
+
+
+def _rerun_base_ami(prepared: Prepared) -> Prepared:
+    """A rerun boots the base AMI its original resolved (the SSM parameter may name a newer one by
+    now), unless the rerun names an AMI of its own (`--set aws.ami=…`)."""
+    manifest, spec = prepared.run.manifest(), prepared.spec
+    if not (manifest.rerun_of and manifest.ami_id and spec.aws.ami is None):
+        return prepared
+    aws = spec.aws.model_copy(update={"ami": manifest.ami_id})
+    return dataclasses.replace(prepared, spec=spec.model_copy(update={"aws": aws}))
