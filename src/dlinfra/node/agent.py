@@ -102,7 +102,8 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
     if lean:
         status.update(devices=["CPU:0"])  # what TensorFlow names a machine without GPUs
     status.update(state="serving")
-    print(f"serving {cfg.role} {cfg.index} at {cfg.address} ({server.target})", flush=True)
+    pools = f", inter-op threads {threads}" if threads else ""
+    print(f"serving {cfg.role} {cfg.index} at {cfg.address} ({server.target}{pools})", flush=True)
     while (marker := store.marker()) is None:
         time.sleep(POLL_SECONDS)
     status.stop(state=marker.marker.lower())
