@@ -67,8 +67,9 @@ def keras_fit(model: str, warmup: int, steps: int, jit: bool) -> float:
     return steps * BATCH / (time.perf_counter() - t0)
 
 
-def hand_mwms(model: str, warmup: int, steps: int) -> float:
-    """The Keras-with-a-custom-loop program of TensorFlow's multi-worker tutorial."""
+def hand_mwms(model: str, warmup: int, steps: int, jit: bool = False) -> float:
+    """The Keras-with-a-custom-loop program of TensorFlow's multi-worker tutorial (`jit`: the
+    replica's forward and backward pass compiled with XLA, the all-reduce outside it)."""
     import keras
     import tensorflow as tf
 
@@ -90,13 +91,17 @@ def hand_mwms(model: str, warmup: int, steps: int) -> float:
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
+    @tf.function(jit_compile=jit)
+    def gradients(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            per_example = loss_fn(y, net(x, training=True))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+        return loss, tape.gradient(loss, net.trainable_variables)
+
     @tf.function
     def train_steps(it: Any, n: Any) -> Any:
         def step(x: Any, y: Any) -> Any:
-            with tf.GradientTape() as tape:
-                per_example = loss_fn(y, net(x, training=True))
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            grads = tape.gradient(loss, net.trainable_variables)
+            loss, grads = gradients(x, y)
             optimizer.apply_gradients(zip(grads, net.trainable_variables, strict=True))
             return loss
 
@@ -189,7 +194,7 @@ def run_keras(model: str, warmup: int, steps: int, jit: bool) -> tuple[float, fl
     return float(out.split()[-1]), cpu_share(proc, t0)
 
 
-def run_hand(kind: str, model: str, workers: int, warmup: int, steps: int) -> tuple[float, float]:
+def run_hand(kind: str, model: str, workers: int, warmup: int, steps: int, jit: bool) -> tuple[float, float]:
     """Workers (and for ps: one ps) as servers, the chief (ps) or every worker (mwms) training; all
     children of one launcher process, so one wait4 counts their CPU."""
     from dlinfra.render.addresses import free_ports
@@ -198,7 +203,8 @@ def run_hand(kind: str, model: str, workers: int, warmup: int, steps: int) -> tu
     cluster = {"worker": [f"127.0.0.1:{next(ports)}" for _ in range(workers)]}
     if kind == "ps":
         cluster |= {"chief": [f"127.0.0.1:{next(ports)}"], "ps": [f"127.0.0.1:{next(ports)}"]}
-    spec = json.dumps({"cluster": cluster, "kind": kind, "model": model, "warmup": warmup, "steps": steps})
+    run = {"kind": kind, "model": model, "warmup": warmup, "steps": steps, "jit": jit}
+    spec = json.dumps({"cluster": cluster, **run})
     proc, t0 = measured([sys.executable, __file__, "_launch", spec])
     out = proc.stdout.read() if proc.stdout else b""
     return float(out.split()[-1]), cpu_share(proc, t0)
@@ -213,7 +219,7 @@ def launch(spec: dict[str, Any]) -> None:
         task = {"cluster": cluster, "task": {"type": role, "index": i}}
         env = dict(os.environ, TF_CONFIG=json.dumps(task))
         serves = kind == "ps" and role != "chief"
-        work = ["_" + kind, spec["model"], str(spec["warmup"]), str(spec["steps"])]
+        work = ["_" + kind, spec["model"], str(spec["warmup"]), str(spec["steps"]), str(int(spec["jit"]))]
         argv = ["_serve", role, str(i)] if serves else work
         procs[(role, i)] = subprocess.Popen(
             [sys.executable, __file__, *argv], env=env, stdout=subprocess.PIPE
@@ -226,12 +232,15 @@ def launch(spec: dict[str, Any]) -> None:
     print(out.decode().split()[-1])
 
 
-def run_dlinfra(strategy: str, model: str, workers: int, warmup: int, steps: int) -> tuple[float, float]:
+def run_dlinfra(
+    strategy: str, model: str, workers: int, warmup: int, steps: int, jit: bool
+) -> tuple[float, float]:
     home = tempfile.mkdtemp()
     spec = Path(home) / "exp.yaml"
     body = {"name": "anchor", "strategy": strategy, "training": {**MODELS[model], "batch_size": BATCH}}
     body["training"] |= {"learning_rate": 0.001, "steps": warmup + steps, "log_every": STEPS_PER_CALL}
     body["training"] |= {"checkpoint_every": warmup + steps, "steps_per_execution": STEPS_PER_CALL}
+    body["training"] |= {"jit_compile": jit}
     spec.write_text(json.dumps(body))
     argv = [sys.executable, "-m", "dlinfra", "deploy", str(spec), "--workers", str(workers)]
     proc, t0 = measured(argv, dict(os.environ, DLINFRA_HOME=home))
@@ -254,11 +263,12 @@ def bytes_per_step(model: str, workers: int) -> dict[str, int]:
 
 
 def configuration(name: str, model: str, workers: int, warmup: int, steps: int) -> tuple[float, float]:
-    kind = name.rsplit("-", 1)[1]
-    if name.startswith("hand-"):
-        return run_hand(kind, model, workers, warmup, steps)
+    """`hand-mwms`, `dlinfra-ps`, …; a `-jit` suffix (mwms only) compiles each replica's step with XLA."""
+    who, kind, *jit = name.split("-")
+    if who == "hand":
+        return run_hand(kind, model, workers, warmup, steps, bool(jit))
     strategy = {"mwms": "multi_worker_mirrored", "ps": "parameter_server"}[kind]
-    return run_dlinfra(strategy, model, workers, warmup, steps)
+    return run_dlinfra(strategy, model, workers, warmup, steps, bool(jit))
 
 
 def main() -> None:
@@ -268,7 +278,9 @@ def main() -> None:
     parser.add_argument("--workers", type=lambda t: [int(n) for n in listed(t)], default=[1, 2, 3])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
-        "--configs", type=listed, default=["hand-mwms", "dlinfra-mwms", "hand-ps", "dlinfra-ps"]
+        "--configs",
+        type=listed,
+        default=["hand-mwms", "dlinfra-mwms", "hand-mwms-jit", "dlinfra-mwms-jit", "hand-ps", "dlinfra-ps"],
     )
     parser.add_argument("--steps", type=listed, default=[], help="model=steps, e.g. resnet20=60")
     args = parser.parse_args()
@@ -291,7 +303,7 @@ def main() -> None:
             moved = bytes_per_step(model, workers)
             for name in args.configs:
                 results = [configuration(name, model, workers, warmup, n) for _ in range(args.reps)]
-                _print(model, name, workers, results, best, moved[name.rsplit("-", 1)[1]])
+                _print(model, name, workers, results, best, moved[name.split("-")[1]])
 
 
 def _print(
@@ -318,8 +330,10 @@ if __name__ == "__main__":
         elif role == "_launch":
             launch(json.loads(rest[0]))
         else:
-            program = {"_mwms": hand_mwms, "_ps": hand_ps}[role]
-            eps = program(rest[0], int(rest[1]), int(rest[2]))
+            if role == "_mwms":
+                eps = hand_mwms(rest[0], int(rest[1]), int(rest[2]), bool(int(rest[3])))
+            else:
+                eps = hand_ps(rest[0], int(rest[1]), int(rest[2]))
             print(eps if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0 else 0.0)
     else:
         main()

@@ -231,6 +231,11 @@ class TrainingSpec(StrictModel):
     mixed_precision: bool = Field(
         False, description="Keras mixed_float16 on the GPU workers (refused when no worker has a GPU)."
     )
+    jit_compile: bool = Field(
+        False,
+        description="multi_worker_mirrored: compile each replica's forward and backward pass with XLA "
+        "(ResNet-20 on CPU: about 2x; costs a compile before the first step).",
+    )
     lr_scaling: Literal["none", "linear"] = Field(
         "none",
         description="multi_worker_mirrored: linear multiplies learning_rate by the replica count "
@@ -308,6 +313,12 @@ class Spec(StrictModel):
         if self.strategy == "parameter_server" and self.cluster.ps.count < 1:
             raise ValueError(
                 "strategy parameter_server needs cluster.ps.count >= 1 (or use multi_worker_mirrored)"
+            )
+        if self.training.jit_compile and self.strategy == "parameter_server":
+            # the chief traces a step that runs on other machines: XLA there is untested, so refused
+            raise ValueError(
+                "training.jit_compile applies to multi_worker_mirrored only. Fix: set strategy: "
+                "multi_worker_mirrored, or training.jit_compile: false"
             )
         return self
 

@@ -275,13 +275,19 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
+    # The replica's forward and backward pass, XLA-compiled when asked; the all-reduce and the update
+    # stay outside it (XLA does not compile the collectives).
+    @tf.function(jit_compile=t.jit_compile)
+    def gradients(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            per_example = loss_fn(y, model(x, training=True))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
     @tf.function
     def train_steps(it: Any, n: Any) -> Any:
         def replica_fn(x: Any, y: Any) -> Any:
-            with tf.GradientTape() as tape:
-                per_example = loss_fn(y, model(x, training=True))
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            grads = tape.gradient(loss, model.trainable_variables)
+            loss, grads = gradients(x, y)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
