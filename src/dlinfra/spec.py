@@ -7,6 +7,7 @@ commented example `dlinfra init` writes is kept equal to them by a test, and a s
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -73,6 +74,11 @@ class SpotSpec(StrictModel):
         pattern=r"^\d{4}-\d{2}(-\d{2})?$",
         description="When price_per_hour was read (YYYY-MM or YYYY-MM-DD): spot prices move.",
     )
+
+    @field_validator("price_as_of", mode="before")
+    @classmethod
+    def _date_text(cls, v: Any) -> Any:
+        return v.isoformat() if isinstance(v, datetime.date) else v  # YAML reads 2026-11-01 as a date
 
     @model_validator(mode="after")
     def _dated(self) -> SpotSpec:
