@@ -153,8 +153,14 @@ class Metrics(Record):
             "steps": self.steps,
             "train_seconds": self.train_seconds,
             "model_uri": self.model_uri,
-            "interruptions": len(self.interruptions),
-            "steps_lost_to_interruptions": sum(n.steps_lost or 0 for n in self.interruptions),
+            **(
+                {
+                    "interruptions": len(self.interruptions),
+                    "steps_lost_to_interruptions": sum(n.steps_lost or 0 for n in self.interruptions),
+                }
+                if self.interruptions
+                else {}
+            ),
         }
 
 
