@@ -23,6 +23,7 @@ from dlinfra.records import Marker, Metrics, NodeState
 from dlinfra.render import build_node_configs, render_cluster
 from dlinfra.run import Run, utc_now
 from dlinfra.spec import Spec
+from dlinfra.startup import breakdown
 from dlinfra.targets import target_for
 from dlinfra.targets.base import Cluster, Review, Target, TargetOptions
 
@@ -62,6 +63,7 @@ class Outcome:
     log_tail: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
     seconds_to_first_step: float | None = None
+    startup: list[tuple[str, float]] = field(default_factory=list)  # see dlinfra.startup
 
 
 def preview(
@@ -206,7 +208,7 @@ def watch(
     names = list(prepared.user_data)
     started = started or time.time()
     if run.manifest().started is None:  # re-attached runs keep their start
-        run.update_manifest(status="RUNNING", started=utc_now())
+        run.update_manifest(status="RUNNING", started=utc_now(), command_started=started)
     ended_unwatched = store.marker()  # a detached run may have ended before anyone looked
     left_running = False
     try:
@@ -293,6 +295,8 @@ def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) 
     outcome.wall_seconds = ended - started
     if metrics and metrics.first_step_at:
         outcome.seconds_to_first_step = metrics.first_step_at - started
+        statuses = store.statuses(run.manifest().nodes)
+        outcome.startup = breakdown(statuses, metrics.strategy, started)
     if state == "FAILED" and outcome.failed_node:
         outcome.log_tail = run.node_log(outcome.failed_node)[-LOG_TAIL_LINES:]
     if metrics:

@@ -51,6 +51,9 @@ class NodeState(Record):
     resumed_from: int | None = None
     progress_at: float | None = None  # when the trainer began training or last reported a step
     devices: list[str] | None = None  # what TensorFlow sees on the node: "GPU:0 Tesla T4 15 GiB", "CPU:0"
+    # when this life reached each startup phase (epoch seconds): spawned, up, tensorflow, peers, program,
+    # first step (node.status.PHASES); `dlinfra show` and deploy's result say where the seconds went
+    phases: dict[str, float] = Field(default_factory=dict)
     # What the node's beacon (a process beside the trainer) sees of the trainer from outside:
     process: str | None = None  # running | sleeping | disk-wait | stopped | zombie | gone
     stopped_since: float | None = None  # first seen stopped (SIGSTOP, a debugger), else None
@@ -249,6 +252,7 @@ class Manifest(Record):
     rerun_of: str | None = None
     unpinned: list[str] = Field(default_factory=list)
     started: str | None = None
+    command_started: float | None = None  # epoch seconds the deploy command began: startup's clock
     finished: str | None = None
     metrics: dict[str, Any] | None = None
     # What the target created: local node process groups, or cloud instances and their Terraform.

@@ -11,6 +11,7 @@ from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.hardware import cluster_hardware
 from dlinfra.records import Notice
 from dlinfra.run import Run, list_runs
+from dlinfra.startup import breakdown, describe
 from dlinfra.targets import target_for, uses_instance_types
 
 
@@ -120,9 +121,19 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         else f"aws s3 sync {tensorboard} tb/ && tensorboard --logdir tb/",
         **({"ami": manifest.ami_id} if manifest.ami_id else {}),
         **({"spot": spot_summary(metrics.interruptions, metrics.rebalances)} if metrics else {}),
+        **({"startup": describe(steps)} if (steps := _startup(run)) else {}),
         "metrics": shown,
         "manifest": manifest.model_dump(mode="json"),
     }
+
+
+def _startup(run: Run) -> list[tuple[str, float]]:
+    """Seconds from the command to each startup phase (nothing for runs recorded before phases)."""
+    manifest = run.manifest()
+    if manifest.command_started is None:
+        return []
+    statuses = run.store().statuses(manifest.nodes)
+    return breakdown(statuses, manifest.strategy, manifest.command_started)
 
 
 def destroy_run(run_id: str) -> str:

@@ -179,3 +179,34 @@ def test_a_ps_cluster_confined_to_one_cpu_trains(tmp_path: Path) -> None:
     for node in ("chief-0", "ps-0", "worker-0"):
         log = (run_dir / "logs" / f"{node}.log").read_text()
         assert "inter-op threads 2" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("run_name", ["ps_run", "mirrored_run"])
+def test_the_result_says_where_the_seconds_to_the_first_step_went(
+    run_name: str, request: pytest.FixtureRequest
+) -> None:
+    run: Deployed = request.getfixturevalue(run_name)
+    line = next(row for row in run.result.stdout.splitlines() if "startup (s after the command)" in row)
+    shown = run_cli("show", run.run_id, env=dict(os.environ, DLINFRA_HOME=str(run.home)))
+    startup = next(row for row in shown.stdout.splitlines() if row.startswith("startup:"))
+    phases = [part.rsplit(" ", 1) for part in startup.removeprefix("startup: ").split(" · ")]
+    names = [name for name, _ in phases]
+    # every phase of the training node, in the order they happen, on the command's clock
+    own = [name for name in names if "(the last peer)" not in name]
+    assert own == ["spawned", "up", "tensorflow", "peers", "program", "first step"], startup
+    assert any(name.endswith(": tensorflow (the last peer)") for name in names), startup
+    seconds = [float(s) for _, s in phases]
+    assert seconds == sorted(seconds) and seconds[0] > 0 and seconds[-1] < 120
+    assert "spawned" in line  # the deploy's own result table shows it too
+    first_step = run.metrics["first_step_at"] - run.manifest["command_started"]
+    assert abs(first_step - seconds[-1]) < 0.2, (first_step, startup)
+
+
+def test_ps_servers_load_only_tensorflows_server(ps_run: Deployed) -> None:
+    """The workers and the ps of a CPU ps run serve without TensorFlow's API, Keras or scikit-learn
+    (node.serving): their startup reaches `tensorflow` (the server up) long before the chief's."""
+    for name in ("worker-0", "ps-0"):
+        status = json.loads((ps_run.store / "status" / f"{name}.json").read_text())
+        assert status["devices"] == ["CPU:0"] and set(status["phases"]) >= {"spawned", "up", "tensorflow"}
+        log = (ps_run.store / "logs" / f"{name}.log").read_text()
+        assert f"serving {name.split('-')[0]}" in log and "grpc://" in log

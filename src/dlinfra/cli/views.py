@@ -17,6 +17,7 @@ from dlinfra.catalog import InstanceType, catalog
 from dlinfra.cli.console import out, table_box
 from dlinfra.compare import COLUMNS
 from dlinfra.deploy import Outcome, Snapshot
+from dlinfra.startup import describe
 
 
 def _num(value: Any, fmt: str = "{:.0f}") -> str:
@@ -140,6 +141,7 @@ def result_table(outcome: Outcome) -> Table:
         ("training time", _num(m.train_seconds if m else None, "{:.1f} s")),
         ("total time", f"{outcome.wall_seconds:.1f} s"),
         ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
+        ("startup (s after the command)", describe(outcome.startup) or "-"),
         ("eval accuracy", _num(m.eval_accuracy if m else None, "{:.4f}")),
         ("model", m.model_uri if m else "-"),
     ]

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from dlinfra import bundle
 from dlinfra.errors import DlinfraError
 from dlinfra.layout import RunStore
-from dlinfra.node import devices, spot
+from dlinfra.node import devices, serving, spot
 from dlinfra.node.beacon import port_open
 from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
 from dlinfra.node.status import NodeStatus
@@ -59,15 +59,19 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         status.update(state=f"restarting in {delay:.0f}s")
         time.sleep(delay)
     try:
+        serves = cfg.strategy == "parameter_server" and cfg.role != "chief"
+        if serves and cfg.gpus == 0:  # nothing to check on a CPU node that only serves: see serving
+            return _serve(cfg, store, status, devices.inter_op_threads(), lean=True)
         found = devices.probe()
+        status.mark("tensorflow")
         threads = devices.size_thread_pools()
         status.update(devices=found.names)
         pools = f", inter-op threads {threads}" if threads else ""
         print(f"devices: {', '.join(found.names)} (CUDA_VISIBLE_DEVICES={visible!r}{pools})", flush=True)
         if problem := devices.shortfall(cfg, found, visible):
             return _give_up(cfg, store, status, problem, "", verdict="devices")
-        if cfg.strategy == "parameter_server" and cfg.role != "chief":
-            return _serve(cfg, store, status, threads)
+        if serves:
+            return _serve(cfg, store, status, threads, lean=False)
         return _train(cfg, store, status, work)
     except Exception as exc:
         trace = traceback.format_exc()
@@ -92,20 +96,14 @@ def _give_up(
 # ---------------------------------------------------------------- ps and workers of the ps strategy
 
 
-def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int) -> int:
-    import tensorflow as tf
-
-    tf.distribute.Server(
-        tf.train.ClusterSpec(cfg.peers),
-        job_name=cfg.role,
-        task_index=cfg.index,
-        protocol="grpc",
-        # a server's sessions take their pools from this, not from tf.config.threading
-        config=tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads),
-        start=True,
-    )
+def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *, lean: bool) -> int:
+    server = serving.start_server(cfg.peers, cfg.role, cfg.index, threads, lean=lean)
+    status.mark("tensorflow")
+    if lean:
+        status.update(devices=["CPU:0"])  # what TensorFlow names a machine without GPUs
     status.update(state="serving")
-    print(f"serving {cfg.role} {cfg.index} at {cfg.address}", flush=True)
+    pools = f", inter-op threads {threads}" if threads else ""
+    print(f"serving {cfg.role} {cfg.index} at {cfg.address} ({server.target}{pools})", flush=True)
     while (marker := store.marker()) is None:
         time.sleep(POLL_SECONDS)
     status.stop(state=marker.marker.lower())
@@ -130,10 +128,12 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
     else:
         # The mirrored constructor blocks until every worker answers; bound it ourselves.
         strategy = _bounded(loop.make_mirrored_strategy, cfg.startup_timeout, peers)
+    status.mark("peers")
     if cfg.entrypoint and cfg.bundle:
         program = load_entrypoint(bundle.materialize(store, cfg.bundle, cfg.entrypoint, work), t)
     else:
         program = builtin_program(t, work / "data", S3Access(cfg.store.endpoint_url, cfg.store.region))
+    status.mark("program")
     checkpoints = CheckpointSync(store, work)
     progress = Progress(cfg, store, status, work)
     restore_from = checkpoints.download_latest()
@@ -214,6 +214,8 @@ class Progress:
 
     def report(self, step: int, loss: float, examples_per_sec: float) -> None:
         now = time.time()
+        if self.first_step_at is None:
+            self.status.mark("first step")
         self.first_step_at = self.first_step_at or now
         self.last_loss = loss
         self.series.append((now, step, examples_per_sec))

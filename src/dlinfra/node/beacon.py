@@ -25,7 +25,7 @@ from typing import Any
 from dlinfra.layout import RunStore
 from dlinfra.node import spot
 from dlinfra.node.config import EXIT_STOPPED, NodeConfig
-from dlinfra.node.status import read_state, state_file
+from dlinfra.node.status import SPAWNED_AT, read_state, state_file
 from dlinfra.records import NodeState
 
 PR_SET_PDEATHSIG = 1
@@ -84,6 +84,7 @@ class Beacon:
         return subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
+            env=dict(os.environ, **{SPAWNED_AT: f"{time.time():.3f}"}),
             # Its own process group: a signal meant for the trainer (a debugger's SIGSTOP) leaves the
             # beacon running to report it.
             start_new_session=True,

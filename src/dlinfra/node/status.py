@@ -18,6 +18,10 @@ from dlinfra.layout import RunStore
 from dlinfra.records import NodeState
 
 STATE_FILE = "state.json"
+# A trainer's way to its first step, in order: its process spawned (by the beacon), Python and dlinfra
+# imported, TensorFlow loaded, every peer answering, the model and data built, the first step done.
+PHASES = ("spawned", "up", "tensorflow", "peers", "program", "first step")
+SPAWNED_AT = "DLINFRA_SPAWNED_AT"  # set by the beacon: the trainer's process start, in epoch seconds
 
 
 def state_file(work: Path) -> Path:
@@ -56,7 +60,16 @@ class NodeStatus:
             "pid": os.getpid(),
             "error": None,
             "devices": previous.devices if previous else None,
+            "phases": {},
         }
+        spawned = os.environ.get(SPAWNED_AT, "")
+        if spawned.replace(".", "", 1).isdigit():
+            self.fields["phases"]["spawned"] = float(spawned)
+        self.mark("up")
+
+    def mark(self, phase: str) -> None:
+        """This life reached a startup phase (PHASES) now."""
+        self.fields["phases"][phase] = round(time.time(), 3)
         self._write()
 
     @property

@@ -152,8 +152,9 @@ class LocalCluster:
             configs = self._to_loopback(configs)
         (self.run_dir / "nodes").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        # Servers first, so the chief's peer check passes as early as possible.
-        for name in sorted(configs, key=lambda n: n.startswith("chief")):
+        # The chief first: it loads all of TensorFlow and Keras while the ps-strategy servers load
+        # only their gRPC server (node.serving), so its load is the way to the first step.
+        for name in sorted(configs, key=lambda n: not n.startswith("chief")):
             config_path = self.run_dir / "nodes" / f"{name}.json"
             config_path.write_text(configs[name].model_dump_json(indent=2), encoding="utf-8")
             self._launch(name)
