@@ -212,7 +212,8 @@ class Heal(BaseModel):
     node: str
     old: str
     new: str
-    time: str
+    time: str  # when the replacement was up (applied)
+    started: float | None = None  # when the re-apply began (epoch seconds)
     reason: Literal["vanished", "interrupted"] = "vanished"
     noticed: float | None = None  # interrupted: when its beacon saw the spot notice
     on_demand: bool = False  # the spot capacity was not there: replaced on demand (fallback)

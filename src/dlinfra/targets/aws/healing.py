@@ -133,6 +133,7 @@ class InstanceCluster:
         return left
 
     def _heal(self, gone: list[str], notices: dict[str, Notice]) -> None:
+        started = time.time()
         for name in gone:
             why = "left for a spot notice" if name in notices else "is gone"
             self.log(
@@ -154,6 +155,7 @@ class InstanceCluster:
                     old=self.instances[name],
                     new=instance["id"],
                     time=utc_now(),
+                    started=started,
                     reason="interrupted" if notice else "vanished",
                     noticed=notice.noticed if notice else None,
                     on_demand=name in on_demand,
