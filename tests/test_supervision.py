@@ -13,8 +13,15 @@ import pytest
 import yaml
 
 from dlinfra.layout import RunStore
-from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, FINAL_EXIT_CODES
-from dlinfra.node.supervision import backoff_seconds, is_transient, should_restart
+from dlinfra.node.config import (
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_RETRY,
+    FINAL_EXIT_CODES,
+    NO_RESTART_EXIT_CODES,
+)
+from dlinfra.node.supervision import backoff_seconds, is_replaced, is_transient, should_restart
 from dlinfra.records import NodeState
 from dlinfra.render import Install, render_cluster
 from dlinfra.spec import Spec
@@ -27,6 +34,12 @@ def test_signals_and_retry_restart_final_codes_do_not() -> None:
     assert not should_restart(-15) and not should_restart(-2), "told to stop, as systemd sees it"
     assert not any(should_restart(code) for code in FINAL_EXIT_CODES)
     assert not should_restart(None)
+
+
+def test_an_interrupted_node_is_replaced_not_restarted_in_place() -> None:
+    assert not should_restart(EXIT_INTERRUPTED) and is_replaced(EXIT_INTERRUPTED)
+    assert EXIT_INTERRUPTED not in FINAL_EXIT_CODES, "it ends the machine's part, not the run"
+    assert not any(is_replaced(code) for code in (*FINAL_EXIT_CODES, EXIT_RETRY, -9, None))
 
 
 def test_backoff_doubles_and_is_capped() -> None:
@@ -53,10 +66,10 @@ def test_systemd_unit_restarts_exactly_what_the_launcher_restarts() -> None:
     unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
     prevented = re.search(r"^RestartPreventExitStatus=(.*)$", unit, re.M)
     assert prevented is not None
-    assert {int(c) for c in prevented[1].split()} == set(FINAL_EXIT_CODES) - {0}
+    assert {int(c) for c in prevented[1].split()} == set(NO_RESTART_EXIT_CODES) - {0}
     assert "Restart=on-failure" in unit
     poweroff = re.search(r'case "\$EXIT_STATUS" in ([\d|]+)\)', unit)
-    assert poweroff is not None and {int(c) for c in poweroff[1].split("|")} == set(FINAL_EXIT_CODES)
+    assert poweroff is not None and {int(c) for c in poweroff[1].split("|")} == set(NO_RESTART_EXIT_CODES)
 
 
 def _node(tmp_path: Path, max_restarts: int, status: dict | None = None, marker: str | None = None) -> Path:

@@ -41,12 +41,43 @@ def _seconds(manifest: Manifest) -> float | None:
     return span.total_seconds()
 
 
-def cost_usd(spec: Spec, target: str, wall_seconds: float | None) -> float | None:
-    """Wall hours x the target's hourly cost; None when a price is unknown (never guessed)."""
-    per_hour = target_for(target).hourly_cost(spec).total
-    if per_hour is None or wall_seconds is None:
+def node_hours(spec: Spec, manifest: Manifest, wall_seconds: float | None) -> tuple[float, float]:
+    """(on-demand, spot) node-hours: spot roles' nodes ran on spot, except replacements that fell back
+    to on-demand capacity, from their heal on."""
+    if wall_seconds is None:
+        return 0.0, 0.0
+    hours = wall_seconds / 3600
+    shapes = spec.roles().values()
+    spot_nodes = sum(shape.count for shape in shapes if shape.spot)
+    end = datetime.fromisoformat(manifest.finished) if manifest.finished else None
+    moved = sum(
+        max(0.0, (end - datetime.fromisoformat(h.time)).total_seconds()) / 3600
+        for h in manifest.heals
+        if h.on_demand and end is not None
+    )
+    on_demand = (sum(shape.count for shape in shapes) - spot_nodes) * hours + moved
+    return on_demand, max(0.0, spot_nodes * hours - moved)
+
+
+def cost_usd(
+    spec: Spec, target: str, wall_seconds: float | None, manifest: Manifest | None = None
+) -> float | None:
+    """Wall hours x the target's hourly cost, spot hours at the spec's dated spot price; None when a
+    price is unknown (never guessed)."""
+    kind = target_for(target)
+    cost = kind.hourly_cost(spec)
+    if cost.total is None or wall_seconds is None:
         return None
-    return per_hour * wall_seconds / 3600
+    workers = spec.roles()["worker"]
+    if not workers.spot or manifest is None or not kind.uses_instance_types:
+        return cost.total * wall_seconds / 3600
+    _, spot_hours = node_hours(spec, manifest, wall_seconds)
+    price = spec.cluster.workers.spot.price_per_hour
+    if spot_hours and price is None:
+        return None
+    worker_on_demand = (cost.per_role["worker"] or 0.0) / workers.count
+    # every node at on-demand prices, less what each spot hour saved
+    return cost.total * wall_seconds / 3600 - spot_hours * (worker_on_demand - (price or 0.0))
 
 
 def row(run: Run) -> dict[str, Any]:
@@ -73,10 +104,20 @@ def row(run: Run) -> dict[str, Any]:
         "train_seconds": metrics.train_seconds if metrics else None,
         "wall_seconds": wall,
         "eval_accuracy": metrics.eval_accuracy if metrics else None,
-        "cost_usd": cost_usd(spec, manifest.target, wall),
+        "cost_usd": cost_usd(spec, manifest.target, wall, manifest),
+        **_spot_columns(spec, manifest, wall, typed),
         "price_table": catalog().prices_as_of,
         "series": [(t, eps) for t, _, eps in metrics.examples_per_sec_series] if metrics else [],
     }
+
+
+def _spot_columns(spec: Spec, manifest: Manifest, wall: float | None, typed: bool) -> dict[str, Any]:
+    if not typed or not any(shape.spot for shape in spec.roles().values()):
+        return {"on_demand_hours": None, "spot_hours": None, "spot_price": None}
+    on_demand, spot = node_hours(spec, manifest, wall)
+    price = spec.cluster.workers.spot
+    known = f"${price.price_per_hour}/h as of {price.price_as_of}" if price.price_per_hour else None
+    return {"on_demand_hours": on_demand, "spot_hours": spot, "spot_price": known}
 
 
 def compare(refs: list[str]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from dlinfra.layout import RunStore
+from dlinfra.node.config import EXIT_INTERRUPTED
 from dlinfra.records import NodeState
 
 REPLACE_GRACE = 900.0  # a replacement instance boots and installs TensorFlow before its first beat
@@ -42,7 +43,8 @@ def diagnose(
     now: float | None = None,
 ) -> Verdict | None:
     now = time.time() if now is None else now
-    crashed = sorted((n, c) for n, c in exit_codes.items() if c not in (None, 0))
+    # a node that left for a spot notice is being replaced, not crashed
+    crashed = sorted((n, c) for n, c in exit_codes.items() if c not in (None, 0, EXIT_INTERRUPTED))
     if crashed:
         name, code = crashed[0]
         return Verdict("crashed", [name], f"node process exited with code {code}")
@@ -60,7 +62,8 @@ def diagnose(
         return Verdict("frozen", frozen, f"{', '.join(frozen)} stopped for {seconds:.0f}s (process state T)")
 
     def silent_for(s: NodeState) -> float:
-        return now - s.heartbeat - (REPLACE_GRACE if s.state == "replacing" else 0.0)
+        replaced = s.state.startswith("replacing") or s.interrupted
+        return now - s.heartbeat - (REPLACE_GRACE if replaced else 0.0)
 
     lost = sorted(
         (n for n, s in live.items() if silent_for(s) > heartbeat_timeout), key=lambda n: live[n].heartbeat
@@ -74,7 +77,8 @@ def diagnose(
         )
     progress = [s.progress_at for s in live.values() if s.progress_at is not None]
     busy = any(
-        s.state in ("exporting", "replacing") or s.state.startswith("restarting") for s in live.values()
+        s.state == "exporting" or s.state.startswith(("restarting", "replacing")) or s.interrupted
+        for s in live.values()
     )
     if progress and not busy and now - max(progress) > stall_timeout:
         waiting = sorted(live)

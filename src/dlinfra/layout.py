@@ -9,6 +9,7 @@
     model/                        SavedModel and .keras of the trained model
     tensorboard/                  event files
     debug/request.json            a request for stack dumps; debug/<node>.stacks.txt: the dumps
+    notices/<node>.<ms>.json      Notice: a spot notice a node's beacon saw, and how the node left
     code/bundle-<sha256>.tar.gz   the user's code; code/<wheel>: the dlinfra that cloud nodes install
     terraform/                    the provider lock file and tfvars of a cloud run
 
@@ -35,6 +36,7 @@ from dlinfra.records import (
     MarkerName,
     Metrics,
     NodeState,
+    Notice,
     Record,
 )
 from dlinfra.store import Store
@@ -48,6 +50,7 @@ LATEST_CHECKPOINT = f"{CHECKPOINTS}/latest.json"
 MODEL = "model"
 TENSORBOARD = "tensorboard"
 STACKS_REQUEST = "debug/request.json"
+NOTICES = "notices"
 STACKS_HEADER = "# dlinfra stack dump for request "
 # The results bucket's lifecycle rule expires old checkpoints by this tag (prefix patterns can't match).
 CHECKPOINT_TAGS = {"dlinfra:kind": "checkpoint"}
@@ -146,7 +149,7 @@ class RunStore:
         files = sorted(p for p in directory.iterdir() if p.name.startswith(prefix + "."))
         for path in files:
             self.store.put_file(f"{CHECKPOINTS}/{path.name}", path, tags=CHECKPOINT_TAGS)
-        pointer = CheckpointPointer(step=step, prefix=prefix, files=[p.name for p in files])
+        pointer = CheckpointPointer(step=step, prefix=prefix, files=[p.name for p in files], time=time.time())
         self._write(LATEST_CHECKPOINT, pointer)
         return pointer
 
@@ -198,6 +201,23 @@ class RunStore:
 
     def stacks_uri(self, node: str) -> str:
         return self.store.uri(f"debug/{node}.stacks.txt")
+
+    # ---------------------------------------------------------------- spot notices
+
+    def put_notice(self, notice: Notice) -> None:
+        self._write(f"{NOTICES}/{notice.key}.json", notice)
+
+    def notice_keys(self) -> list[str]:
+        """One LIST: the notices' keys (what a poller compares with what it has seen)."""
+        return [key for key in self.store.list_keys(f"{NOTICES}/") if key.endswith(".json")]
+
+    def notice(self, key: str) -> Notice | None:
+        return self._read(Notice, key)
+
+    def notices(self) -> list[Notice]:
+        """Every spot notice of the run, oldest first."""
+        found = [self.notice(key) for key in self.notice_keys()]
+        return sorted((n for n in found if n is not None), key=lambda n: n.noticed)
 
     # ---------------------------------------------------------------- code and pins
 

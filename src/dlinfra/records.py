@@ -19,6 +19,8 @@ SCHEMA_VERSION = 1
 MarkerName = Literal["DONE", "FAILED", "STOPPED"]
 MARKERS: tuple[MarkerName, ...] = ("DONE", "FAILED", "STOPPED")
 FINISHED_NODE_STATES = ("done", "failed", "stopped")
+INTERRUPTED_NODE_STATES = ("interrupted", "replacing (interrupted)")
+NoticeKind = Literal["interruption", "rebalance"]
 
 
 class Record(BaseModel):
@@ -56,6 +58,12 @@ class NodeState(Record):
     process: str | None = None  # running | sleeping | disk-wait | stopped | zombie | gone
     stopped_since: float | None = None  # first seen stopped (SIGSTOP, a debugger), else None
     port_open: bool | None = None  # the node's TF port accepts connections
+    notice: str | None = None  # what EC2 announced for its machine: a rebalance, an interruption
+
+    @property
+    def interrupted(self) -> bool:
+        """Left ahead of a spot reclaim (or being replaced after it): not a restart of the node."""
+        return self.state in INTERRUPTED_NODE_STATES
 
     @property
     def finished(self) -> bool:
@@ -77,6 +85,35 @@ class Marker(Record):
     last_checkpoint: str | None = None  # the checkpoint prefix a STOPPED run can resume from
     step: int | None = None
     eval_accuracy: float | None = None
+
+
+class Notice(Record):
+    """A spot notice one node's beacon saw in its instance metadata, and what came of it. Written by
+    that beacon only: when it sees the notice, then again when the node leaves."""
+
+    node: str
+    kind: NoticeKind
+    noticed: float  # when the beacon saw it
+    action: str | None = None  # EC2's instance-action: terminate | stop | hibernate
+    deadline: float | None = None  # when EC2 said it will act
+    acted: bool = False  # the node leaves (an interruption, or a rebalance with act_on_rebalance)
+    step_at_notice: int | None = None  # the run's step (its chief's) when the notice was seen
+    checkpoint_step: int | None = None  # the latest checkpoint when the node left
+    checkpoint_time: float | None = None
+    left: float | None = None  # when the node's trainer was stopped and the node exited
+    step_at_left: int | None = None
+    steps_lost: int | None = None  # trained before the node left, held by no checkpoint a restart reads
+    exit_code: int | None = None
+
+    @property
+    def key(self) -> str:
+        """Unique in the run: a node replaced after one notice can get another."""
+        return f"{self.node}.{int(self.noticed * 1000)}"
+
+    @property
+    def seconds_used(self) -> float | None:
+        """Of the notice EC2 gave, how long the node took to leave."""
+        return None if self.left is None else self.left - self.noticed
 
 
 class MeanSd(BaseModel):
@@ -109,6 +146,8 @@ class Metrics(Record):
     final_loss: float | None = None
     model_uri: str
     checkpoint: str | None = None
+    interruptions: list[Notice] = Field(default_factory=list)  # spot notices the nodes acted on
+    rebalances: int = 0  # rebalance recommendations seen (only logged unless act_on_rebalance)
 
     def summary(self) -> dict[str, Any]:
         """What the manifest keeps of the metrics (the series stay in metrics.json)."""
@@ -117,6 +156,14 @@ class Metrics(Record):
             "steps": self.steps,
             "train_seconds": self.train_seconds,
             "model_uri": self.model_uri,
+            **(
+                {
+                    "interruptions": len(self.interruptions),
+                    "steps_lost_to_interruptions": sum(n.steps_lost or 0 for n in self.interruptions),
+                }
+                if self.interruptions
+                else {}
+            ),
         }
 
 
@@ -126,6 +173,7 @@ class CheckpointPointer(Record):
     step: int = Field(ge=0)
     prefix: str  # ckpt-<step>
     files: list[str]
+    time: float | None = None  # when the pointer was written: the checkpoint is complete from then
 
     @model_validator(mode="after")
     def _names_stay_in_checkpoints(self) -> CheckpointPointer:
@@ -164,7 +212,11 @@ class Heal(BaseModel):
     node: str
     old: str
     new: str
-    time: str
+    time: str  # when the replacement was up (applied)
+    started: float | None = None  # when the re-apply began (epoch seconds)
+    reason: Literal["vanished", "interrupted"] = "vanished"
+    noticed: float | None = None  # interrupted: when its beacon saw the spot notice
+    on_demand: bool = False  # the spot capacity was not there: replaced on demand (fallback)
 
 
 class PlanCounts(BaseModel):

@@ -9,6 +9,7 @@ from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.hardware import cluster_hardware
+from dlinfra.records import Notice
 from dlinfra.run import Run, list_runs
 from dlinfra.startup import breakdown, describe
 from dlinfra.targets import target_for, uses_instance_types
@@ -119,6 +120,7 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         if tensorboard.startswith("file://")
         else f"aws s3 sync {tensorboard} tb/ && tensorboard --logdir tb/",
         **({"ami": manifest.ami_id} if manifest.ami_id else {}),
+        **({"spot": spot_summary(metrics.interruptions, metrics.rebalances)} if metrics else {}),
         **({"startup": describe(steps)} if (steps := _startup(run)) else {}),
         "metrics": shown,
         "manifest": manifest.model_dump(mode="json"),
@@ -200,3 +202,16 @@ def live_stacks(run_id: str | None, node: str | None) -> Iterator[str]:
             yield from dumps[name].splitlines()
         else:
             yield f"=== {name}: no answer (its beacon is not running, or py-spy could not read the trainer)"
+
+
+def spot_summary(interruptions: list[Notice], rebalances: int) -> str:
+    """One line of a run's spot notices: how many, how much of the notice the nodes used, steps lost."""
+    if not interruptions:
+        return f"no interruptions, {rebalances} rebalance recommendations"
+    used = [n.seconds_used for n in interruptions if n.seconds_used is not None]
+    lost = sum(n.steps_lost or 0 for n in interruptions)
+    return (
+        f"{len(interruptions)} interruptions ({', '.join(n.node for n in interruptions)}), "
+        f"{max(used, default=0):.1f}s of notice used at most, {lost} steps lost past the notices, "
+        f"{rebalances} rebalance recommendations"
+    )

@@ -66,6 +66,10 @@ class Store:
         """`tags`: object tags where the backend has them (S3 lifecycle rules match on them)."""
         raise NotImplementedError
 
+    def list_keys(self, prefix: str) -> list[str]:
+        """Keys under `prefix` (a folder: "notices/"), relative to the store, sorted."""
+        raise NotImplementedError
+
     def get_file(self, key: str, path: Path) -> bool:
         data = self.get_bytes(key)
         if data is None:
@@ -124,6 +128,16 @@ class FileStore(Store):
             return self._path(key).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+
+    def list_keys(self, prefix: str) -> list[str]:
+        folder = self._path(prefix.rstrip("/"))
+        if not folder.is_dir():
+            return []
+        return sorted(
+            p.relative_to(self.root).as_posix()
+            for p in folder.rglob("*")
+            if p.is_file() and not p.name.startswith(".tmp-")  # a write in progress is not a key yet
+        )
 
     def put_file(self, key: str, path: Path, tags: dict[str, str] | None = None) -> None:
         dest = self._path(key)
@@ -212,6 +226,16 @@ class S3Store(Store):
                 raise
 
         return self._retrying(get, "read")
+
+    def list_keys(self, prefix: str) -> list[str]:
+        def listed() -> list[str]:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix.rstrip("/")) + "/"
+            )
+            skip = len(self.prefix) + 1 if self.prefix else 0
+            return sorted(o["Key"][skip:] for page in pages for o in page.get("Contents", []))
+
+        return self._retrying(listed, "list")
 
     def put_file(self, key: str, path: Path, tags: dict[str, str] | None = None) -> None:
         extra = {"Tagging": urlencode(tags)} if tags else None

@@ -66,10 +66,23 @@ class Terraform:
     def init(self) -> None:
         self.run(["init", "-input=false", "-no-color"], json_events=False)
 
-    def plan(self, var_file: Path, out: Path, targets: tuple[str, ...] = (), lock: bool = True) -> None:
+    def plan(
+        self,
+        var_file: Path,
+        out: Path,
+        targets: tuple[str, ...] = (),
+        lock: bool = True,
+        replace: tuple[str, ...] = (),
+        refresh: bool = True,
+    ) -> None:
+        """`replace`: resources to destroy and create again even though nothing changed; without
+        `refresh`, the state is trusted as it is (the caller just saw the real resources)."""
         args = ["plan", "-input=false", "-json", f"-var-file={var_file}", f"-out={out}"]
         if not lock:
             args.append("-lock=false")
+        if not refresh:
+            args.append("-refresh=false")
+        args += [f"-replace={address}" for address in replace]
         self.run([*args, *(f"-target={address}" for address in targets)])
 
     def show_json(self, plan_file: Path) -> dict[str, Any]:

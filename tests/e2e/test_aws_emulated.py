@@ -527,3 +527,76 @@ def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_paramete
     assert gone.returncode == 2 and "Traceback" not in gone.stderr
     refusal = f"aws.ami: {first}, the AMI run {run_dir.name} booted (a rerun pins it), no longer exists"
     assert refusal in gone.stderr
+
+
+def _terminate_frees_private_ips_as_aws_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stand-in for AWS behaviour moto lacks (see _release_private_ip_as_aws_does): a terminated
+    instance's private IP is free again, so a replacement that destroys the old instance first (as
+    healing does after a spot notice) can take it. Patched in this process, where the server runs."""
+    from moto.ec2.models.instances import InstanceBackend
+
+    terminate = InstanceBackend.terminate_instances
+
+    def terminate_and_free(self: Any, instance_ids: list[str]) -> Any:
+        done = terminate(self, instance_ids)
+        for instance, _ in done:
+            self.get_subnet(instance.subnet_id).del_subnet_ip(instance.private_ip)
+        return done
+
+    monkeypatch.setattr(InstanceBackend, "terminate_instances", terminate_and_free)
+
+
+def test_spot_notice_starts_the_replacement_before_its_heartbeat_timeout(
+    aws_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EC2's spot notice, which cannot exist here, comes from the loopback metadata stand-in for
+    worker-0's instance only. Its node checkpoints through the chief and leaves; the watcher replaces
+    the instance at once by a targeted re-apply (destroying the noticed instance first), begun well
+    before the heartbeat timeout would have named the node lost, and the run completes. The re-apply
+    itself (terraform plan and apply against moto) takes 40-100 s on this machine: the figure is
+    printed, not asserted (see the issue's note)."""
+    from metadata_stand_in import MetadataStandIn
+
+    _terminate_frees_private_ips_as_aws_does(monkeypatch)
+    here = aws_env["home"] / "spot-notice"
+    here.mkdir()
+    heartbeat_timeout = 60  # the default, stated: the assertion below is measured against it
+    args = ("--target", "aws", "--workers", "2", "--steps", "6000", "--yes", "--emulate-instances")
+    spot = ("--set", "cluster.workers.spot=true", "--set", f"cluster.heartbeat_timeout={heartbeat_timeout}")
+    ec2 = _client(aws_env["endpoint"], "ec2")
+    with MetadataStandIn() as imds:
+        env = dict(aws_env["env"], DLINFRA_METADATA_ENDPOINT=imds.node_template())
+        live = start_deploy(here, *args, *spot, *aws_env["args"], env=env)
+        live.wait_for_step("chief-0", 300)
+        before = json.loads((live.run_dir / "manifest.json").read_text())["instances"]
+        noticed_at = imds.interrupt("worker-0")
+        done = live.finish(timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = json.loads((live.run_dir / "manifest.json").read_text())
+    [heal] = manifest["heals"]
+    assert heal["node"] == "worker-0" and heal["reason"] == "interrupted" and not heal["on_demand"]
+    healed_at = datetime.fromisoformat(heal["time"]).timestamp()
+    began = heal["started"] - noticed_at
+    assert 0 < began < heartbeat_timeout / 2, f"the replacement began {began:.0f}s after the notice"
+    after = manifest["instances"]
+    assert after["worker-0"] != before["worker-0"] == heal["old"] and after["worker-0"] == heal["new"]
+    assert {k: v for k, v in after.items() if k != "worker-0"} == {
+        k: v for k, v in before.items() if k != "worker-0"
+    }, "only the noticed instance is replaced"
+    old = ec2.describe_instances(InstanceIds=[heal["old"]])["Reservations"][0]["Instances"][0]
+    new = ec2.describe_instances(InstanceIds=[heal["new"]])["Reservations"][0]["Instances"][0]
+    assert old["State"]["Name"] == "terminated" and new["PrivateIpAddress"] == old["PrivateIpAddress"]
+    assert new.get("InstanceLifecycle") == "spot"
+    s3 = _client(aws_env["endpoint"], "s3")
+    prefix = f"runs/{live.run_dir.name}/"
+    metrics = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "metrics.json")["Body"].read())
+    assert metrics["steps"] == 6000
+    assert [(n["node"], n["exit_code"], n["steps_lost"]) for n in metrics["interruptions"]] == [
+        ("worker-0", 76, 0)
+    ]
+    print(
+        "\nFAULT spot notice (moto): "
+        + json.dumps(
+            {"replacement_began_s": round(began), "replaced_after_notice_s": round(healed_at - noticed_at)}
+        )
+    )

@@ -56,6 +56,8 @@ def nodes_table(nodes: dict[str, dict[str, Any] | None], title: str = "") -> Tab
         state = st.get("state", "?")
         if st.get("process") in ("stopped", "zombie", "gone") and state not in ("done", "failed", "stopped"):
             state += f" (process {st['process']})"  # what the beacon sees, not what the trainer last said
+        if st.get("notice"):  # EC2's word about the machine: a rebalance or a coming interruption
+            state += f" · {st['notice']}"
         table.add_row(
             name,
             state,
@@ -264,16 +266,26 @@ def compare_cells(r: dict[str, Any]) -> list[str]:
         _num(r["train_seconds"], "{:.1f}"),
         _num(r["wall_seconds"], "{:.0f}"),
         _num(r["eval_accuracy"], "{:.4f}"),
-        _num(r["cost_usd"], "{:.4f}"),
+        _cost(r),
     ]
+
+
+def _cost(r: dict[str, Any]) -> str:
+    """Dollars, and where spot ran, the on-demand and spot node-hours behind them."""
+    cell = _num(r["cost_usd"], "{:.4f}")
+    if not r.get("spot_hours"):
+        return cell
+    cell = "?" if r["cost_usd"] is None else cell  # never a guessed spot price
+    note = "" if r.get("spot_price") else ", no spot price"
+    return f"{cell} (on-demand {r['on_demand_hours']:.2f} h, spot {r['spot_hours']:.2f} h{note})"
 
 
 def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]:
     """Runs as rows when that fits the screen; else the runs as columns under short labels (a metric
     a row, as many runs a table as fit), with a legend of the whole ids. No cell is ever cut."""
     note = Text(
-        f"cost $: instance-hours x on-demand prices of {catalog().prices_as_of},\n"
-        "NAT gateway included; local runs cost 0"
+        f"cost $: instance-hours x on-demand prices of {catalog().prices_as_of} (spot hours x the\n"
+        "spec's dated cluster.workers.spot.price_per_hour), NAT gateway included; local runs cost 0"
     )
     cells = [compare_cells(r) for r in rows]
     if _width([[c, *(row[i] for row in cells)] for i, c in enumerate(COLUMNS)]) <= width:
@@ -305,7 +317,8 @@ def compare_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(compare_cells(r)) + " |" for r in rows]
     lines.append(
-        f"\nCost: instance-hours x on-demand prices of {catalog().prices_as_of}, NAT gateway included "
+        f"\nCost: instance-hours x on-demand prices of {catalog().prices_as_of} (spot hours x the spec's "
+        "dated cluster.workers.spot.price_per_hour), NAT gateway included "
         "(`dlinfra instances`; src/dlinfra/instance_types.json)."
     )
     return "\n".join(lines) + "\n"

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from dlinfra import bundle
 from dlinfra.errors import DlinfraError
 from dlinfra.layout import RunStore
-from dlinfra.node import devices, serving
+from dlinfra.node import devices, serving, spot
 from dlinfra.node.beacon import port_open
 from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
 from dlinfra.node.status import NodeStatus
@@ -143,6 +143,7 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
         on_progress=progress.report,
         on_checkpoint=checkpoints.upload if cfg.is_chief else (lambda step, d: None),
         restore_from=restore_from,
+        checkpoint_now=(lambda: spot.checkpoint_requested(work)) if cfg.spot_in_cluster else None,
     )
     status.update(state="training")
     started = time.time()
@@ -181,6 +182,7 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
         final_loss=progress.last_loss,
         model_uri=model_uri,
         checkpoint=checkpoints.latest_uri,
+        **(spot.recorded(store) if cfg.spot_in_cluster else {}),
     )
     store.put_metrics(metrics)
     store.write_marker("DONE", node=cfg.name, step=outcome.step, eval_accuracy=accuracy)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.layout import RunStore
+from dlinfra.node import spot
 from dlinfra.node.config import EXIT_STOPPED, NodeConfig
 from dlinfra.node.status import SPAWNED_AT, read_state, state_file
 from dlinfra.records import NodeState
@@ -50,6 +51,10 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     trainer = beacon.start_trainer(config_path)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: _forward(trainer, signum))
+    if cfg.spot:
+        beacon.spot = spot.SpotWatch(cfg, beacon.store, lambda: _forward(trainer, signal.SIGTERM)).start()
+    if cfg.spot_in_cluster and cfg.is_chief:
+        spot.NoticeRelay(beacon.store, work).start()
     return beacon.watch(trainer)
 
 
@@ -58,6 +63,7 @@ class Beacon:
         self.cfg, self.store, self.work, self.log_file = cfg, store, work, log_file
         self.stopped_since: float | None = None
         self.answered: str | None = None
+        self.spot: spot.SpotWatch | None = None
         with contextlib.suppress(Exception):  # a store outage must not end the node before it starts
             self.answered = store.stacks_request()  # requests older than this life are not ours
         self._log_size = -1
@@ -89,9 +95,12 @@ class Beacon:
         while True:
             code = trainer.poll()
             fields = read_state(state_file(self.work))  # read once a beat, for both uses below
+            leaving = self.spot is not None and self.spot.leaving.is_set()
+            if leaving and code is not None and fields is not None:
+                fields["state"] = "interrupted"
             self.publish(trainer.pid, fields, gone=code is not None)
             if code is not None:
-                return _end_like(code)
+                return self.spot.finish() if self.spot is not None and leaving else _end_like(code)
             self.answer_stack_requests(trainer.pid)
             if self._past_max_runtime(fields):
                 self.store.write_marker(
@@ -118,6 +127,7 @@ class Beacon:
                 process=process,
                 stopped_since=self.stopped_since,
                 port_open=None if gone else port_open(self.cfg.address),
+                notice=self.spot.text if self.spot else None,
             )
             self.store.put_status(state)
             self._sync_log()

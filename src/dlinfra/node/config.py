@@ -22,7 +22,12 @@ EXIT_FAILED = 1  # the run failed (user code, data, too many restarts): restarti
 EXIT_USAGE = 2  # bad node config or flags
 EXIT_STOPPED = 3  # the max_runtime watchdog fired
 EXIT_RETRY = 75  # EX_TEMPFAIL: a peer went away; start me again and I resume from the checkpoint
+# A spot notice: the machine is being reclaimed. Starting the node again on it is pointless; the watcher
+# (or, locally, the launcher) starts a replacement elsewhere instead.
+EXIT_INTERRUPTED = 76
 FINAL_EXIT_CODES = (EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED)
+# What a supervisor on the node's own machine (systemd) must not restart; the machine powers off.
+NO_RESTART_EXIT_CODES = (*FINAL_EXIT_CODES, EXIT_INTERRUPTED)
 
 
 class StoreConfig(BaseModel):
@@ -99,6 +104,9 @@ class NodeConfig(BaseModel):
     instance_type: str | None = None  # what the node runs on (None: a process on the deploying machine)
     gpus: int = 0  # GPUs the node trains on; it fails at once if TensorFlow sees fewer
     gpu_offset: int = 0  # its first GPU among its machine's (nodes sharing a machine split its GPUs)
+    spot: bool = False  # on spot capacity: its beacon watches the instance metadata for notices
+    act_on_rebalance: bool = False  # a rebalance recommendation is treated as an interruption notice
+    spot_in_cluster: bool = False  # some node is spot: the chief's beacon relays their notices to it
 
     @property
     def name(self) -> str:
@@ -110,6 +118,11 @@ class NodeConfig(BaseModel):
         if self.strategy == "multi_worker_mirrored":
             return self.role == "worker" and self.index == 0
         return self.role == "chief"
+
+    @property
+    def chief_name(self) -> str:
+        """The node that saves checkpoints (see is_chief)."""
+        return "worker-0" if self.strategy == "multi_worker_mirrored" else "chief-0"
 
     def default_work_dir(self) -> Path:
         """Local scratch (checkpoints, model, the trainer's state file) when none is given."""

@@ -52,7 +52,8 @@ class NodeStatus:
             "total_steps": None,
             "loss": None,
             "examples_per_sec": None,
-            "restarts": previous.restarts + 1 if previous else 0,  # left by an earlier life: a restart
+            # left by an earlier life: a restart, unless it left for a spot notice (a replacement)
+            "restarts": previous.restarts + int(not previous.interrupted) if previous else 0,
             "started": now,
             "first_started": previous.first_started if previous else now,
             "host": socket.gethostname(),

@@ -1,9 +1,13 @@
 """How a node agent ends, and whether its supervisor starts it again.
 
 One contract for both supervisors: systemd on EC2 (`Restart=on-failure` with
-`RestartPreventExitStatus` built from FINAL_EXIT_CODES) and the local launcher (`should_restart`).
+`RestartPreventExitStatus` built from NO_RESTART_EXIT_CODES) and the local launcher (`should_restart`).
 The agent itself counts its restarts in the store, backs off, and gives up after `max_restarts`,
 so both supervisors can simply restart whatever did not end for good.
+
+A node interrupted by a spot notice (EXIT_INTERRUPTED) is not restarted in place: its machine is
+going away. It is replaced (`is_replaced`): by the watcher's targeted re-apply on EC2, by a fresh
+process from the local launcher.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from dlinfra.node.config import FINAL_EXIT_CODES
+from dlinfra.node.config import EXIT_INTERRUPTED, NO_RESTART_EXIT_CODES
 
 # TensorFlow's errors for a peer that vanished or restarted (a killed ps, a lost all-reduce member).
 # Everything else — a bug in user code, bad data, an OOM — fails the run instead of looping.
@@ -27,9 +31,14 @@ CLEAN_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPI
 def should_restart(exit_code: int | None) -> bool:
     """A process killed by any other signal (negative code: KILL, SEGV, ABRT…) or asking for a retry
     is started again."""
-    if exit_code is None or exit_code in FINAL_EXIT_CODES:
+    if exit_code is None or exit_code in NO_RESTART_EXIT_CODES:
         return False
     return exit_code > 0 or -exit_code not in CLEAN_STOP_SIGNALS
+
+
+def is_replaced(exit_code: int | None) -> bool:
+    """The node left its machine ahead of a spot reclaim: start it again on another one."""
+    return exit_code == EXIT_INTERRUPTED
 
 
 def backoff_seconds(restarts: int) -> float:

@@ -14,7 +14,7 @@ import yaml
 
 from dlinfra.errors import SpecError
 from dlinfra.images import IMAGE_JSON_PATH, VENV, flavor_for, pip_options
-from dlinfra.node.config import FINAL_EXIT_CODES, NODE_JSON_PATH, NodeConfig
+from dlinfra.node.config import NO_RESTART_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 
 WHEEL_DIR = "/opt/dlinfra-wheel"
 
@@ -92,7 +92,7 @@ def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
         venv=VENV,
         # the agent's own watchdog fires first; the OS one is the backstop a hung agent cannot skip
         shutdown_minutes=math.ceil(config.max_runtime / 60) + 5,
-        final_exit_codes=FINAL_EXIT_CODES,
+        final_exit_codes=NO_RESTART_EXIT_CODES,
     )
 
 

@@ -27,6 +27,7 @@ def build_node_configs(
     # Heartbeats come several times per timeout so one slow write is never read as a lost node.
     heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
     hardware = cluster_hardware(spec, typed)
+    shapes = spec.roles()
     # Nodes that share a machine (local processes) take consecutive slices of its GPUs.
     gpu_offset: dict[str, int] = {}
     taken: dict[str, int] = {}
@@ -51,6 +52,9 @@ def build_node_configs(
             instance_type=hardware[node.role].instance_type if typed else None,
             gpus=hardware[node.role].gpus,
             gpu_offset=gpu_offset[node.name],
+            spot=shapes[node.role].spot,
+            act_on_rebalance=spec.cluster.spot.act_on_rebalance,
+            spot_in_cluster=any(shape.spot for shape in shapes.values()),
         )
         for node in plan
     }

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from dlinfra.errors import DlinfraError
 from dlinfra.node.config import NodeConfig
-from dlinfra.node.supervision import should_restart
+from dlinfra.node.supervision import is_replaced, should_restart
 from dlinfra.prepare import NodeInstall
 from dlinfra.pricing import HourlyCost
 from dlinfra.render import AddressPlan, loopback_plan, node_config_from_user_data
@@ -133,13 +133,16 @@ class LocalCluster:
     `remap` rewrites cluster addresses (e.g. EC2 private IPs → loopback ports) so the same
     user-data that boots an instance can boot a local process (the aws target's emulation).
     `record` gets the node pids whenever they change (start, restart), so the manifest never names
-    a process group that is gone while its replacement runs unknown to `dlinfra destroy`."""
+    a process group that is gone while its replacement runs unknown to `dlinfra destroy`.
+    `replace_interrupted`: a node that left for a spot notice is started again as its replacement
+    would be; off where the processes stand in for instances, whose watcher replaces them."""
 
     run_dir: Path
     remap: bool = False
     restart_together: bool = False
     namespace: private_network.Namespace | None = None
     record: Callable[[dict[str, int]], None] = lambda pids: None
+    replace_interrupted: bool = True
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
     _loopback: dict[str, str] = field(default_factory=dict)
 
@@ -199,9 +202,17 @@ class LocalCluster:
     def poll(self) -> dict[str, int | None]:
         """Restart what should be restarted; report the exit codes of the rest (None: running)."""
         codes = self.exit_codes()
-        broken = sorted(name for name, code in codes.items() if should_restart(code))
+        broken = sorted(
+            name
+            for name, code in codes.items()
+            if should_restart(code) or (self.replace_interrupted and is_replaced(code))
+        )
         if not broken:
             return codes
+        for name in broken:  # the supervisor's own account, beside the node's (a test reads it)
+            with open(self.nodes[name].log, "a", encoding="utf-8") as log:
+                then = "starting its replacement" if is_replaced(codes[name]) else "restarting it"
+                log.write(f"launcher: {name} exited with code {codes[name]}: {then}\n")
         again = [n for n, c in codes.items() if c is None or n in broken] if self.restart_together else broken
         for name in again:
             self.kill(name)

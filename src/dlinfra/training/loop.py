@@ -33,6 +33,8 @@ class Hooks:
     on_progress: Callable[[int, float, float], None] = lambda step, loss, eps: None
     on_checkpoint: Callable[[int, Path], None] = lambda step, directory: None
     restore_from: Path | None = None  # a local checkpoint prefix (…/ckpt-N) to resume from
+    # Asked at each progress report when some node is spot: True once a notice wants a checkpoint now.
+    checkpoint_now: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -206,10 +208,12 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
     meter = _Meter(step, t.batch_size)
     in_flight: collections.deque[list[Any]] = collections.deque()
     spe = t.steps_per_execution
+    urgent = False  # a spot notice: schedule nothing more, save what is done, before the node leaves
     while True:
+        urgent = urgent or (hooks.checkpoint_now is not None and hooks.checkpoint_now())
         # Keep one chunk queued behind the one we wait on, so workers never idle on our polling, but
         # never schedule past the next checkpoint: a fault then loses at most checkpoint_every steps.
-        limit = min(t.steps, last_ckpt + t.checkpoint_every)
+        limit = scheduled if urgent else min(t.steps, last_ckpt + t.checkpoint_every)
         while scheduled < limit and len(in_flight) < 2:
             chunk = min(t.log_every, limit - scheduled)
             calls = [
@@ -231,6 +235,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
             manager.save(checkpoint_number=step, options=io)
             hooks.on_checkpoint(step, hooks.work_dir / "checkpoints")
             last_ckpt = step
+        urgent = False
         if step >= t.steps:
             break
         # Async updates may race on the step counter: schedule what the counter still lacks.
@@ -305,12 +310,22 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
         loss = float(train_steps(iterator, tf.constant(n)))
         step = int(optimizer.iterations.numpy())
         hooks.on_progress(step, loss, meter.tick(step))
-        if step - last_ckpt >= t.checkpoint_every or step >= t.steps:
+        urgent = hooks.checkpoint_now is not None and _any_worker(strategy, hooks.checkpoint_now())
+        if urgent or step - last_ckpt >= t.checkpoint_every or step >= t.steps:
             manager.save(checkpoint_number=step)
             if cfg.is_chief:
                 hooks.on_checkpoint(step, ckpt_dir)
             last_ckpt = step
     return Outcome(model, step, scale, meter.examples_per_sec, meter.steps_per_sec)
+
+
+def _any_worker(strategy: Any, wanted: bool) -> bool:
+    """Whether any worker wants a checkpoint now: the save is collective, so every worker must decide
+    alike at the same step (only the chief sees a spot notice)."""
+    import tensorflow as tf
+
+    flags = strategy.run(lambda: tf.constant(1.0 if wanted else 0.0))
+    return float(strategy.reduce("MAX", flags, axis=None)) > 0
 
 
 # ---------------------------------------------------------------- evaluation and export

@@ -168,6 +168,7 @@ variable "roles" {
     nodes = map(object({
       private_ip = string
       user_data  = string
+      spot       = optional(bool) # overrides the role's spot for one node (an on-demand replacement)
     }))
   }))
 

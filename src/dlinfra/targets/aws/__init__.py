@@ -152,6 +152,7 @@ class AwsTarget:
                 remap=True,
                 restart_together=mirrored,
                 record=lambda pids: run.update_manifest(pids=pids),
+                replace_interrupted=False,  # an interrupted instance is replaced by healing
             )
             try:
                 cluster.emulated.start(instance_user_data(preflight.client(spec, "ec2"), instances))

@@ -93,6 +93,8 @@ class PlanSummary:
             price = "$?/h" if usd is None else f"${usd:.3f}/h"
             lines.append(f"  {hw.role:<7} {hw.count:>3} x {hw.describe(typed=True)} · {price}")
         lines.append(self._cost_line())
+        if spot := spot_line(self.spec, self.cost):
+            lines.append(spot)
         if self.images:
             lines.append(self.images)
         return "\n".join(lines)
@@ -108,7 +110,9 @@ class PlanSummary:
             f"**{self.add}** to add, **{self.change}** to change, **{self.destroy}** to destroy.\n\n"
             "| role | nodes | instance type | vCPUs each | GPUs each (used) | $/hour (all nodes) |\n"
             "|---|---:|---|---:|---|---:|\n"
-            f"{rows}\n\n{self._cost_line()}\n" + (f"\n{self.images}\n" if self.images else "")
+            f"{rows}\n\n{self._cost_line()}\n"
+            + (f"\n{spot}\n" if (spot := spot_line(self.spec, self.cost)) else "")
+            + (f"\n{self.images}\n" if self.images else "")
         )
 
     def _cost_line(self) -> str:
@@ -117,6 +121,27 @@ class PlanSummary:
         unpriced = self.cost.unpriced
         warn = f" (no price for {', '.join(unpriced)}: not counted)" if unpriced else ""
         return f"Estimated ${roles_usd:.2f}/hour on demand{extras}{warn}. Prices: {catalog().price_note()}."
+
+
+def spot_line(spec: Spec, cost: HourlyCost) -> str | None:
+    """Spot workers: the estimate above is the worst case (all on demand, what a fallback pays); what
+    spot saves is said only from a spot price the spec gives, with its date."""
+    spot, workers = spec.cluster.workers.spot, spec.cluster.workers.count
+    if not spot.enabled:
+        return None
+    fallback = f"a replacement without spot capacity: {spot.fallback} (cluster.workers.spot.fallback)"
+    per_worker = cost.per_role.get("worker")
+    if spot.price_per_hour is None or per_worker is None:
+        return (
+            "Spot workers: the estimate above is the worst case (every worker on demand); no spot price is "
+            "known (set cluster.workers.spot.price_per_hour and price_as_of to see the spot estimate); "
+            f"{fallback}."
+        )
+    expected = cost.known - workers * (per_worker / workers - spot.price_per_hour)
+    return (
+        f"Spot workers at ${spot.price_per_hour:.3f}/h each (as of {spot.price_as_of}): about "
+        f"${expected:.2f}/hour; worst case ${cost.known:.2f}/hour, every worker on demand; {fallback}."
+    )
 
 
 def _cell(value: int | None) -> str:

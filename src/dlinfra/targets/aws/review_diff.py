@@ -156,7 +156,7 @@ class ReviewDiff:
 
     def warnings(self) -> list[str]:
         spec, found = self.head, [*hardware_warnings(self.head, typed=True), *quota_warnings(self.head)]
-        if spec.cluster.workers.spot and spec.training.checkpoint_every >= spec.training.steps:
+        if spec.cluster.workers.spot.enabled and spec.training.checkpoint_every >= spec.training.steps:
             found.append(
                 f"cluster.workers.spot: spot workers can be reclaimed at two minutes' notice, and "
                 f"training.checkpoint_every ({spec.training.checkpoint_every}) >= training.steps "

@@ -3,6 +3,7 @@ names. Everything else in the aws target speaks in nodes, roles and instance ids
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 from dlinfra.store import parse_s3_url
@@ -109,10 +110,30 @@ def instance_address(node: str) -> str:
     return f'module.role["{role}"].aws_instance.this["{node}"]'
 
 
-def creates_node_instance(change: dict[str, Any], nodes: list[str]) -> bool:
-    """Whether a plan's resource change only creates the instance of one of `nodes`."""
-    return (
-        change["type"] == "aws_instance"
-        and change.get("index") in nodes
-        and change["change"]["actions"] == ["create"]
+def creates_node_instance(change: dict[str, Any], nodes: list[str], replacing: tuple[str, ...] = ()) -> bool:
+    """Whether a plan's resource change only creates the instance of one of `nodes` (or, for the
+    nodes `replacing`, destroys it first: an instance still up after a spot notice)."""
+    if change["type"] != "aws_instance" or change.get("index") not in nodes:
+        return False
+    actions = change["change"]["actions"]
+    return actions == ["create"] or (change["index"] in replacing and actions == ["delete", "create"])
+
+
+def on_demand(variables: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    """The run stack's inputs with `nodes` on demand while the rest of their roles stay as they were:
+    what a replacement applies when spot capacity is not there (cluster.workers.spot.fallback)."""
+    out = copy.deepcopy(variables)
+    for node in nodes:
+        out["roles"][node.rsplit("-", 1)[0]]["nodes"][node]["spot"] = False
+    return out
+
+
+def on_demand_nodes(variables: dict[str, Any]) -> list[str]:
+    """Nodes of spot roles that `on_demand` moved to on-demand capacity."""
+    return sorted(
+        name
+        for group in variables["roles"].values()
+        if group["spot"]
+        for name, node in group["nodes"].items()
+        if node.get("spot") is False
     )

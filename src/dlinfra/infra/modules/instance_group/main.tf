@@ -76,7 +76,7 @@ resource "aws_instance" "this" {
   }
 
   dynamic "instance_market_options" {
-    for_each = var.instance.spot ? { spot = "one-time" } : {}
+    for_each = coalesce(each.value.spot, var.instance.spot) ? { spot = "one-time" } : {}
 
     content {
       market_type = "spot"

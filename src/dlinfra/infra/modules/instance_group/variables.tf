@@ -29,10 +29,11 @@ variable "role" {
 }
 
 variable "nodes" {
-  description = "Nodes of this role keyed by node name \"<role>-<index>\" (e.g. \"worker-0\"): fixed private IP and raw cloud-init user data. Keys are stable, so adding a node never replaces the others."
+  description = "Nodes of this role keyed by node name \"<role>-<index>\" (e.g. \"worker-0\"): fixed private IP and raw cloud-init user data; spot, when set, overrides instance.spot for that node (a replacement that found no spot capacity runs on demand). Keys are stable, so adding a node never replaces the others."
   type = map(object({
     private_ip = string
     user_data  = string
+    spot       = optional(bool)
   }))
 
   validation {

@@ -121,6 +121,31 @@ run "spot_and_placement_group" {
   }
 }
 
+run "a_node_marked_on_demand_leaves_a_spot_group" {
+  command = plan
+
+  variables {
+    nodes = {
+      "worker-0" = { private_ip = "10.42.1.20", user_data = "#cloud-config\n" }
+      "worker-1" = { private_ip = "10.42.1.21", user_data = "#cloud-config\n", spot = false }
+    }
+    instance = {
+      ami_id               = "ami-0123456789abcdef0"
+      instance_type        = "g4dn.xlarge"
+      iam_instance_profile = "dlinfra-test-run-node"
+      spot                 = true
+    }
+  }
+
+  assert {
+    condition = (
+      aws_instance.this["worker-0"].instance_market_options[0].market_type == "spot" &&
+      length(aws_instance.this["worker-1"].instance_market_options) == 0
+    )
+    error_message = "nodes[*].spot = false must run that node on demand, the others stay spot"
+  }
+}
+
 run "output_carries_ids_and_ips_only" {
   command = apply
 

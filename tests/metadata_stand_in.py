@@ -1,0 +1,111 @@
+"""A stand-in for EC2's instance metadata service (IMDSv2) on loopback, for spot notices, which
+cannot exist off EC2. One server stands in for every node's instance: each node asks on its own path
+(`DLINFRA_METADATA_ENDPOINT=http://127.0.0.1:PORT/{node}`), and each token is one instance session,
+so a node's replacement (a new beacon life, a new token) is a fresh instance without the notice."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+
+NOTICE_SECONDS = 120  # what EC2 gives
+
+
+class MetadataStandIn:
+    def __init__(self) -> None:
+        self.tokens: dict[str, str] = {}  # token → node
+        self.latest: dict[str, str] = {}  # node → its current session's token
+        self.interrupted: dict[str, float] = {}  # token → the instance-action's time
+        self.rebalanced: dict[str, float] = {}  # token → the recommendation's time
+        self.requests: list[tuple[str, str, str]] = []  # (method, node, path) in order
+        self.answered: list[tuple[str, str]] = []  # (node, path) answered with a notice
+        self._lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def node_template(self) -> str:
+        return self.url + "/{node}"
+
+    def __enter__(self) -> MetadataStandIn:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _session(self, node: str, timeout: float = 120) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if node in self.latest:
+                    return self.latest[node]
+            time.sleep(0.1)
+        raise AssertionError(f"{node} never asked the metadata service for a token")
+
+    def interrupt(self, node: str) -> float:
+        """From now on, `node`'s current instance answers a terminate instance-action; returns when."""
+        token = self._session(node)
+        now = time.time()
+        with self._lock:
+            self.interrupted[token] = now + NOTICE_SECONDS
+        return now
+
+    def recommend_rebalance(self, node: str) -> float:
+        token = self._session(node)
+        now = time.time()
+        with self._lock:
+            self.rebalanced[token] = now
+        return now
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _answer(self, code: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:
+                node, _, path = self.path.lstrip("/").partition("/")
+                owner.requests.append(("PUT", node, path))
+                if path != "latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                    return self._answer(400)
+                token = f"token-{node}-{time.monotonic_ns()}"
+                with owner._lock:
+                    owner.tokens[token] = node
+                    owner.latest[node] = token
+                self._answer(200, token)
+
+            def do_GET(self) -> None:
+                node, _, path = self.path.lstrip("/").partition("/")
+                owner.requests.append(("GET", node, path))
+                token = self.headers.get("X-aws-ec2-metadata-token", "")
+                if owner.tokens.get(token) != node:  # IMDSv2: no valid token, no answer
+                    return self._answer(401)
+                stamp = "%Y-%m-%dT%H:%M:%SZ"
+                if path == "latest/meta-data/spot/instance-action" and token in owner.interrupted:
+                    owner.answered.append((node, path))
+                    when = time.strftime(stamp, time.gmtime(owner.interrupted[token]))
+                    return self._answer(200, json.dumps({"action": "terminate", "time": when}))
+                if path == "latest/meta-data/events/recommendations/rebalance" and token in owner.rebalanced:
+                    owner.answered.append((node, path))
+                    when = time.strftime(stamp, time.gmtime(owner.rebalanced[token]))
+                    return self._answer(200, json.dumps({"noticeTime": when}))
+                self._answer(404)
+
+        return Handler
