@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
@@ -283,9 +284,13 @@ def _cost(r: dict[str, Any]) -> str:
 def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]:
     """Runs as rows when that fits the screen; else the runs as columns under short labels (a metric
     a row, as many runs a table as fit), with a legend of the whole ids. No cell is ever cut."""
+    # wrapped here: the console prints it soft-wrapped, and a pipe at 80 columns must get 80
     note = Text(
-        f"cost $: instance-hours x on-demand prices of {catalog().prices_as_of} (spot hours x the\n"
-        "spec's dated cluster.workers.spot.price_per_hour), NAT gateway included; local runs cost 0"
+        textwrap.fill(
+            f"cost $: instance-hours x on-demand prices of {catalog().prices_as_of} (spot hours x the "
+            "spec's dated cluster.workers.spot.price_per_hour), NAT gateway included; local runs cost 0",
+            width=width,
+        )
     )
     cells = [compare_cells(r) for r in rows]
     if _width([[c, *(row[i] for row in cells)] for i, c in enumerate(COLUMNS)]) <= width:
