@@ -150,3 +150,13 @@ def review_repo(repo: Path) -> tuple[str, str]:
     (repo / "experiments" / "notes.yaml").write_text("owner: someone else\n")
     git(repo, "commit", "-q", "-am", "more and bigger workers")
     return base, git(repo, "rev-parse", "HEAD").strip()
+
+
+def assert_valid_workflow(path: Path) -> None:
+    """GitHub's own workflow schema (check-jsonschema's vendored copy: no network)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import yaml
 from dlinfra import __version__
 from dlinfra.github import APPLY, COMMENT, PLAN, PLAN_AWS
 from support import REPO as ROOT
-from support import run_cli
+from support import assert_valid_workflow, run_cli
 from workflow_steps import run_job
 
 STANDIN = ROOT / "tests" / "data" / "github_api_standin.py"
@@ -64,19 +63,7 @@ def test_init_github_refuses_what_would_break_out_of_the_yaml_or_the_repo(
 
 @pytest.mark.parametrize("name", [PLAN, COMMENT, PLAN_AWS, APPLY])
 def test_generated_workflow_is_valid_for_github_actions(written: Path, name: str) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "check_jsonschema",
-            "--builtin-schema",
-            "vendor.github-workflows",
-            str(written / name),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_valid_workflow(written / name)
 
 
 @pytest.mark.parametrize("name", [PLAN, COMMENT, PLAN_AWS, APPLY])

@@ -14,25 +14,14 @@ import yaml
 
 from dlinfra.spec import Spec
 from dlinfra.spec_loading import example_text
+from support import assert_valid_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("workflow", ["ci.yml", "plan.yml"])
 def test_workflow_is_valid_for_github_actions(workflow: str) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "check_jsonschema",
-            "--builtin-schema",
-            "vendor.github-workflows",
-            str(ROOT / ".github" / "workflows" / workflow),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_valid_workflow(ROOT / ".github" / "workflows" / workflow)
 
 
 def test_plan_workflow_uses_oidc_and_no_stored_keys() -> None:

@@ -199,7 +199,7 @@ def test_the_result_says_where_the_seconds_to_the_first_step_went(
     assert seconds == sorted(seconds) and seconds[0] > 0 and seconds[-1] < 120
     assert "spawned" in line  # the deploy's own result table shows it too
     first_step = run.metrics["first_step_at"] - run.manifest["command_started"]
-    assert abs(first_step - seconds[-1]) < 0.2, (first_step, startup)
+    assert abs(first_step - seconds[-1]) <= 0.051, (first_step, startup)  # shown to 0.1 s
 
 
 def test_ps_servers_load_only_tensorflows_server(ps_run: Deployed) -> None:
@@ -209,4 +209,4 @@ def test_ps_servers_load_only_tensorflows_server(ps_run: Deployed) -> None:
         status = json.loads((ps_run.store / "status" / f"{name}.json").read_text())
         assert status["devices"] == ["CPU:0"] and set(status["phases"]) >= {"spawned", "up", "tensorflow"}
         log = (ps_run.store / "logs" / f"{name}.log").read_text()
-        assert f"serving {name.split('-')[0]}" in log and "grpc://" in log
+        assert f"serving {name.split('-')[0]}" in log and "TensorFlow's server alone" in log

@@ -103,7 +103,8 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
         status.update(devices=["CPU:0"])  # what TensorFlow names a machine without GPUs
     status.update(state="serving")
     pools = f", inter-op threads {threads}" if threads else ""
-    print(f"serving {cfg.role} {cfg.index} at {cfg.address} ({server.target}{pools})", flush=True)
+    what = ", TensorFlow's server alone" if lean else ""
+    print(f"serving {cfg.role} {cfg.index} at {cfg.address} ({server.target}{pools}{what})", flush=True)
     while (marker := store.marker()) is None:
         time.sleep(POLL_SECONDS)
     status.stop(state=marker.marker.lower())
@@ -215,8 +216,8 @@ class Progress:
     def report(self, step: int, loss: float, examples_per_sec: float) -> None:
         now = time.time()
         if self.first_step_at is None:
-            self.status.mark("first step")
-        self.first_step_at = self.first_step_at or now
+            self.first_step_at = now
+            self.status.mark("first step", at=now)  # one clock for the metrics and the breakdown
         self.last_loss = loss
         self.series.append((now, step, examples_per_sec))
         self.losses.append((step, loss))

@@ -67,9 +67,9 @@ class NodeStatus:
             self.fields["phases"]["spawned"] = float(spawned)
         self.mark("up")
 
-    def mark(self, phase: str) -> None:
-        """This life reached a startup phase (PHASES) now."""
-        self.fields["phases"][phase] = round(time.time(), 3)
+    def mark(self, phase: str, at: float | None = None) -> None:
+        """This life reached a startup phase (PHASES) at `at` (default: now)."""
+        self.fields["phases"][phase] = round(time.time() if at is None else at, 3)
         self._write()
 
     @property
