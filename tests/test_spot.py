@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlinfra.compare import cost_usd, node_hours
+from dlinfra.errors import DlinfraError
 from dlinfra.layout import RunStore
 from dlinfra.node import spot
 from dlinfra.prepare import NodeInstall, prepare
@@ -18,7 +19,9 @@ from dlinfra.spec_loading import Overrides, load_spec
 from dlinfra.store import Store
 from dlinfra.targets import target_for
 from dlinfra.targets.aws import review, tfvars
+from dlinfra.targets.aws.healing import check_heal_plan
 from dlinfra.targets.aws.spot import decide, is_capacity_error, left_for_notice
+from dlinfra.terraform import PlannedChange, planned_changes
 from metadata_stand_in import MetadataStandIn
 from support import Cli, node_configs
 
@@ -147,6 +150,51 @@ def test_a_node_that_left_is_replaced_once_per_notice() -> None:
     assert list(left_for_notice([left, waiting, rebalance], instances, [])) == ["worker-0"]
     healed = Heal(node="worker-0", old="i-0", new="i-9", time="t", reason="interrupted", noticed=5.0)
     assert left_for_notice([left], instances, [healed]) == {}
+
+
+WORKER_0 = 'module.role["worker"].aws_instance.this["worker-0"]'
+
+
+def test_the_heal_reads_its_plan_from_the_plans_own_events() -> None:
+    """Lines as `terraform plan -json` writes them (TF 1.11): the planned_change events, nothing else."""
+    lines = [
+        '{"@level":"info","@message":"Terraform 1.11.4","terraform":"1.11.4","type":"version"}',
+        '{"@message":"module.network.aws_vpc.this[0]: Drift detected (update)","change":{"resource":'
+        '{"addr":"module.network.aws_vpc.this[0]"},"action":"update"},"type":"resource_drift"}',
+        '{"@message":"x: Plan to create","change":{"resource":{"addr":"'
+        + WORKER_0.replace('"', '\\"')
+        + '","resource_type":"aws_instance"},"action":"create"},"type":"planned_change"}',
+        "Warning: not JSON",
+        '{"@message":"Plan: 1 to add","changes":{"add":1},"type":"change_summary"}',
+    ]
+    assert planned_changes("\n".join(lines)) == [PlannedChange(WORKER_0, "create")]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        [PlannedChange(WORKER_0, "create")],
+        [PlannedChange(WORKER_0, "replace")],  # a failed attempt left it tainted
+        [PlannedChange(WORKER_0, "create"), PlannedChange("module.network.aws_security_group.x", "update")],
+    ],
+)
+def test_a_heal_plan_may_only_create_the_nodes_it_replaces(changes: list[PlannedChange]) -> None:
+    check_heal_plan(changes, ["worker-0"])
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (PlannedChange("module.network.aws_subnet.cluster[0]", "delete"), "delete module.network.aws_subnet"),
+        (PlannedChange("module.network.aws_vpc.this[0]", "replace"), "replace module.network.aws_vpc"),
+        (PlannedChange(WORKER_0.replace("worker-0", "worker-1"), "create"), 'create module.role["worker"]'),
+        (PlannedChange(WORKER_0, "delete"), "delete module.role"),
+    ],
+)
+def test_a_heal_plan_that_touches_anything_else_stops_the_heal(change: PlannedChange, named: str) -> None:
+    with pytest.raises(DlinfraError, match="healing stopped") as refused:
+        check_heal_plan([PlannedChange(WORKER_0, "create"), change], ["worker-0"])
+    assert named in str(refused.value) and "worker-0" in str(refused.value)
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,25 @@ def find_terraform() -> tuple[str, tuple[int, ...]]:
     return binary, version
 
 
+@dataclass(frozen=True)
+class PlannedChange:
+    address: str
+    action: str  # the machine-readable UI's: noop, create, read, update, replace, delete, move, ...
+
+
+def planned_changes(output: str) -> list[PlannedChange]:
+    """The `planned_change` events of a `plan -json` run."""
+    changes = []
+    for line in output.splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and event.get("type") == "planned_change":
+            changes.append(PlannedChange(event["change"]["resource"]["addr"], event["change"]["action"]))
+    return changes
+
+
 @dataclass
 class Terraform:
     """terraform in one working directory (a run's copy of the stack)."""
@@ -67,23 +86,15 @@ class Terraform:
         self.run(["init", "-input=false", "-no-color"], json_events=False)
 
     def plan(
-        self,
-        var_file: Path,
-        out: Path,
-        targets: tuple[str, ...] = (),
-        lock: bool = True,
-        replace: tuple[str, ...] = (),
-        refresh: bool = True,
-    ) -> None:
-        """`replace`: resources to destroy and create again even though nothing changed; without
-        `refresh`, the state is trusted as it is (the caller just saw the real resources)."""
+        self, var_file: Path, out: Path, targets: tuple[str, ...] = (), lock: bool = True
+    ) -> list[PlannedChange]:
+        """The changes come from the plan's own event stream: reading them back with `show -json`
+        would start the provider once more (seconds a spot replacement does not have)."""
         args = ["plan", "-input=false", "-json", f"-var-file={var_file}", f"-out={out}"]
         if not lock:
             args.append("-lock=false")
-        if not refresh:
-            args.append("-refresh=false")
-        args += [f"-replace={address}" for address in replace]
-        self.run([*args, *(f"-target={address}" for address in targets)])
+        output = self.run([*args, *(f"-target={address}" for address in targets)])
+        return planned_changes(output)
 
     def show_json(self, plan_file: Path) -> dict[str, Any]:
         return json.loads(self.run(["show", "-json", str(plan_file)], json_events=False, quiet=True))

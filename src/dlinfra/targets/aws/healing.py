@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,12 @@ from dlinfra.targets.aws.preflight import client
 from dlinfra.targets.aws.vms import VmCluster
 from dlinfra.targets.base import Log
 from dlinfra.targets.local import AttachedNodes, LocalCluster
-from dlinfra.terraform import Terraform
+from dlinfra.terraform import PlannedChange, Terraform
 
 MAX_HEAL_ATTEMPTS = 3
 HEAL_TFVARS = "tfvars.heal.json"  # the run's inputs as heals changed them (a node moved on demand)
+TERMINATE_POLL = 1.0  # seconds between looks at an instance healing ended itself
+NOTICE_CHECK_EVERY = 1.0  # while a node that got a spot notice is on its way out
 
 
 @dataclass
@@ -46,11 +48,12 @@ class InstanceCluster:
     _retry_at: float = 0.0  # a capacity wait: no heal before this (monotonic)
     _capacity_since: float | None = None
     _capacity_attempts: int = 0
-    _up: set[str] = field(default_factory=set)  # nodes that left for a notice, instance not yet terminated
+    _leaving: bool = False  # a node acted on a spot notice and has not left yet
 
     def poll(self) -> dict[str, int | None]:
         now = time.monotonic()
-        if now - self._checked >= self.check_every and now >= self._retry_at:
+        every = NOTICE_CHECK_EVERY if self._leaving else self.check_every
+        if now - self._checked >= every and now >= self._retry_at:
             self._check()
             self._checked = time.monotonic()
         return self.emulated.poll() if self.emulated else {}
@@ -59,17 +62,17 @@ class InstanceCluster:
         states = self._states()
         if states is None:
             return
-        gone, left = self._vanished(states), self._left_for_notice(states)
+        gone, left = self._vanished(states), self._left_for_notice()
         if not gone and not left:
             return
         try:
-            self._heal(sorted({*gone, *left}), left)
+            self._heal(sorted({*gone, *left}), left, states)
             self._failed_heals = 0
             self._capacity_since = None
         except CapacityWait as wait:  # cluster.workers.spot.fallback: wait
             self._retry_at = time.monotonic() + wait.seconds
             self.log(str(wait))
-        except TerraformError as exc:  # e.g. the old IP not yet released: try at the next check
+        except (TerraformError, StillRunning) as exc:  # e.g. the old IP not yet released: try again
             self._failed_heals += 1
             names = sorted({*gone, *left})
             if self._failed_heals >= MAX_HEAL_ATTEMPTS:
@@ -97,10 +100,11 @@ class InstanceCluster:
         """instance id → EC2 state; None once the run ended (nothing left to heal)."""
         if self._store.marker() is not None:
             return None
-        reservations = self._ec2.describe_instances(
-            Filters=[{"Name": "instance-id", "Values": list(self.instances.values())}]
-        )["Reservations"]
-        return {i["InstanceId"]: i["State"]["Name"] for r in reservations for i in r["Instances"]}
+        return self._describe(list(self.instances.values()))
+
+    def _describe(self, ids: list[str]) -> dict[str, str]:
+        found = self._ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": ids}])["Reservations"]
+        return {i["InstanceId"]: i["State"]["Name"] for r in found for i in r["Instances"]}
 
     def _vanished(self, states: dict[str, str]) -> list[str]:
         store = self._store
@@ -120,19 +124,24 @@ class InstanceCluster:
             store.put_status(_replacing(name, status))
         return gone
 
-    def _left_for_notice(self, states: dict[str, str]) -> dict[str, Notice]:
+    def _left_for_notice(self) -> dict[str, Notice]:
         """Nodes that left ahead of a spot reclaim: replaced now, not after the heartbeat timeout or
-        the terminated state (their instances are destroyed first, which frees their IPs)."""
+        the terminated state (healing ends their instances first, which frees their IPs)."""
         if not any(shape.spot for shape in self.spec.roles().values()):
             return {}
-        left = spot.left_for_notice(self._store.notices(), self.instances, self.run.manifest().heals)
+        notices = self._store.notices()
+        left = spot.left_for_notice(notices, self.instances, self.run.manifest().heals)
+        # Within the two minutes EC2 gives: a node that died instead of leaving is the heartbeat's.
+        self._leaving = any(
+            n.acted and n.left is None and n.node in self.instances and time.time() - n.noticed < 120
+            for n in notices
+        )
         for name in left:
             status = self._store.status(name)
             self._store.put_status(_replacing(name, status, "replacing (interrupted)"))
-        self._up = {n for n in left if states.get(self.instances[n], "terminated") != "terminated"}
         return left
 
-    def _heal(self, gone: list[str], notices: dict[str, Notice]) -> None:
+    def _heal(self, gone: list[str], notices: dict[str, Notice], states: dict[str, str]) -> None:
         started = time.time()
         for name in gone:
             why = "left for a spot notice" if name in notices else "is gone"
@@ -141,8 +150,8 @@ class InstanceCluster:
             )
             if self.emulated:
                 self.emulated.kill(name)  # its process was that instance
-        replace = tuple(sorted(self._up & set(gone)))
-        on_demand = self._apply_replacements(gone, replace)
+        self._terminate([n for n in gone if states.get(self.instances[n], "terminated") != "terminated"])
+        on_demand = self._apply_replacements(gone)
         applied = tfvars.instances(self.terraform.output())
         replaced = {name: applied[name] for name in gone}
         user_data = instance_user_data(self._ec2, replaced)
@@ -169,18 +178,31 @@ class InstanceCluster:
                 self.log(f"{name}: an emulated instance of a detached run cannot be booted again here")
         self.run.update_manifest(heals=heals, instances=dict(self.instances))
 
-    def _apply_replacements(self, gone: list[str], replace: tuple[str, ...]) -> list[str]:
+    def _terminate(self, names: list[str]) -> None:
+        """End the instances of nodes that left for a spot notice (EC2 reclaims them within two minutes
+        anyway) and wait until EC2 says terminated: only then is each private IP free for its
+        replacement, and the heal's plan, which refreshes them, sees them gone and only creates.
+        Destroying them through a `-replace` plan would add the provider's fixed 10 s wait."""
+        if not names:
+            return
+        ids = [self.instances[name] for name in names]
+        self._ec2.terminate_instances(InstanceIds=ids)
+        deadline = time.monotonic() + self.spec.aws.heal_timeout
+        while any(state != "terminated" for state in self._describe(ids).values()):
+            if time.monotonic() > deadline:
+                raise StillRunning(
+                    f"{', '.join(ids)} not terminated {self.spec.aws.heal_timeout:.0f}s after healing ended "
+                    "them (aws.heal_timeout)"
+                )
+            time.sleep(TERMINATE_POLL)
+
+    def _apply_replacements(self, gone: list[str]) -> list[str]:
         """Plan and apply the targeted re-apply; a spot node that finds no capacity is handled as
         cluster.workers.spot.fallback says. Returns the nodes that went on demand."""
         plan_file = self.run.dir / "heal.tfplan"
         # Targeted: drift elsewhere (an emulator's, or a console edit) must not ride along with a heal.
         targets = tuple(tfvars.instance_address(name) for name in gone)
-        replacing = tuple(tfvars.instance_address(name) for name in replace)
-        # Replacing only instances the watcher just saw up (nodes that left for a notice): refreshing
-        # the target and its dependencies would only cost time the notice does not have.
-        refresh = not set(gone) <= set(replace)
-        self.terraform.plan(self._var_file(), plan_file, targets=targets, replace=replacing, refresh=refresh)
-        check_heal_plan(self.terraform.show_json(plan_file), gone, replace)
+        check_heal_plan(self.terraform.plan(self._var_file(), plan_file, targets=targets), gone)
         try:
             # Bounded: the provider retries a taken IP for minutes, and the watch loop waits on this.
             self.terraform.apply(plan_file, timeout=self.spec.aws.heal_timeout)
@@ -211,8 +233,7 @@ class InstanceCluster:
         variables = json.loads(self._var_file().read_text(encoding="utf-8"))
         heal_vars = self.run.dir / HEAL_TFVARS
         heal_vars.write_text(json.dumps(tfvars.on_demand(variables, spot_nodes), indent=2) + "\n")
-        self.terraform.plan(heal_vars, plan_file, targets=targets)
-        check_heal_plan(self.terraform.show_json(plan_file), gone, tuple(gone))
+        check_heal_plan(self.terraform.plan(heal_vars, plan_file, targets=targets), gone)
         self.terraform.apply(plan_file, timeout=self.spec.aws.heal_timeout)
         return spot_nodes
 
@@ -220,6 +241,10 @@ class InstanceCluster:
         """The run's inputs, or once a replacement went on demand, those inputs with that change."""
         heal_vars = self.run.dir / HEAL_TFVARS
         return heal_vars if heal_vars.exists() else stack.var_file(self.run)
+
+
+class StillRunning(Exception):
+    """An instance healing terminated has not reached `terminated` yet: its IP is not free."""
 
 
 class CapacityWait(Exception):
@@ -244,18 +269,18 @@ def _replacing(name: str, previous: NodeState | None, state: str = "replacing") 
     )
 
 
-def check_heal_plan(plan_json: dict[str, Any], gone: list[str], replacing: tuple[str, ...] = ()) -> None:
-    """Healing may create the vanished instances (destroying first those `replacing`, still up after a
-    spot notice) and nothing else may be destroyed: a plan that would touch other resources means the
+def check_heal_plan(changes: list[PlannedChange], gone: list[str]) -> None:
+    """Healing may create the vanished nodes' instances (or replace one a failed attempt left tainted)
+    and nothing else may be created or destroyed: a plan that would touch other resources means the
     inputs or the cloud drifted, and a human must look."""
-    for change in plan_json.get("resource_changes", []):
-        actions = change["change"]["actions"]
-        if actions in (["no-op"], ["read"], ["update"]) or tfvars.creates_node_instance(
-            change, gone, replacing
-        ):
+    instances = {tfvars.instance_address(name) for name in gone}
+    for change in changes:
+        if change.action in ("noop", "read", "update"):
+            continue
+        if change.address in instances and change.action in ("create", "replace"):
             continue
         raise DlinfraError(
-            f"healing stopped: re-applying would {'/'.join(actions)} {change['address']}, not only replace "
+            f"healing stopped: re-applying would {change.action} {change.address}, not only replace "
             f"{', '.join(gone)}. Fix: inspect with `terraform plan` in the run's terraform/stack dir"
         )
 

@@ -110,15 +110,6 @@ def instance_address(node: str) -> str:
     return f'module.role["{role}"].aws_instance.this["{node}"]'
 
 
-def creates_node_instance(change: dict[str, Any], nodes: list[str], replacing: tuple[str, ...] = ()) -> bool:
-    """Whether a plan's resource change only creates the instance of one of `nodes` (or, for the
-    nodes `replacing`, destroys it first: an instance still up after a spot notice)."""
-    if change["type"] != "aws_instance" or change.get("index") not in nodes:
-        return False
-    actions = change["change"]["actions"]
-    return actions == ["create"] or (change["index"] in replacing and actions == ["delete", "create"])
-
-
 def on_demand(variables: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
     """The run stack's inputs with `nodes` on demand while the rest of their roles stay as they were:
     what a replacement applies when spot capacity is not there (cluster.workers.spot.fallback)."""
