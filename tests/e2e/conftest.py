@@ -123,6 +123,19 @@ class Live:
             time.sleep(0.1)
         raise AssertionError(f"{node} did not reach step {step} in {timeout:.0f}s")
 
+    def wait_for_published_step(self, node: str, step: int, timeout: float = 120) -> None:
+        """Until `node`'s status in the store (its beacon publishes it once a beat, after the log
+        line) shows `step`: what other nodes read of it."""
+        deadline = time.monotonic() + timeout
+        path = self.store / "status" / f"{node}.json"
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.communicate()
+            with contextlib.suppress(OSError, json.JSONDecodeError):
+                if json.loads(path.read_text()).get("step", 0) >= step:
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"{node}'s published status did not reach step {step} in {timeout:.0f}s")
+
     def finish(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         try:
             out, err = self.proc.communicate(timeout=timeout)
