@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,18 +123,20 @@ class Live:
             time.sleep(0.1)
         raise AssertionError(f"{node} did not reach step {step} in {timeout:.0f}s")
 
-    def wait_for_published_step(self, node: str, step: int, timeout: float = 120) -> None:
-        """Until `node`'s status in the store (its beacon publishes it once a beat, after the log
-        line) shows `step`: what other nodes read of it."""
+    def published_status(
+        self, node: str, until: Callable[[dict[str, Any]], bool] = lambda s: True, timeout: float = 120
+    ) -> dict[str, Any]:
+        """`node`'s status in the store once it satisfies `until`: its beacon publishes once a beat,
+        after the trainer's log line, and that store copy is what other nodes and the watcher read."""
         deadline = time.monotonic() + timeout
         path = self.store / "status" / f"{node}.json"
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.proc.communicate()
             with contextlib.suppress(OSError, json.JSONDecodeError):
-                if json.loads(path.read_text()).get("step", 0) >= step:
-                    return
+                if until(status := json.loads(path.read_text())):
+                    return status
             time.sleep(0.1)
-        raise AssertionError(f"{node}'s published status did not reach step {step} in {timeout:.0f}s")
+        raise AssertionError(f"{node}'s published status did not come in {timeout:.0f}s")
 
     def finish(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         try:

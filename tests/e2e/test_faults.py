@@ -53,7 +53,7 @@ def report(name: str, **figures: object) -> None:
 def kill_at(live: Live, node: str, fraction: float, trainer: str = "chief-0", steps: int = STEPS) -> int:
     """SIGKILL `node`'s whole process group once the trainer logged `fraction` of the steps."""
     live.wait_for_step(trainer, int(steps * fraction))
-    pid = live.status(node)["pid"]
+    pid = live.published_status(node)["pid"]
     os.killpg(pid, signal.SIGKILL)
     return pid
 
@@ -231,7 +231,7 @@ def test_frozen_node_is_named_frozen_and_its_peers_are_not_blamed(tmp_path: Path
     timeout = 8
     live = start_deploy(tmp_path, "--workers", "1", *COMMON, "--set", f"cluster.heartbeat_timeout={timeout}")
     live.wait_for_step("chief-0", 100)
-    os.killpg(live.status(frozen)["pid"], signal.SIGSTOP)
+    os.killpg(live.published_status(frozen)["pid"], signal.SIGSTOP)
     frozen_at = time.time()
     done = live.finish()
     seconds = time.time() - frozen_at

@@ -214,7 +214,8 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
     in_flight: collections.deque[list[Any]] = collections.deque()
     spe = t.steps_per_execution
     urgent = False  # a spot notice: schedule nothing more, save what is done, before the node leaves
-    depth, fetched = MIN_QUEUED_CHUNKS, time.monotonic()
+    calls_per_chunk = math.ceil(t.log_every / spe)
+    depth, fetched = queue_depth(math.inf, cfg.num_workers, calls_per_chunk), time.monotonic()
     while True:
         urgent = urgent or (hooks.checkpoint_now is not None and hooks.checkpoint_now())
         # Keep chunks queued behind the one we wait on, so workers never idle on our polling (about
@@ -235,7 +236,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
             # heartbeats go on while a frozen worker holds a step: the watcher then blames that worker.
             loss = float([call.fetch() for call in in_flight.popleft()][-1])
             now = time.monotonic()
-            depth = queue_depth(now - fetched)
+            depth = queue_depth(now - fetched, cfg.num_workers, calls_per_chunk)
             fetched = now
             step = global_step()
             hooks.on_progress(step, loss, meter.tick(step))
@@ -254,10 +255,12 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
     return Outcome(model, global_step(), scale, meter.examples_per_sec, meter.steps_per_sec)
 
 
-def queue_depth(chunk_seconds: float) -> int:
-    """Chunks to keep scheduled ahead under parameter servers, from the last chunk's duration."""
+def queue_depth(chunk_seconds: float, workers: int, calls_per_chunk: int) -> int:
+    """Chunks to keep scheduled ahead under parameter servers, from the last chunk's duration; never
+    fewer than two remote calls per worker (one running, one waiting), or workers would idle."""
+    floor = max(MIN_QUEUED_CHUNKS, math.ceil(2 * workers / calls_per_chunk))
     wanted = math.ceil(QUEUED_SECONDS / max(chunk_seconds, 1e-3))
-    return max(MIN_QUEUED_CHUNKS, min(MAX_QUEUED_CHUNKS, wanted))
+    return max(floor, min(MAX_QUEUED_CHUNKS, wanted))
 
 
 # ---------------------------------------------------------------- multi-worker mirrored (sync)
