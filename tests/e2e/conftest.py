@@ -129,11 +129,10 @@ class Live:
         """`node`'s status in the store once it satisfies `until`: its beacon publishes once a beat,
         after the trainer's log line, and that store copy is what other nodes and the watcher read."""
         deadline = time.monotonic() + timeout
-        path = self.store / "status" / f"{node}.json"
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.proc.communicate()
-            with contextlib.suppress(OSError, json.JSONDecodeError):
-                if until(status := json.loads(path.read_text())):
+            with contextlib.suppress(OSError, json.JSONDecodeError):  # not yet written, or mid-write
+                if until(status := self.status(node)):
                     return status
             time.sleep(0.1)
         raise AssertionError(f"{node}'s published status did not come in {timeout:.0f}s")
