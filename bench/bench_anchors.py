@@ -5,7 +5,9 @@
 - hand-ps / hand-mwms: TensorFlow's parameter-server and multi-worker-mirrored strategies written the
   way the distributed training guides show (ClusterCoordinator.schedule; strategy.run inside a
   tf.function), as local processes with TF_CONFIG: the same strategy without dlinfra;
-- dlinfra-ps / dlinfra-mwms: `dlinfra deploy`, the same model, data, batch and steps.
+- dlinfra-ps / dlinfra-mwms: `dlinfra deploy`, the same model, data, batch and steps per call;
+  dlinfra-ps-auto: dlinfra's defaults (steps_per_execution auto, a report every 20 steps).
+- hand-mwms-jit / dlinfra-mwms-jit (by name in --configs): each replica's step compiled with XLA.
 
 Same model and data for all (dlinfra's model builders: the digits CNN, and ResNet-20 on synthetic
 CIFAR-shaped data), batch 64 per worker, `--steps` timed after `--warmup` steps. Examples/s is mean
@@ -233,14 +235,18 @@ def launch(spec: dict[str, Any]) -> None:
 
 
 def run_dlinfra(
-    strategy: str, model: str, workers: int, warmup: int, steps: int, jit: bool
+    strategy: str, model: str, workers: int, warmup: int, steps: int, suffix: str
 ) -> tuple[float, float]:
+    """`suffix` jit: XLA; auto: steps_per_execution auto with the default log_every (20), which caps
+    its calls; otherwise 10 steps per call and per report, as the hand-written programs."""
     home = tempfile.mkdtemp()
     spec = Path(home) / "exp.yaml"
     body = {"name": "anchor", "strategy": strategy, "training": {**MODELS[model], "batch_size": BATCH}}
     body["training"] |= {"learning_rate": 0.001, "steps": warmup + steps, "log_every": STEPS_PER_CALL}
     body["training"] |= {"checkpoint_every": warmup + steps, "steps_per_execution": STEPS_PER_CALL}
-    body["training"] |= {"jit_compile": jit}
+    body["training"] |= {"jit_compile": suffix == "jit"}
+    if suffix == "auto":
+        body["training"] |= {"steps_per_execution": "auto", "log_every": 20}
     spec.write_text(json.dumps(body))
     argv = [sys.executable, "-m", "dlinfra", "deploy", str(spec), "--workers", str(workers)]
     proc, t0 = measured(argv, dict(os.environ, DLINFRA_HOME=home))
@@ -263,12 +269,13 @@ def bytes_per_step(model: str, workers: int) -> dict[str, int]:
 
 
 def configuration(name: str, model: str, workers: int, warmup: int, steps: int) -> tuple[float, float]:
-    """`hand-mwms`, `dlinfra-ps`, …; a `-jit` suffix (mwms only) compiles each replica's step with XLA."""
-    who, kind, *jit = name.split("-")
+    """`hand-mwms`, `dlinfra-ps`, …; a `-jit` suffix (mwms only) compiles each replica's step with XLA;
+    `dlinfra-ps-auto` lets dlinfra size its remote calls."""
+    who, kind, *suffix = name.split("-")
     if who == "hand":
-        return run_hand(kind, model, workers, warmup, steps, bool(jit))
+        return run_hand(kind, model, workers, warmup, steps, suffix == ["jit"])
     strategy = {"mwms": "multi_worker_mirrored", "ps": "parameter_server"}[kind]
-    return run_dlinfra(strategy, model, workers, warmup, steps, bool(jit))
+    return run_dlinfra(strategy, model, workers, warmup, steps, "".join(suffix))
 
 
 def main() -> None:
@@ -280,12 +287,12 @@ def main() -> None:
     parser.add_argument(
         "--configs",
         type=listed,
-        default=["hand-mwms", "dlinfra-mwms", "hand-mwms-jit", "dlinfra-mwms-jit", "hand-ps", "dlinfra-ps"],
+        default=["hand-mwms", "dlinfra-mwms", "hand-ps", "dlinfra-ps", "dlinfra-ps-auto"],
     )
     parser.add_argument("--steps", type=listed, default=[], help="model=steps, e.g. resnet20=60")
     args = parser.parse_args()
     steps = {"digits": 600, "resnet20": 100} | {k: int(v) for k, v in (kv.split("=") for kv in args.steps)}
-    header = f"{'model':<9} {'configuration':<14} {'workers':>7} {'examples/s':>17} {'x best keras':>12}"
+    header = f"{'model':<9} {'configuration':<16} {'workers':>7} {'examples/s':>17} {'x best keras':>12}"
     print(f"{header} {'CPU %':>6} {'bytes/step':>11}", flush=True)
     for model in args.models:
         n, warmup = steps[model], max(STEPS_PER_CALL, steps[model] // 5)
@@ -314,7 +321,7 @@ def _print(
     mean, cpu = statistics.mean(eps), statistics.mean(r[1] for r in results)
     bytes_text = "-" if moved is None else f"{moved:,}"
     print(
-        f"{model:<9} {name:<14} {workers:>7} {mean:>9.0f} ± {sd:<5.0f} {mean / best:>12.2f} "
+        f"{model:<9} {name:<16} {workers:>7} {mean:>9.0f} ± {sd:<5.0f} {mean / best:>12.2f} "
         f"{100 * cpu:>6.0f} {bytes_text:>11}",
         flush=True,
     )

@@ -136,6 +136,12 @@ class Metrics(Record):
     learning_rate: float | None = None  # as used
     lr_scaling: str | None = None  # the rule that turned training.learning_rate into it
     mixed_precision: bool = False
+    # parameter_server: steps per remote call -> steps scheduled at that size (auto starts at one and
+    # follows the measured step time); empty under multi_worker_mirrored, whose calls are log_every
+    steps_per_call: dict[int, int] = Field(default_factory=dict)
+    # parameter_server: steps the chief handed to workers (this life of the chief): `steps` less the
+    # step it resumed from, in a run without faults
+    steps_scheduled: int | None = None
     train_seconds: float
     first_step_at: float | None = None
     finished_at: float

@@ -173,6 +173,8 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
         learning_rate=outcome.scale.learning_rate,
         lr_scaling=outcome.scale.lr_scaling,
         mixed_precision=t.mixed_precision,
+        steps_per_call=outcome.steps_per_call,
+        steps_scheduled=outcome.steps_scheduled,
         train_seconds=train_seconds,
         first_step_at=progress.first_step_at,
         finished_at=time.time(),

@@ -6,8 +6,9 @@ slower here and its wheel drags the full GPU `tensorflow` package over `tensorfl
 over `ClusterCoordinator.schedule` / `strategy.run` works with Keras 3 and gives us exact control
 of step counting, checkpoints and progress (see README, "Why custom loops").
 
-Progress is always counted from the optimizer's own step variable: after a lost worker an
-in-flight step may be applied twice, so counting scheduled calls would drift.
+Progress is always counted from a step variable the update itself increments (mirrored: the
+optimizer's; parameter servers: an atomic counter on the ps): after a lost worker an in-flight
+step may be applied twice, so counting scheduled calls would drift.
 """
 
 from __future__ import annotations
@@ -21,13 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.node.config import NodeConfig
+from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
 from dlinfra.training.program import Program, Shard
 
 SHUFFLE_BUFFER = 4096
-# Parameter servers: the work kept scheduled ahead of the chunk the chief waits on. Two chunks left a
-# digits worker (6 ms steps) idle 16 % of the time on the chief's fetch and report (bench_anchors).
-QUEUED_SECONDS = 1.0
-MIN_QUEUED_CHUNKS, MAX_QUEUED_CHUNKS = 2, 8
 
 
 @dataclass
@@ -59,6 +57,8 @@ class Outcome:
     scale: Scale
     examples_per_sec: list[float] = field(default_factory=list)
     steps_per_sec: list[float] = field(default_factory=list)
+    steps_per_call: dict[int, int] = field(default_factory=dict)  # parameter servers: steps at each size
+    steps_scheduled: int | None = None  # parameter servers: steps handed to workers in this life
 
 
 def mirrored_scale(cfg: NodeConfig, replicas: int) -> Scale:
@@ -135,10 +135,10 @@ class _Meter:
         return eps
 
 
-def _checkpoint(model: Any, optimizer: Any, directory: Path) -> Any:
+def _checkpoint(directory: Path, **objects: Any) -> Any:
     import tensorflow as tf
 
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    ckpt = tf.train.Checkpoint(**objects)
     return ckpt, tf.train.CheckpointManager(ckpt, str(directory), max_to_keep=2)
 
 
@@ -179,7 +179,14 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         model = program.build_model()
         optimizer = make_optimizer(cfg, scale.learning_rate)
         optimizer.build(model.trainable_variables)  # slot variables must exist before remote steps
-    ckpt, manager = _checkpoint(model, optimizer, hooks.work_dir / "checkpoints")
+        # Keras counts optimizer.iterations with a read and then an assign, two remote ops: workers
+        # racing on the ps lost increments (about one in five with two digits workers), so a run
+        # trained more batches than `steps` and reported fewer. A variable's own assign_add is one op
+        # under the variable's lock on its ps: every applied update counts once.
+        applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="applied_steps")
+    ckpt, manager = _checkpoint(
+        hooks.work_dir / "checkpoints", model=model, optimizer=optimizer, applied_steps=applied
+    )
     io = _chief_io()
     _restore(ckpt, hooks, io)
     loss_fn = _loss_fn()
@@ -198,6 +205,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
                 loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            applied.assign_add(1)
             return loss
 
         loss = tf.constant(0.0)
@@ -207,20 +215,20 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         return loss
 
     def global_step() -> int:
-        return int(optimizer.iterations.numpy())
+        return int(applied.numpy())
 
     step = last_ckpt = scheduled = global_step()
     meter = _Meter(step, t.batch_size)
-    in_flight: collections.deque[list[Any]] = collections.deque()
-    spe = t.steps_per_execution
+    in_flight: collections.deque[tuple[int, list[Any]]] = collections.deque()  # (steps, calls) per chunk
     urgent = False  # a spot notice: schedule nothing more, save what is done, before the node leaves
-    calls_per_chunk = math.ceil(t.log_every / spe)
-    depth, fetched = queue_depth(math.inf, cfg.num_workers, calls_per_chunk), time.monotonic()
+    spe = steps_per_call(t.steps_per_execution, None, t.log_every)
+    by_size: collections.Counter[int] = collections.Counter()
+    depth = queue_depth(math.inf, cfg.num_workers, math.ceil(t.log_every / spe))
+    clock = ChunkClock(cfg.num_workers, time.monotonic())
     while True:
         urgent = urgent or (hooks.checkpoint_now is not None and hooks.checkpoint_now())
-        # Keep chunks queued behind the one we wait on, so workers never idle on our polling (about
-        # QUEUED_SECONDS of work: short steps need more than one chunk to hide a fetch and a report),
-        # but never schedule past the next checkpoint: a fault then loses at most checkpoint_every
+        # Keep chunks queued behind the one we wait on, so workers never idle on our polling, but
+        # never schedule past the next checkpoint: a fault then loses at most checkpoint_every
         # steps, and a notice's checkpoint waits for at most that much queued work.
         limit = scheduled if urgent else min(t.steps, last_ckpt + t.checkpoint_every)
         while scheduled < limit and len(in_flight) < depth:
@@ -230,14 +238,16 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
                 for start in range(0, chunk, spe)
             ]
             scheduled += chunk
-            in_flight.append(calls)
+            by_size[spe] += chunk
+            in_flight.append((chunk, calls))
         if in_flight:
             # Waiting on each result (a Python wait) rather than in join() keeps the GIL free, so
             # heartbeats go on while a frozen worker holds a step: the watcher then blames that worker.
-            loss = float([call.fetch() for call in in_flight.popleft()][-1])
-            now = time.monotonic()
-            depth = queue_depth(now - fetched, cfg.num_workers, calls_per_chunk)
-            fetched = now
+            chunk, calls = in_flight.popleft()
+            loss = float([call.fetch() for call in calls][-1])
+            chunk_seconds, step_seconds = clock.fetched(time.monotonic(), chunk)
+            spe = steps_per_call(t.steps_per_execution, step_seconds, t.log_every)
+            depth = queue_depth(chunk_seconds, cfg.num_workers, math.ceil(t.log_every / spe))
             step = global_step()
             hooks.on_progress(step, loss, meter.tick(step))
             continue
@@ -250,17 +260,18 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         urgent = False
         if step >= t.steps:
             break
-        # Async updates may race on the step counter: schedule what the counter still lacks.
+        # A lost worker's in-flight steps may be applied twice: schedule what the count still lacks.
         scheduled = step
-    return Outcome(model, global_step(), scale, meter.examples_per_sec, meter.steps_per_sec)
-
-
-def queue_depth(chunk_seconds: float, workers: int, calls_per_chunk: int) -> int:
-    """Chunks to keep scheduled ahead under parameter servers, from the last chunk's duration; never
-    fewer than two remote calls per worker (one running, one waiting), or workers would idle."""
-    floor = max(MIN_QUEUED_CHUNKS, math.ceil(2 * workers / calls_per_chunk))
-    wanted = math.ceil(QUEUED_SECONDS / max(chunk_seconds, 1e-3))
-    return max(floor, min(MAX_QUEUED_CHUNKS, wanted))
+        clock.restart(time.monotonic())
+    return Outcome(
+        model,
+        global_step(),
+        scale,
+        meter.examples_per_sec,
+        meter.steps_per_sec,
+        dict(by_size),
+        by_size.total(),
+    )
 
 
 # ---------------------------------------------------------------- multi-worker mirrored (sync)
@@ -286,7 +297,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
         optimizer.build(model.trainable_variables)
     # Every worker must take part in saving (the save is collective); only the chief's copy counts.
     ckpt_dir = hooks.work_dir / ("checkpoints" if cfg.is_chief else f"checkpoints-tmp-{cfg.index}")
-    ckpt, manager = _checkpoint(model, optimizer, ckpt_dir)
+    ckpt, manager = _checkpoint(ckpt_dir, model=model, optimizer=optimizer)
     _restore(ckpt, hooks)
     loss_fn = _loss_fn()
     resumed_at = int(optimizer.iterations.numpy())  # each step took one batch from every pipeline

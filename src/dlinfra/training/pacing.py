@@ -1,0 +1,74 @@
+"""How the parameter-server chief paces remote work: steps per remote call, and calls kept queued.
+
+Both are chosen from what the chief measures (the time between two fetched chunks), so neither a
+6 ms digits step nor a 2 s ResNet-20 step needs hand tuning. Figures from bench/bench_anchors.py and
+bench/bench_training.py on the 2-core development machine (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Literal
+
+# A chunk is `log_every` steps, split into remote calls; the chief keeps about QUEUED_SECONDS of work
+# scheduled behind the chunk it waits on. Two chunks left a digits worker (6 ms steps) idle 16 % of
+# the time on the chief's fetch and report.
+QUEUED_SECONDS = 1.0
+MIN_QUEUED_CHUNKS, MAX_QUEUED_CHUNKS = 2, 8
+
+# A remote call costs about 8 ms of dispatch on top of its steps (digits, 1 worker: 18.9 ms per step
+# at 1 step per call, 10.7 ms at 50), so `auto` gives a call about CALL_SECONDS of a worker's
+# compute: 3 % overhead. Longer calls buy little more and lengthen what a lost worker re-runs and
+# what a spot notice's checkpoint waits for.
+CALL_SECONDS = 0.25
+# Before any chunk was timed. The first chunks include each worker's trace of the step function, so
+# the first estimate is high and `auto` starts small and grows (each estimate includes the dispatch
+# cost, so it never overshoots).
+AUTO_FIRST_CALL = 1
+
+
+def steps_per_call(configured: int | Literal["auto"], step_seconds: float | None, log_every: int) -> int:
+    """Steps in one remote call: as configured, or (`auto`) about CALL_SECONDS of one worker's
+    compute at `step_seconds` (None: not measured yet). Never more than a chunk (`log_every`): the
+    chief reports once per chunk, as often as the experiment asks."""
+    if configured != "auto":
+        return max(1, min(configured, log_every))
+    if step_seconds is None:
+        return min(AUTO_FIRST_CALL, log_every)
+    return max(1, min(log_every, round(CALL_SECONDS / max(step_seconds, 1e-6))))
+
+
+class ChunkClock:
+    """Times the chunks the chief fetches, over the last few: with several workers, chunks finish in
+    bunches (one per worker at nearly the same moment), so a single interval swings between almost
+    nothing and several chunks' worth, and `auto` would swing with it (seen: 20, 10, 20, 11, ...)."""
+
+    def __init__(self, workers: int, now: float):
+        self.workers = workers
+        self._steps = 0
+        self._marks: collections.deque[tuple[float, int]] = collections.deque(maxlen=max(2, workers) + 1)
+        self.restart(now)
+
+    def restart(self, now: float) -> None:
+        """After a pause that is not training (the drain and save at a checkpoint)."""
+        self._marks.clear()
+        self._marks.append((now, self._steps))
+
+    def fetched(self, now: float, steps: int) -> tuple[float, float]:
+        """A chunk of `steps` arrived: (seconds per chunk, one worker's seconds per step), over the
+        window. With work queued for every worker they run side by side, so S steps take S x step /
+        workers; the dispatch of each call is inside the figure."""
+        self._steps += steps
+        self._marks.append((now, self._steps))
+        (then, before), chunks = self._marks[0], len(self._marks) - 1
+        elapsed = now - then
+        return elapsed / chunks, elapsed * self.workers / max(self._steps - before, 1)
+
+
+def queue_depth(chunk_seconds: float, workers: int, calls_per_chunk: int) -> int:
+    """Chunks to keep scheduled ahead, from the last chunk's duration; never fewer than two remote
+    calls per worker (one running, one waiting), or workers would idle."""
+    floor = max(MIN_QUEUED_CHUNKS, math.ceil(2 * workers / calls_per_chunk))
+    wanted = math.ceil(QUEUED_SECONDS / max(chunk_seconds, 1e-3))
+    return max(floor, min(MAX_QUEUED_CHUNKS, wanted))
