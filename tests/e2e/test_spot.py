@@ -84,7 +84,9 @@ def test_notice_from_the_loopback_metadata_stand_in_checkpoints_at_once_and_the_
     }
 
     metrics = live.metrics
-    assert metrics["steps"] == STEPS
+    # worker-0 left during a remote call, which TensorFlow then re-ran on worker-1: the steps it had
+    # applied before leaving count twice, at most one call (a call is at most log_every, 20, steps)
+    assert STEPS <= metrics["steps"] <= STEPS + 20, metrics["steps"]
     assert [n["node"] for n in metrics["interruptions"]] == ["worker-0"]
     assert metrics["interruptions"][0]["steps_lost"] == 0 and metrics["rebalances"] == 1
     assert "resuming from checkpoint" not in live.log("chief-0").read_text(), "nothing to resume: 0 lost"
