@@ -180,9 +180,9 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         optimizer = make_optimizer(cfg, scale.learning_rate)
         optimizer.build(model.trainable_variables)  # slot variables must exist before remote steps
         # Keras counts optimizer.iterations with a read and then an assign, two remote ops: workers
-        # racing on the ps lost increments (about one in five with two digits workers), so a run
-        # trained more batches than `steps` and reported fewer. A variable's own assign_add is one op
-        # under the variable's lock on its ps: every applied update counts once.
+        # racing on the ps lost increments (a fifth with two digits workers, a third with three), so
+        # a run trained more batches than `steps` and reported fewer. A variable's own assign_add is
+        # one op under the variable's lock on its ps: every applied update counts once.
         applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="applied_steps")
     ckpt, manager = _checkpoint(
         hooks.work_dir / "checkpoints", model=model, optimizer=optimizer, applied_steps=applied

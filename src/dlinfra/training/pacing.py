@@ -1,8 +1,8 @@
 """How the parameter-server chief paces remote work: steps per remote call, and calls kept queued.
 
-Both are chosen from what the chief measures (the time between two fetched chunks), so neither a
-6 ms digits step nor a 2 s ResNet-20 step needs hand tuning. Figures from bench/bench_anchors.py and
-bench/bench_training.py on the 2-core development machine (BENCHMARKS.md).
+Both follow what the chief measures (the times of the last few chunks it fetched), so neither a
+digits step of a few ms nor a ResNet-20 step of over 100 ms needs hand tuning. Figures from
+bench/bench_anchors.py and bench/bench_training.py on the 2-core development machine (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ MIN_QUEUED_CHUNKS, MAX_QUEUED_CHUNKS = 2, 8
 # what a spot notice's checkpoint waits for.
 CALL_SECONDS = 0.25
 # Before any chunk was timed. The first chunks include each worker's trace of the step function, so
-# the first estimate is high and `auto` starts small and grows (each estimate includes the dispatch
-# cost, so it never overshoots).
+# the first estimates are high: `auto` starts at one step and grows. Each estimate includes the
+# dispatch of small calls, so it approaches from below rather than overshooting.
 AUTO_FIRST_CALL = 1
 
 
