@@ -51,6 +51,8 @@ def test_notice_from_the_loopback_metadata_stand_in_checkpoints_at_once_and_the_
             # no scheduled checkpoint before the end: the one after the notice is the notice's
             "--set", f"training.checkpoint_every={STEPS}",
             "--set", "cluster.workers.spot=true",
+            # auto sizes the remote calls, so the call re-run after the node leaves is the largest
+            "--set", "training.steps_per_execution=auto",
             # the stand-in listens on this machine's loopback, outside a private namespace
             "--set", "cluster.local_network=host",
             env={"DLINFRA_METADATA_ENDPOINT": imds.node_template()},
@@ -87,6 +89,9 @@ def test_notice_from_the_loopback_metadata_stand_in_checkpoints_at_once_and_the_
     # worker-0 left during a remote call, which TensorFlow then re-ran on worker-1: the steps it had
     # applied before leaving count twice, at most one call (a call is at most log_every, 20, steps)
     assert STEPS <= metrics["steps"] <= STEPS + 20, metrics["steps"]
+    by_size = {int(size): steps for size, steps in metrics["steps_per_call"].items()}
+    most = max(by_size, key=by_size.__getitem__)
+    assert 1 in by_size and most >= 2 and max(by_size) <= 20, f"auto started at 1 and grew: {by_size}"
     assert [n["node"] for n in metrics["interruptions"]] == ["worker-0"]
     assert metrics["interruptions"][0]["steps_lost"] == 0 and metrics["rebalances"] == 1
     assert "resuming from checkpoint" not in live.log("chief-0").read_text(), "nothing to resume: 0 lost"

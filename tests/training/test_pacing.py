@@ -64,18 +64,19 @@ def test_a_configured_call_size_is_kept_within_a_chunk(
     ("step_seconds", "log_every", "steps"),
     [
         (None, 20, AUTO_FIRST_CALL),  # not measured yet
-        (0.0107, 20, 20),  # digits (10.7 ms): 23 wanted, capped by the chunk
-        (0.0107, 100, 23),
-        (0.125, 20, 2),  # ResNet-20 on this CPU: about 2 steps make a quarter second
-        (0.3, 20, 1),
+        (0.0107, 20, 20),  # digits (10.7 ms): 93 wanted, capped by the chunk
+        (0.0107, 100, 93),
+        (0.181, 20, 6),  # ResNet-20 on this CPU, as timed at one step per call (dispatch included)
+        (0.6, 20, 2),
+        (1.5, 20, 1),
         (30.0, 20, 1),  # a stalled worker: never 0
         (0.0, 20, 20),  # a chunk timed at zero must not divide by zero
     ],
 )
-def test_auto_sizes_a_call_to_about_a_quarter_second_of_compute(
+def test_auto_sizes_a_call_to_about_a_second_of_compute(
     step_seconds: float | None, log_every: int, steps: int
 ) -> None:
-    assert CALL_SECONDS == 0.25
+    assert CALL_SECONDS == 1.0
     assert steps_per_call("auto", step_seconds, log_every) == steps
 
 
@@ -105,13 +106,20 @@ def test_a_restart_leaves_the_pause_out() -> None:
 
 
 @pytest.mark.parametrize(
-    ("workers", "step", "settles_at"), [(1, 0.0107, 20), (1, 0.125, 2), (1, 0.6, 1), (3, 0.03, 8)]
+    ("workers", "step", "dispatch", "settles_at"),
+    [
+        (1, 0.0107, 0.008, 20),  # digits, as measured: capped by log_every
+        (3, 0.03, 0.008, 20),
+        (1, 0.152, 0.029, 6),  # ResNet-20, as measured: about a second of compute
+        (1, 0.6, 0.029, 2),
+    ],
 )
-def test_auto_settles_from_its_own_measurements(workers: int, step: float, settles_at: int) -> None:
+def test_auto_settles_from_its_own_measurements(
+    workers: int, step: float, dispatch: float, settles_at: int
+) -> None:
     """A stand-in for the chief's loop, chunk by chunk: `workers` side by side, each call costing
-    DISPATCH seconds on top of its steps (as measured on digits); the first chunk includes the
-    trace."""
-    dispatch, log_every = 0.008, 20
+    `dispatch` seconds on top of its steps; the first chunk includes the trace."""
+    log_every = 20
     spe = steps_per_call("auto", None, log_every)
     clock, now, seen = ChunkClock(workers, 0.0), 0.0, []
     for chunk_index in range(12):

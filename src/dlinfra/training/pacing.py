@@ -17,11 +17,13 @@ from typing import Literal
 QUEUED_SECONDS = 1.0
 MIN_QUEUED_CHUNKS, MAX_QUEUED_CHUNKS = 2, 8
 
-# A remote call costs about 8 ms of dispatch on top of its steps (digits, 1 worker: 18.9 ms per step
-# at 1 step per call, 10.7 ms at 50), so `auto` gives a call about CALL_SECONDS of a worker's
-# compute: 3 % overhead. Longer calls buy little more and lengthen what a lost worker re-runs and
-# what a spot notice's checkpoint waits for.
-CALL_SECONDS = 0.25
+# A remote call costs a dispatch on top of its steps, and the dispatch grows with the model: 8 ms for
+# the digits CNN (18.9 ms per step at 1 step per call, 10.7 ms at 50), 29 ms for ResNet-20 (181 ms
+# per step at 1 per call, 155 ms at 10; bench_anchors, where `auto` aiming at 0.25 s chose 1 step
+# and lost 15 % to the fixed 10). A call of about CALL_SECONDS keeps either under 3 %; longer calls
+# buy little more and lengthen what a lost worker re-runs and what a spot notice's checkpoint waits
+# for.
+CALL_SECONDS = 1.0
 # Before any chunk was timed. The first chunks include each worker's trace of the step function, so
 # the first estimates are high: `auto` starts at one step and grows. Each estimate includes the
 # dispatch of small calls, so it approaches from below rather than overshooting.
