@@ -4,8 +4,8 @@ serve, report, leave results, exit."""
 from __future__ import annotations
 
 import json
+import math
 import os
-import statistics
 import sys
 import threading
 import time
@@ -178,8 +178,8 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
         train_seconds=train_seconds,
         first_step_at=progress.first_step_at,
         finished_at=time.time(),
-        global_steps_per_sec=_mean_sd(outcome.steps_per_sec),
-        examples_per_sec=_mean_sd(outcome.examples_per_sec),
+        global_steps_per_sec=_mean_sd(outcome.steps_per_sec, outcome.interval_seconds),
+        examples_per_sec=_mean_sd(outcome.examples_per_sec, outcome.interval_seconds),
         examples_per_sec_series=progress.series,
         loss_series=progress.losses,
         final_loss=progress.last_loss,
@@ -332,12 +332,16 @@ def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
-def _mean_sd(values: list[float]) -> MeanSd | None:
+def _mean_sd(rates: list[float], seconds: list[float]) -> MeanSd | None:
+    """Each rate weighted by its interval's length: the mean is then work over time."""
     # The first interval includes tracing and warm-up; leave it out when there is more.
-    vals = values[1:] if len(values) > 2 else values
-    if not vals:
+    start = 1 if len(rates) > 2 else 0
+    pairs = list(zip(rates[start:], seconds[start:], strict=True))
+    total = sum(w for _, w in pairs)
+    if not pairs or total <= 0:
         return None
-    return MeanSd(mean=statistics.fmean(vals), sd=statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    mean = sum(r * w for r, w in pairs) / total
+    return MeanSd(mean=mean, sd=math.sqrt(sum(w * (r - mean) ** 2 for r, w in pairs) / total))
 
 
 def _start_watchdog(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> None:

@@ -57,6 +57,7 @@ class Outcome:
     scale: Scale
     examples_per_sec: list[float] = field(default_factory=list)
     steps_per_sec: list[float] = field(default_factory=list)
+    interval_seconds: list[float] = field(default_factory=list)  # the length of each rate's interval
     steps_per_call: dict[int, int] = field(default_factory=dict)  # parameter servers: steps at each size
     steps_scheduled: int | None = None  # parameter servers: steps handed to workers in this life
 
@@ -116,12 +117,15 @@ def _batched(ds: Any, batch: int, shuffle_seed: int | None, skip_batches: int = 
 
 
 class _Meter:
-    """Throughput between progress reports."""
+    """Throughput between progress reports, with each interval's length: under parameter servers
+    chunks can arrive in bunches, and a plain mean of the rates would count a 10 ms interval as much
+    as a 500 ms one."""
 
     def __init__(self, step: int, batch: int):
         self.step, self.batch, self.t = step, batch, time.perf_counter()
         self.examples_per_sec: list[float] = []
         self.steps_per_sec: list[float] = []
+        self.seconds: list[float] = []
 
     def tick(self, step: int) -> float:
         now = time.perf_counter()
@@ -131,6 +135,7 @@ class _Meter:
         if step > self.step:
             self.steps_per_sec.append(sps)
             self.examples_per_sec.append(eps)
+            self.seconds.append(dt)
         self.step, self.t = step, now
         return eps
 
@@ -269,6 +274,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         scale,
         meter.examples_per_sec,
         meter.steps_per_sec,
+        meter.seconds,
         dict(by_size),
         by_size.total(),
     )
@@ -347,7 +353,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             if cfg.is_chief:
                 hooks.on_checkpoint(step, ckpt_dir)
             last_ckpt = step
-    return Outcome(model, step, scale, meter.examples_per_sec, meter.steps_per_sec)
+    return Outcome(model, step, scale, meter.examples_per_sec, meter.steps_per_sec, meter.seconds)
 
 
 def _any_worker(strategy: Any, wanted: bool) -> bool:
