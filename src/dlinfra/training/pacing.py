@@ -69,8 +69,8 @@ class ChunkClock:
 
 
 def queue_depth(chunk_seconds: float, workers: int, calls_per_chunk: int) -> int:
-    """Chunks to keep scheduled ahead, from the last chunk's duration; never fewer than two remote
-    calls per worker (one running, one waiting), or workers would idle."""
+    """Chunks to keep scheduled ahead, from a chunk's recent duration (ChunkClock); never fewer than
+    two remote calls per worker (one running, one waiting), or workers would idle."""
     floor = max(MIN_QUEUED_CHUNKS, math.ceil(2 * workers / calls_per_chunk))
     wanted = math.ceil(QUEUED_SECONDS / max(chunk_seconds, 1e-3))
     return max(floor, min(MAX_QUEUED_CHUNKS, wanted))
