@@ -86,8 +86,9 @@ def test_notice_from_the_loopback_metadata_stand_in_checkpoints_at_once_and_the_
     }
 
     metrics = live.metrics
-    # worker-0 left during a remote call, which TensorFlow then re-ran on worker-1: the steps it had
-    # applied before leaving count twice, at most one call (a call is at most log_every, 20, steps)
+    # worker-0 may leave during a remote call, which TensorFlow then re-runs on worker-1; a call
+    # counts once it has run all its steps, so only a call that finished just as the node left and
+    # could not report is counted twice: at most one call (a call is at most log_every, 20, steps)
     assert STEPS <= metrics["steps"] <= STEPS + 20, metrics["steps"]
     by_size = {int(size): steps for size, steps in metrics["steps_per_call"].items()}
     most = max(by_size, key=by_size.__getitem__)

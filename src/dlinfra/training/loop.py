@@ -6,9 +6,10 @@ slower here and its wheel drags the full GPU `tensorflow` package over `tensorfl
 over `ClusterCoordinator.schedule` / `strategy.run` works with Keras 3 and gives us exact control
 of step counting, checkpoints and progress (see README, "Why custom loops").
 
-Progress is always counted from a step variable the update itself increments (mirrored: the
-optimizer's; parameter servers: an atomic counter on the ps): after a lost worker an in-flight
-step may be applied twice, so counting scheduled calls would drift.
+Progress is always counted where the updates land, never from what was scheduled (mirrored: the
+optimizer's step variable; parameter servers: a counter on the ps that each remote call increments
+once it has run all its steps): a lost worker's call is re-run elsewhere, so counting scheduled
+calls would drift.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         # Keras counts optimizer.iterations with a read and then an assign, two remote ops: workers
         # racing on the ps lost increments (a fifth with two digits workers, a third with three), so
         # a run trained more batches than `steps` and reported fewer. A variable's own assign_add is
-        # one op under the variable's lock on its ps: every applied update counts once.
+        # one op under the variable's lock on its ps: every completed call counts once.
         applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="applied_steps")
     ckpt, manager = _checkpoint(
         hooks.work_dir / "checkpoints", model=model, optimizer=optimizer, applied_steps=applied
@@ -210,14 +211,18 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
                 loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            applied.assign_add(1)
             return loss
 
         loss = tf.constant(0.0)
         for _ in tf.range(n):
             x, y = next(it)
             loss = strategy.run(replica_fn, args=(x, y))
-        return loss
+        # A call counts once it has run all its steps: a worker lost mid-call has its call re-run
+        # elsewhere, and counting each step would count the steps it had done twice. The count after
+        # this call comes back with the loss, in one tensor: every fetch is a remote op from the
+        # chief's Python, and so was a separate read of the count.
+        count = applied.assign_add(tf.cast(n, tf.int64))
+        return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64)])
 
     def global_step() -> int:
         return int(applied.numpy())
@@ -248,13 +253,15 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         if in_flight:
             # Waiting on each result (a Python wait) rather than in join() keeps the GIL free, so
             # heartbeats go on while a frozen worker holds a step: the watcher then blames that worker.
+            # The chunk's last call stands for the chunk: its calls were queued in order, so
+            # the others have started before it; only the exact count waits for all (join).
             chunk, calls = in_flight.popleft()
-            loss = float([call.fetch() for call in calls][-1])
+            loss, count = calls[-1].fetch()
             chunk_seconds, step_seconds = clock.fetched(time.monotonic(), chunk)
             spe = steps_per_call(t.steps_per_execution, step_seconds, t.log_every)
             depth = queue_depth(chunk_seconds, cfg.num_workers, math.ceil(t.log_every / spe))
-            step = global_step()
-            hooks.on_progress(step, loss, meter.tick(step))
+            step = max(step, int(count))  # counted when that call ended: later ones may be in
+            hooks.on_progress(step, float(loss), meter.tick(step))
             continue
         coordinator.join()
         step = global_step()
@@ -265,7 +272,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         urgent = False
         if step >= t.steps:
             break
-        # A lost worker's in-flight steps may be applied twice: schedule what the count still lacks.
+        # What the count, not what was scheduled, still lacks: a fault can abort or repeat calls.
         scheduled = step
         clock.restart(time.monotonic())
     return Outcome(
