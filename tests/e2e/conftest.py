@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from dlinfra.node.status import read_state, state_file
 from support import alive_node_pids, run_cli
 
 
@@ -122,6 +123,13 @@ class Live:
                     return
             time.sleep(0.1)
         raise AssertionError(f"{node} did not reach step {step} in {timeout:.0f}s")
+
+    def trainer_pid(self, node: str) -> int:
+        """The pid of `node`'s trainer in its current life, from the state file it writes once up: the
+        store's copy comes a beat later, a whole run later for a short run at the default beat."""
+        state = read_state(state_file(self.run_dir / "work" / node))
+        assert state is not None, f"{node}'s trainer is not up"
+        return int(state["pid"])
 
     def published_status(
         self, node: str, until: Callable[[dict[str, Any]], bool] = lambda s: True, timeout: float = 120

@@ -53,7 +53,7 @@ def report(name: str, **figures: object) -> None:
 def kill_at(live: Live, node: str, fraction: float, trainer: str = "chief-0", steps: int = STEPS) -> int:
     """SIGKILL `node`'s whole process group once the trainer logged `fraction` of the steps."""
     live.wait_for_step(trainer, int(steps * fraction))
-    pid = live.published_status(node)["pid"]
+    pid = live.trainer_pid(node)
     os.killpg(pid, signal.SIGKILL)
     return pid
 
@@ -74,7 +74,7 @@ def test_killed_ps_worker_rejoins_and_accuracy_holds(tmp_path: Path, ps_run) -> 
     assert pids["worker-1"] != first_pids["worker-1"], "the manifest names the restarted node's group"
     assert {n: p for n, p in pids.items() if n != "worker-1"} == {
         n: p for n, p in first_pids.items() if n != "worker-1"
-    }
+    }, "only the killed worker restarts:\n" + live.log("chief-0").read_text(errors="replace")[-6000:]
     metrics = live.metrics
     assert metrics["steps"] == steps
     assert (live.store / "model" / "saved_model" / "saved_model.pb").is_file()

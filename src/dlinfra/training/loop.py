@@ -185,10 +185,8 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         model = program.build_model()
         optimizer = make_optimizer(cfg, scale.learning_rate)
         optimizer.build(model.trainable_variables)  # slot variables must exist before remote steps
-        # Keras counts optimizer.iterations with a read and then an assign, two remote ops: workers
-        # racing on the ps lost increments (a fifth with two digits workers, a third with three), so
-        # a run trained more batches than `steps` and reported fewer. A variable's own assign_add is
-        # one op under the variable's lock on its ps: every completed call counts once.
+        # Keras counts optimizer.iterations with a read, then an assign: workers racing on the ps lost
+        # a fifth of the increments (two digits workers). An assign_add is one op under the lock.
         applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="applied_steps")
     ckpt, manager = _checkpoint(
         hooks.work_dir / "checkpoints", model=model, optimizer=optimizer, applied_steps=applied
@@ -217,11 +215,11 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         for _ in tf.range(n):
             x, y = next(it)
             loss = strategy.run(replica_fn, args=(x, y))
-        # A call counts once it has run all its steps: a worker lost mid-call has its call re-run
-        # elsewhere, and counting each step would count the steps it had done twice. The count after
-        # this call comes back with the loss, in one tensor: every fetch is a remote op from the
-        # chief's Python, and so was a separate read of the count.
-        count = applied.assign_add(tf.cast(n, tf.int64))
+        # A call counts once it has run all its steps (a call lost mid-way is re-run elsewhere), so
+        # after the loop: tf.function orders stateful ops only per variable, and ran the count first.
+        # It comes back with the loss in one tensor: every fetch is a remote op from the chief.
+        with tf.control_dependencies([loss]):
+            count = applied.assign_add(tf.cast(n, tf.int64))
         return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64)])
 
     def global_step() -> int:
@@ -251,12 +249,16 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
             by_size[spe] += chunk
             in_flight.append((chunk, calls))
         if in_flight:
-            # Waiting on each result (a Python wait) rather than in join() keeps the GIL free, so
-            # heartbeats go on while a frozen worker holds a step: the watcher then blames that worker.
-            # The chunk's last call stands for the chunk: its calls were queued in order, so
-            # the others have started before it; only the exact count waits for all (join).
+            # A Python wait on a result, not join(), keeps the GIL free: heartbeats go on while a frozen
+            # worker holds a step, and the watcher blames that worker. The chunk's last call stands for
+            # the chunk (its calls were queued in order); only the exact count waits for all (join).
             chunk, calls = in_flight.popleft()
-            loss, count = calls[-1].fetch()
+            try:
+                loss, count = calls[-1].fetch()
+            except tf.errors.OpError:
+                # Our fetch can copy a call's result off its worker before the coordinator does: a worker
+                # lost then fails it, and the call is re-run. The next schedule or join raises real errors.
+                continue
             chunk_seconds, step_seconds = clock.fetched(time.monotonic(), chunk)
             spe = steps_per_call(t.steps_per_execution, step_seconds, t.log_every)
             depth = queue_depth(chunk_seconds, cfg.num_workers, math.ceil(t.log_every / spe))
