@@ -10,7 +10,7 @@ import keras
 
 from dlinfra.node.config import NodeConfig, StoreConfig
 from dlinfra.spec import TrainingSpec
-from dlinfra.training import loop
+from dlinfra.training import export, loop
 from dlinfra.training.program import builtin_program
 
 work = Path(tempfile.mkdtemp())
@@ -31,7 +31,7 @@ program = builtin_program(training, work / "data")
 losses: list[float] = []
 hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps: losses.append(loss))
 outcome = loop.train_mirrored(cfg, program, hooks, loop.make_mirrored_strategy())
-accuracy, _ = loop.export(outcome.model, program, work / "model")
+accuracy, _ = export.export(outcome.model, program, work / "model")
 json.dump(
     {
         "policy": keras.mixed_precision.global_policy().name,

@@ -76,7 +76,10 @@ def test_killed_ps_worker_rejoins_and_accuracy_holds(tmp_path: Path, ps_run) -> 
         n: p for n, p in first_pids.items() if n != "worker-1"
     }, "only the killed worker restarts:\n" + live.log("chief-0").read_text(errors="replace")[-6000:]
     metrics = live.metrics
-    assert metrics["steps"] == steps
+    # A call cut short is not counted, its re-run is (test_counted_steps pins that order). Only a call
+    # that ended just as its worker died, before its result left the worker, is run and counted twice.
+    one_call = max(int(size) for size in metrics["steps_per_call"])
+    assert steps <= metrics["steps"] <= steps + one_call, metrics["steps"]
     assert (live.store / "model" / "saved_model" / "saved_model.pb").is_file()
     assert abs(metrics["eval_accuracy"] - ps_run.metrics["eval_accuracy"]) <= 0.02
     report(

@@ -115,7 +115,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
 
 
 def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> int:
-    from dlinfra.training import loop
+    from dlinfra.training import export, loop
     from dlinfra.training.data import S3Access
     from dlinfra.training.program import builtin_program, load_entrypoint
 
@@ -157,7 +157,7 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
         status.stop(state="done", step=outcome.step)
         return EXIT_DONE
     status.update(state="exporting", step=outcome.step)
-    accuracy, _ = loop.export(outcome.model, program, work / "model")
+    accuracy, _ = export.export(outcome.model, program, work / "model")
     progress.final(accuracy, outcome.step)
     model_uri = store.put_model(work / "model")
     metrics = Metrics(

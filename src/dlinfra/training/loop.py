@@ -171,6 +171,34 @@ def _loss_fn() -> Any:
 # ---------------------------------------------------------------- parameter server (async)
 
 
+def counted_steps(strategy: Any, model: Any, optimizer: Any, loss_fn: Any, applied: Any) -> Any:
+    """A worker's remote call: `n` steps from iterator `it`, then `applied` counts them; returns
+    [last loss, count after this call]."""
+    import tensorflow as tf
+
+    @tf.function
+    def train_steps(it: Any, n: Any) -> Any:
+        def replica_fn(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            x, y = next(it)
+            loss = strategy.run(replica_fn, args=(x, y))
+        # A call counts once it has run all its steps (a call lost mid-way is re-run elsewhere), so
+        # after the loop: tf.function orders stateful ops only per variable, and ran the count first.
+        # It comes back with the loss in one tensor: every fetch is a remote op from the chief.
+        with tf.control_dependencies([loss]):
+            count = applied.assign_add(tf.cast(n, tf.int64))
+        return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64)])
+
+    return train_steps
+
+
 def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> Outcome:
     """Runs on the chief: variables live on the ps tasks, steps run on the workers."""
     import tensorflow as tf
@@ -202,25 +230,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
-    @tf.function
-    def train_steps(it: Any, n: Any) -> Any:
-        def replica_fn(x: Any, y: Any) -> Any:
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss
-
-        loss = tf.constant(0.0)
-        for _ in tf.range(n):
-            x, y = next(it)
-            loss = strategy.run(replica_fn, args=(x, y))
-        # A call counts once it has run all its steps (a call lost mid-way is re-run elsewhere), so
-        # after the loop: tf.function orders stateful ops only per variable, and ran the count first.
-        # It comes back with the loss in one tensor: every fetch is a remote op from the chief.
-        with tf.control_dependencies([loss]):
-            count = applied.assign_add(tf.cast(n, tf.int64))
-        return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64)])
+    train_steps = counted_steps(strategy, model, optimizer, loss_fn, applied)
 
     def global_step() -> int:
         return int(applied.numpy())
@@ -372,29 +382,3 @@ def _any_worker(strategy: Any, wanted: bool) -> bool:
 
     flags = strategy.run(lambda: tf.constant(1.0 if wanted else 0.0))
     return float(strategy.reduce("MAX", flags, axis=None)) > 0
-
-
-# ---------------------------------------------------------------- evaluation and export
-
-
-def evaluate(model: Any, program: Program, batch: int = 256) -> float:
-    import tensorflow as tf
-
-    correct = total = 0
-    for x, y in program.eval_data().batch(batch):
-        pred = tf.argmax(model(x, training=False), axis=-1, output_type=y.dtype)
-        correct += int(tf.reduce_sum(tf.cast(pred == y, tf.int64)))
-        total += int(tf.shape(y)[0])
-    return correct / max(total, 1)
-
-
-def export(trained: Any, program: Program, out_dir: Path) -> tuple[float, Any]:
-    """Copy the trained weights into a plain single-process model, evaluate it, and save it as a
-    SavedModel (loads in plain TensorFlow: ``tf.saved_model.load(dir).serve(x)``) and as .keras."""
-    plain = program.build_model()
-    plain.set_weights(trained.get_weights())
-    accuracy = evaluate(plain, program)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plain.export(str(out_dir / "saved_model"), format="tf_saved_model", verbose=False)
-    plain.save(str(out_dir / "model.keras"))
-    return accuracy, plain

@@ -1,0 +1,46 @@
+"""The parameter-server step count: a remote call adds its steps to the count on the ps once they
+have run, so a call lost mid-way (and re-run by TensorFlow elsewhere) is not counted twice. Traced
+here under the default strategy: the ordering is the step function's, whatever runs it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dlinfra.training.loop import _loss_fn, counted_steps
+
+
+def _ancestors(op: Any) -> set[str]:
+    """The types of every op `op` waits for, through data and control edges."""
+    seen: dict[str, Any] = {}
+    todo = [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent.name not in seen:
+                seen[parent.name] = parent
+                todo.append(parent)
+    return {parent.type for parent in seen.values()}
+
+
+def test_a_call_counts_its_steps_after_running_them() -> None:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)
+    applied = tf.Variable(5, dtype=tf.int64)  # as restored from a checkpoint
+    steps = counted_steps(tf.distribute.get_strategy(), model, optimizer, _loss_fn(), applied)
+    rng = np.random.default_rng(0)
+    data = (rng.normal(size=(16, 4)).astype("float32"), rng.integers(0, 3, size=16))
+    batches = iter(tf.data.Dataset.from_tensor_slices(data).batch(4).repeat())
+
+    loss, count = steps(batches, tf.constant(3)).numpy()
+    assert (count, int(applied.numpy()), int(optimizer.iterations.numpy())) == (8, 8, 3)
+    assert np.isfinite(loss) and loss > 0
+
+    graph = steps.get_concrete_function(batches, tf.constant(3)).graph
+    counts = [op for op in graph.get_operations() if op.type == "AssignAddVariableOp"]
+    assert len(counts) == 1, [op.name for op in counts]  # the optimizer's updates are in the loop body
+    assert "While" in _ancestors(counts[0]), "the count may run before the call's steps"
