@@ -238,6 +238,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
     step = last_ckpt = scheduled = global_step()
     meter = _Meter(step, t.batch_size)
     in_flight: collections.deque[tuple[int, list[Any]]] = collections.deque()  # (steps, calls) per chunk
+    loss: float | None = None  # the last fetched loss
     urgent = False  # a spot notice: schedule nothing more, save what is done, before the node leaves
     spe = steps_per_call(t.steps_per_execution, None, t.log_every)
     by_size: collections.Counter[int] = collections.Counter()
@@ -261,10 +262,10 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         if in_flight:
             # A Python wait on a result, not join(), keeps the GIL free: heartbeats go on while a frozen
             # worker holds a step, and the watcher blames that worker. The chunk's last call stands for
-            # the chunk (its calls were queued in order); only the exact count waits for all (join).
+            # the chunk: queued last, it usually ends last (its count is a lower bound when it does not).
             chunk, calls = in_flight.popleft()
             try:
-                loss, count = calls[-1].fetch()
+                fetched, count = calls[-1].fetch()
             except tf.errors.OpError:
                 # Our fetch can copy a call's result off its worker before the coordinator does: a worker
                 # lost then fails it, and the call is re-run. The next schedule or join raises real errors.
@@ -272,11 +273,17 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
             chunk_seconds, step_seconds = clock.fetched(time.monotonic(), chunk)
             spe = steps_per_call(t.steps_per_execution, step_seconds, t.log_every)
             depth = queue_depth(chunk_seconds, cfg.num_workers, math.ceil(t.log_every / spe))
-            step = max(step, int(count))  # counted when that call ended: later ones may be in
-            hooks.on_progress(step, float(loss), meter.tick(step))
+            step, loss = max(step, int(count)), float(fetched)  # counted when that call ended
+            hooks.on_progress(step, loss, meter.tick(step))
             continue
         coordinator.join()
-        step = global_step()
+        exact = global_step()
+        if exact > step and loss is not None:
+            # Calls end out of order across workers: the chunk's last call may have ended before the
+            # others, so the count it brought lags. The segment's end reports the exact count (the last
+            # progress report of a run is its final step, in the log and in TensorBoard).
+            hooks.on_progress(exact, loss, meter.tick(exact))
+        step = exact
         if step > last_ckpt:
             manager.save(checkpoint_number=step, options=io)
             hooks.on_checkpoint(step, hooks.work_dir / "checkpoints")
