@@ -51,7 +51,8 @@ def report(name: str, **figures: object) -> None:
 
 
 def kill_at(live: Live, node: str, fraction: float, trainer: str = "chief-0", steps: int = STEPS) -> int:
-    """SIGKILL `node`'s whole process group once the trainer logged `fraction` of the steps."""
+    """SIGKILL `node`'s trainer (its own process group) once `trainer` logged `fraction` of the steps:
+    the node's beacon then ends the same way, and the launcher restarts the node."""
     live.wait_for_step(trainer, int(steps * fraction))
     pid = live.trainer_pid(node)
     os.killpg(pid, signal.SIGKILL)
