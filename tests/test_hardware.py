@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from dlinfra.catalog import catalog
-from dlinfra.hardware import cluster_hardware, problems, warnings
+from dlinfra.hardware import cluster_hardware, host_gpu_problems, machine_gpus, problems, warnings
 from dlinfra.node.devices import cuda_visible_devices
 from dlinfra.spec import Spec
 from dlinfra.targets.aws.review import hourly_cost, summarize
-from support import Cli, node_configs
+from support import FAKE_CREDS, Cli, node_configs
 
 FAMILIES = ("t3", "m5", "m6i", "m7i", "c5", "c6i", "c7i", "r5", "r6i", "g4dn", "g5", "g6", "p3", "p4d", "p5")
 
@@ -189,3 +189,57 @@ def test_plan_summary_shows_vcpus_gpus_and_prices_per_role() -> None:
     assert "chief     1 x m5.xlarge: 4 vCPU; CPU · $0.192/h" in text
     assert f"as of {catalog().prices_as_of}" in text
     assert "| worker | 3 | `g4dn.xlarge` | 4 | 1 x NVIDIA T4 16 GiB (1) | $1.578 |" in summary.markdown()
+
+
+# ---------------------------------------------------------------- nodes that run on this machine
+
+
+@pytest.mark.parametrize(
+    ("fields", "available", "refused"),
+    [
+        ({}, 0, True),  # g4dn.xlarge auto: 1 GPU each for 2 workers
+        ({}, 1, True),
+        ({}, 2, False),
+        ({"cluster": {"workers": {"count": 3, "gpus": 0}}}, 0, False),
+        ({"strategy": "multi_worker_mirrored", "cluster": {"workers": {"count": 2, "gpus": 1}}}, 2, False),
+        (
+            {"strategy": "multi_worker_mirrored", "cluster": {"workers": {"instance_type": "g5.12xlarge"}}},
+            4,
+            True,
+        ),
+    ],
+)
+def test_workers_on_this_machine_need_its_gpus(fields: dict, available: int, refused: bool) -> None:
+    found = host_gpu_problems(_aws(**fields), True, available, "emulated instances (process)")
+    assert bool(found) is refused, found
+    if refused:
+        assert found[0].loc == ("cluster", "workers", "gpus")
+        assert f"which has {available} GPU" in found[0].message and "gpus=0" in found[0].fix
+
+
+@pytest.mark.parametrize("emulation", ["process", "vm"])
+def test_emulated_instances_refuse_gpus_this_machine_lacks_before_terraform(
+    cli: Cli, home: Path, emulation: str
+) -> None:
+    """Stands in for a GPU-less laptop (this machine has no GPU): the refusal comes at preflight, before
+    credentials, the endpoint (none listens on port 9) or terraform are touched."""
+    assert machine_gpus() == 0, "this test needs a machine without GPUs"
+    aws = ["--target", "aws", "--endpoint-url", "http://127.0.0.1:9", "--set", "aws.ami=ami-12345678"]
+    store = ["--set", "storage.url=s3://results-bucket/runs"]
+    result = cli("deploy", *aws, *store, f"--emulate-instances={emulation}")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "cluster.workers.gpus: 2 workers x 1 GPU (auto: all of g4dn.xlarge's) need 2" in result.stderr
+    assert "Fix: train on CPU with --set cluster.workers.gpus=0" in result.stderr
+    assert not home.exists() or not any(home.rglob("*.tf*")), "no stack was written"
+    on_cpu = cli(
+        "deploy",
+        *aws,
+        *store,
+        f"--emulate-instances={emulation}",
+        "--set",
+        "cluster.workers.gpus=0",
+        extra_env=FAKE_CREDS,
+    )
+    # past the check: the next preflight step finds nothing listening at the endpoint
+    assert on_cpu.returncode == 2 and " need " not in on_cpu.stderr, on_cpu.stderr
+    assert "cannot reach http://127.0.0.1:9" in on_cpu.stderr, on_cpu.stderr

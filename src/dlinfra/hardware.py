@@ -8,6 +8,9 @@ not (local processes share this machine: ask for its GPUs explicitly).
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 
 from dlinfra.catalog import InstanceType, catalog
@@ -155,3 +158,39 @@ def warnings(spec: Spec, typed: bool) -> list[str]:
                 f"the rest ({hw.kind.gpu_text()}) is paid for and idle"
             )
     return found
+
+
+def machine_gpus() -> int:
+    """The NVIDIA GPUs of this machine that its processes may use (CUDA_VISIBLE_DEVICES honoured), from
+    the driver: nodes that run here (local processes, emulated instances) can see no others."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    found = (
+        sum(line.startswith("GPU ") for line in listed.stdout.splitlines()) if listed.returncode == 0 else 0
+    )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        found = min(found, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+    return found
+
+
+def host_gpu_problems(spec: Spec, typed: bool, available: int, nodes: str) -> list[Problem]:
+    """The workers' GPUs when every node runs on this machine (`nodes` says how: 'local processes',
+    'emulated instances'): they share its `available` GPUs, worker i taking GPUs i*gpus.. (devices.py)."""
+    hw = cluster_hardware(spec, typed)[TRAINING_ROLE]
+    needed = hw.gpus * hw.count
+    if needed <= available:
+        return []
+    why = f" (auto: all of {hw.instance_type}'s)" if spec.cluster.workers.gpus == AUTO else ""
+    return [
+        Problem(
+            ("cluster", "workers", "gpus"),
+            f"{hw.count} workers x {_gpus(hw.gpus)}{why} need {needed}, and {nodes} run on this machine, "
+            f"which has {_gpus(available)} they can use",
+            "train on CPU with --set cluster.workers.gpus=0, or run where the GPUs are",
+        )
+    ]

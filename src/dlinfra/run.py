@@ -126,7 +126,9 @@ class Run:
             ref = "@last"
         if RUN_ID_RE.fullmatch(ref):  # a whole id: no need to list every run
             if not (runs_dir / ref / MANIFEST).is_file():
-                raise RunNotFound(f"run {ref!r} not found under {runs_dir}. Fix: `dlinfra runs` lists them")
+                raise RunNotFound(
+                    f"run {shown(ref)} not found under {runs_dir}. Fix: `dlinfra runs` lists them"
+                )
             return cls(ref, runs_dir / ref)
         run_id = resolve_run_ref(ref, [run.id for run in list_runs()])
         return cls(run_id, runs_dir / run_id)
@@ -211,14 +213,14 @@ def resolve_run_ref(ref: str, ids: list[str]) -> str:
     matches = [i for i in ids if i.startswith(ref) or i.rpartition("-")[2] == ref]
     if not matches:
         raise RunNotFound(
-            f"run {ref!r} not found: no run id under {home() / 'runs'} starts with it or ends in it. "
+            f"run {shown(ref)} not found: no run id under {home() / 'runs'} starts with it or ends in it. "
             "Fix: `dlinfra runs` lists them"
         )
     if len(matches) > 1:
         listed = ", ".join(matches[:AMBIGUOUS_SHOWN])
         more = f" and {len(matches) - AMBIGUOUS_SHOWN} more" if len(matches) > AMBIGUOUS_SHOWN else ""
         raise RunNotFound(
-            f"run {ref!r} is ambiguous: it matches {len(matches)} runs: {listed}{more}. "
+            f"run {shown(ref)} is ambiguous: it matches {len(matches)} runs: {listed}{more}. "
             "Fix: give more of the id"
         )
     return matches[0]

@@ -41,7 +41,8 @@ def located(
         if loc[:n] in lines:
             where = f"{source}:{lines[loc[:n]]}"
             break
-    origin = f" (from {flag_of[loc]})" if loc in flag_of else ""
+    flag = next((flag_of[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in flag_of), None)
+    origin = f" (from {flag})" if flag else ""
     return f"{where}: {path}{origin}: {message}. Fix: {fix}"
 
 

@@ -7,14 +7,13 @@ expands to billions of values, a 50,000-deep nesting overflows the composer's re
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from dlinfra.errors import SpecError
+from dlinfra.errors import SpecError, mask
 
 MAX_BYTES = 1_000_000
 MAX_VALUES = 10_000  # YAML nodes once aliases are expanded
@@ -22,10 +21,6 @@ MAX_DEPTH = 32
 MAX_DIGITS = 20  # an int64 has 19
 MAX_SHOWN = 80  # characters of a bad value echoed back in a message
 INT_TAG = "tag:yaml.org,2002:int"
-SECRETS = (
-    (re.compile(r"(?<=://)[^/@\s]+@"), "***@"),  # a URL's user:password@
-    (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), r"\1…"),  # an AWS access key id
-)
 Lines = dict[tuple[str | int, ...], int]
 
 
@@ -89,10 +84,29 @@ def parse_value(raw: str, flag: str) -> Any:
 
 def shown(value: Any) -> str:
     """A value for a message: its repr with anything like a credential masked, cut to a readable length."""
-    text = repr(value)
-    for pattern, mask in SECRETS:
-        text = pattern.sub(mask, text)
+    text = mask(repr(value))
     return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}… ({len(text)} characters)"
+
+
+def credentials_in(data: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], str]]:
+    """(key path, masked value) of every value or key of a parsed document that holds something shaped
+    like a credential: refused before validation, so it never reaches a rendered file, the lock file,
+    the manifest, a plan or a log."""
+    if isinstance(data, dict):
+        keys = [(path, f"the key {shown(k)}") for k in data if isinstance(k, str) and mask(k) != k]
+        return keys + [hit for k, v in data.items() for hit in credentials_in(v, (*path, str(k)))]
+    if isinstance(data, list):
+        return [hit for i, v in enumerate(data) for hit in credentials_in(v, (*path, i))]
+    if isinstance(data, str) and mask(data) != data:
+        return [(path, shown(data))]
+    return []
+
+
+CREDENTIAL_FIX = (
+    "remove it: an experiment file lives in git, and its values land in user-data, plans, logs and the "
+    "run record. The CLI takes AWS credentials from the usual chain (environment, ~/.aws, SSO), nodes "
+    "from their instance profile; an index, endpoint or data URL must work without a secret in it"
+)
 
 
 def _too_many(source: str) -> SpecError:

@@ -14,7 +14,14 @@ from pydantic import BaseModel, ValidationError
 from dlinfra.errors import SpecError
 from dlinfra.spec import Spec
 from dlinfra.spec_errors import describe, located
-from dlinfra.spec_input import parse_document, parse_value, read_text, shown
+from dlinfra.spec_input import (
+    CREDENTIAL_FIX,
+    credentials_in,
+    parse_document,
+    parse_value,
+    read_text,
+    shown,
+)
 
 
 class Problem(NamedTuple):
@@ -81,6 +88,21 @@ def load_spec(
         keys = tuple(dotted.split("."))
         _set_path(data, keys, value, flag, source)
         flag_of[keys] = flag
+    secrets = credentials_in(data)
+    if secrets:
+        raise SpecError(
+            [
+                located(
+                    source,
+                    lines,
+                    flag_of,
+                    loc,
+                    f"looks like a credential ({what})",
+                    CREDENTIAL_FIX,
+                )
+                for loc, what in secrets
+            ]
+        )
     try:
         spec = Spec.model_validate(data)
     except ValidationError as err:
@@ -97,7 +119,7 @@ def _set_path(data: dict[str, Any], keys: tuple[str, ...], value: Any, flag: str
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
             path = ".".join(keys[: i + 1])
-            raise SpecError([f"{source}: {path}: {flag} needs a mapping here, the file has {child!r}"])
+            raise SpecError([f"{source}: {path}: {flag} needs a mapping here, the file has {shown(child)}"])
         node = child
     node[keys[-1]] = value
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from dlinfra.errors import StoreError
+from dlinfra.spec_input import shown
 
 T = TypeVar("T")
 
@@ -53,7 +54,7 @@ class Store:
             return FileStore(url)
         if url.startswith("s3://"):
             return S3Store(url, endpoint_url=endpoint_url, region=region)
-        raise StoreError(f"store URL {url!r}: use file:///abs/path or s3://bucket/prefix")
+        raise StoreError(f"store URL {shown(url)}: use file:///abs/path or s3://bucket/prefix")
 
     # -- primitives each backend implements
     def put_bytes(self, key: str, data: bytes) -> None:

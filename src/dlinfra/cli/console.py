@@ -8,6 +8,8 @@ from typing import Literal
 from rich import box
 from rich.console import Console
 
+from dlinfra.errors import mask
+
 ColorMode = Literal["auto", "always", "never"]
 
 out = Console(highlight=False, soft_wrap=True)
@@ -35,5 +37,6 @@ def table_box() -> box.Box:
 
 
 def error(message: str) -> None:
-    # Plain writes: one problem per line, never re-wrapped, greppable in CI logs.
-    sys.stderr.write(f"error: {message}\n")
+    # Plain writes: one problem per line, never re-wrapped, greppable in CI logs. Masked here too: an
+    # error may quote text from elsewhere (a tool's diagnostics, an exception) that no validator saw.
+    sys.stderr.write(f"error: {mask(message)}\n")

@@ -18,6 +18,7 @@ import jinja2
 
 from dlinfra import __version__
 from dlinfra.errors import DlinfraError, SpecError
+from dlinfra.spec_input import shown
 
 TEMPLATES = Path(__file__).with_name("templates")
 WORKFLOWS = Path(".github") / "workflows"
@@ -51,16 +52,16 @@ class WorkflowSettings:
         found = []
         if not re.fullmatch(INSTALL_RE, self.install):
             found.append(
-                f"--install {self.install!r}: not a pip requirement. Fix: e.g. "
+                f"--install {shown(self.install)}: not a pip requirement. Fix: e.g. "
                 f"'{default_install()}' or 'dlinfra[aws,emulator] @ git+https://github.com/ORG/dlinfra@SHA'"
             )
         if not re.fullmatch(DIRECTORY_RE, self.experiments) or ".." in self.experiments.split("/"):
             found.append(
-                f"--experiments {self.experiments!r}: not a directory of this repository. "
+                f"--experiments {shown(self.experiments)}: not a directory of this repository. "
                 "Fix: a relative path like experiments or ml/experiments (. for the whole repository)"
             )
         if not re.fullmatch(BRANCH_RE, self.branch):
-            found.append(f"--branch {self.branch!r}: not a branch name. Fix: e.g. --branch main")
+            found.append(f"--branch {shown(self.branch)}: not a branch name. Fix: e.g. --branch main")
         return found
 
 

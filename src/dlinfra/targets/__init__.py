@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from dlinfra.errors import SpecError
+from dlinfra.spec_input import shown
 
 if TYPE_CHECKING:
     from dlinfra.spec import Spec
@@ -34,13 +35,13 @@ def hardware_problems(spec: Spec) -> list[Problem]:
 def uses_instance_types(name: str) -> bool:
     """Whether the target runs each node on the spec's instance type (what `gpus: auto` reads)."""
     if name not in REGISTRY:
-        raise SpecError([f"target: {name!r} is not a target. Fix: use one of {', '.join(REGISTRY)}"])
+        raise SpecError([f"target: {shown(name)} is not a target. Fix: use one of {', '.join(REGISTRY)}"])
     return bool(importlib.import_module(REGISTRY[name]).TARGET.uses_instance_types)
 
 
 def target_for(name: str, options: TargetOptions | None = None) -> Target:
     if name not in REGISTRY:
-        raise SpecError([f"target: {name!r} is not a target. Fix: use one of {', '.join(REGISTRY)}"])
+        raise SpecError([f"target: {shown(name)} is not a target. Fix: use one of {', '.join(REGISTRY)}"])
     from dlinfra.targets.base import TargetOptions
 
     module = importlib.import_module(REGISTRY[name])

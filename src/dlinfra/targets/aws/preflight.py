@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from dlinfra.errors import CredentialsError, DlinfraError, SpecError
+from dlinfra.hardware import host_gpu_problems, machine_gpus
 from dlinfra.spec import Spec
+from dlinfra.spec_input import shown
 from dlinfra.store import parse_s3_url
 from dlinfra.terraform import find_terraform
 
@@ -42,6 +44,11 @@ def preflight(spec: Spec, emulate_instances: str | None) -> str:
         )
     if emulate_instances not in (None, "process", "vm"):
         raise SpecError([f"--emulate-instances={emulate_instances}: Fix: use process or vm"])
+    if emulate_instances:
+        # emulated instances run on this machine (qemu passes no GPU through): known now, not at boot
+        gpus = 0 if emulate_instances == "vm" else machine_gpus()
+        if found := host_gpu_problems(spec, True, gpus, f"emulated instances ({emulate_instances})"):
+            raise SpecError([f"{'.'.join(p.loc)}: {p.message}. Fix: {p.fix}" for p in found])
     if emulate_instances == "vm":
         from dlinfra.targets.aws.vms import preflight_problems
 
@@ -77,7 +84,7 @@ def preflight(spec: Spec, emulate_instances: str | None) -> str:
         code = exc.response.get("Error", {}).get("Code", "")
         if code in ("404", "NoSuchBucket", "NotFound"):
             raise DlinfraError(
-                f"storage.url: bucket {bucket!r} does not exist. "
+                f"storage.url: bucket {shown(bucket)} does not exist. "
                 f"Fix: `dlinfra setup --bucket {bucket}` creates it once"
             ) from None
         raise CredentialsError(
@@ -95,5 +102,5 @@ def _check_region(spec: Spec) -> None:
         known |= set(session.get_available_regions("ec2", partition_name=partition))
     if spec.aws.region not in known:
         raise SpecError(
-            [f"aws.region: {spec.aws.region!r} is not an AWS region. Fix: use one like us-east-1"]
+            [f"aws.region: {shown(spec.aws.region)} is not an AWS region. Fix: use one like us-east-1"]
         )

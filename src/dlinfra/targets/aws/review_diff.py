@@ -22,6 +22,7 @@ from dlinfra.hardware import cluster_hardware
 from dlinfra.hardware import warnings as hardware_warnings
 from dlinfra.pricing import HourlyCost
 from dlinfra.spec import Spec
+from dlinfra.spec_input import shown
 from dlinfra.targets.aws import emulator
 from dlinfra.targets.aws.review import hourly_cost, quota_warnings
 from dlinfra.targets.base import Review
@@ -61,7 +62,7 @@ def load_base(path: Path | None, ref: str, load: Callable[[str, str], Spec]) -> 
         )
     if ref.startswith("-") or not ref.strip():
         raise SpecError(
-            [f"--base {ref!r}: not a git ref. Fix: name a branch, tag or commit, e.g. --base main"]
+            [f"--base {shown(ref)}: not a git ref. Fix: name a branch, tag or commit, e.g. --base main"]
         )
     where = path.absolute().parent
     if not where.is_dir() or _git(where, "rev-parse", "--git-dir").returncode != 0:
@@ -77,11 +78,11 @@ def load_base(path: Path | None, ref: str, load: Callable[[str, str], Spec]) -> 
             ]
         )
     commit = found.stdout.strip()
-    shown = _git(where, "show", f"{commit}:./{path.name}")
-    if shown.returncode != 0:  # the file is new in this change
+    at_base = _git(where, "show", f"{commit}:./{path.name}")
+    if at_base.returncode != 0:  # the file is new in this change
         return Base(ref, commit, None)
     try:
-        return Base(ref, commit, load(shown.stdout, f"{ref}:{path}"))
+        return Base(ref, commit, load(at_base.stdout, f"{ref}:{path}"))
     except SpecError as exc:  # e.g. written for an older dlinfra: review head as new, and say why
         return Base(ref, commit, None, "; ".join(exc.problems))
 
