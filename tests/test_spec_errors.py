@@ -91,6 +91,25 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
     ("flag-set-wrong-type", None, ["--set", "training.batch_size=huge"], "training.batch_size"),
     ("flag-endpoint", None, ["--endpoint-url", "nope"], "aws.endpoint_url"),
     ("flag-unknown", None, ["--wokers", "3"], "--wokers"),
+    # credentials pasted into an experiment: refused, never echoed (tests/test_masking.py has the table)
+    (
+        "store-url-key-pair",
+        "storage:\n  url: s3://bucket/AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n",
+        [],
+        "storage.url: looks like a credential ('s3://bucket/AKIA…')",
+    ),
+    (
+        "dataset-uri-token",
+        "training:\n  dataset:\n    format: cifar10\n    uri: https://d.example/c.tgz?token=hunter2hunter2\n",
+        [],
+        "'https://d.example/c.tgz?token=***'",
+    ),
+    (
+        "flag-index-password",
+        None,
+        ["--set", "aws.pip_index_url=https://m.example/?password=pw"],
+        "password=***",
+    ),
     # GPUs against the instance catalog, mixed precision, learning-rate scaling
     ("gpus-more-than-type", "cluster:\n  workers:\n    gpus: 2\n", [], "cluster.workers.gpus"),
     (
