@@ -1,12 +1,15 @@
 """`dlinfra init --github`: the workflows an experiment repository adopts in one step. They pass
-GitHub's workflow schema, pin every action by SHA and dlinfra by version, keep the plan job free of
-credentials and write access, and the comment step edits its one comment on every push. GitHub's
-API cannot be reached here: tests/data/github_api_standin.py stands in for `gh api`."""
+GitHub's workflow schema and zizmor's audit, pin every action by SHA and dlinfra by version, keep the
+plan job free of credentials and write access, and the comment step edits its one comment on every
+push. GitHub's API cannot be reached here: tests/data/github_api_standin.py stands in for `gh api`."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -121,6 +124,70 @@ def test_credentialed_jobs_sit_behind_the_protected_environment_with_oidc(writte
     assert "--no-upload" in runs and "--emulated" not in runs
     [apply] = _doc(written, APPLY)["jobs"].values()
     assert "deploy" in "\n".join(s.get("run", "") for s in apply["steps"]) and "--detach" in str(apply)
+
+
+def test_comments_and_applies_queue_and_an_apply_is_never_stopped_midway(written: Path) -> None:
+    comment = _doc(written, COMMENT)["concurrency"]
+    assert comment["cancel-in-progress"] is False, "stopped between finding and posting: a second comment"
+    assert all(f"workflow_run.{key}" in comment["group"] for key in ("name", "head_branch"))
+    assert _doc(written, APPLY)["concurrency"] == {
+        "group": "dlinfra-apply",
+        "cancel-in-progress": False,
+        "queue": "max",  # the default cancels a pending apply, and no later push deploys its experiments
+    }
+    plans = [_doc(written, name)["concurrency"] for name in (PLAN, PLAN_AWS)]
+    assert all(plan["cancel-in-progress"] is True for plan in plans)
+    assert all("pull_request.number" in plan["group"] for plan in plans)
+    assert plans[0]["group"] != plans[1]["group"], "a push must not stop the other review"
+
+
+# ---------------------------------------------------------------- zizmor, the GitHub Actions linter
+
+
+def _zizmor() -> str:
+    """The dev extra's zizmor. Missing, the test fails: a skipped audit would read as a passed one."""
+    beside = Path(sys.executable).with_name("zizmor")  # the venv's, even when its bin is not on PATH
+    found = str(beside) if beside.is_file() else shutil.which("zizmor")
+    assert found, "zizmor is not installed. Fix: pip install -e '.[dev]'"
+    return found
+
+
+@pytest.mark.parametrize("whose", ["generated", "own"])
+def test_workflows_pass_zizmor_as_auditor_with_each_exception_justified_inline(
+    written: Path, whose: str
+) -> None:
+    """The auditor persona reports everything, pedantic findings and false positives included: each
+    one is fixed, or silenced by an ignore comment on its line that says why. --no-config: an
+    exception lives next to what it excuses, never in a config file a reviewer of the workflow does
+    not see. --offline and no token: no network (the online audits, such as known-vulnerable action
+    versions, need GitHub's API and are not run)."""
+    if whose == "generated":
+        inputs = sorted(written.iterdir())
+        assert [p.name for p in inputs] == sorted([PLAN, COMMENT, PLAN_AWS, APPLY])
+    else:
+        inputs = [ROOT / ".github"]
+    audit = ["--offline", "--persona", "auditor", "--no-config", "--strict-collection", "--format", "json"]
+    tokens = ("GH_TOKEN", "GITHUB_TOKEN", "ZIZMOR_GITHUB_TOKEN", "ZIZMOR_CONFIG")
+    result = subprocess.run(
+        [_zizmor(), *audit, *map(str, inputs)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k not in tokens},
+        timeout=120,
+    )
+    assert result.stdout.strip(), result.stderr
+    found = [
+        f"{f['ident']} at {loc['symbolic']['key']['Local']['verbatim_path']}:"
+        f"{loc['concrete']['location']['start_point']['row'] + 1}"
+        for f in json.loads(result.stdout)
+        for loc in f["locations"]
+        if loc["symbolic"]["kind"] == "Primary"
+    ]
+    assert found == [] and result.returncode == 0, "\n".join(found) + result.stderr
+    for path in inputs if whose == "generated" else sorted((ROOT / ".github").rglob("*.y*ml")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if ignore := re.search(r"zizmor:\s*ignore\[[^\]]*\](.*)", line):
+                assert len(ignore[1].strip(" -:")) >= 20, f"{path.name}:{n}: an ignore must say why"
 
 
 # ---------------------------------------------------------------- the comment step, run for real
