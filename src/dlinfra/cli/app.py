@@ -132,10 +132,13 @@ def init(
             'next: commit them; README "Review experiments in pull requests" has the rest', markup=False
         )
         return
+    from dlinfra.cli.outputs import check_file, write_file
+
     if path.exists():
         raise DlinfraError(f"{path} already exists. Fix: choose another path or remove it")
-    path.write_text(example_text(), encoding="utf-8")
-    out.print(f"wrote {path}; next: dlinfra validate {path} && dlinfra deploy {path}")
+    check_file(path, "init", "experiment.yaml")
+    write_file(path, "init", example_text())
+    out.print(f"wrote {path}; next: dlinfra validate {path} && dlinfra deploy {path}", markup=False)
 
 
 @app.command()
@@ -178,18 +181,18 @@ def render(
     overrides: Overrides,
 ) -> None:
     """Render every node's cloud-init user-data and node.json, without running anything."""
+    from dlinfra.cli.outputs import new_dir
     from dlinfra.deploy import preview
     from dlinfra.targets import target_for
 
     resolved = _load(spec, overrides)
     configs, user_data = preview(resolved, target_for(resolved.target), spec)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in user_data.items():
-        (out_dir / f"{name}.user-data.yaml").write_text(text, encoding="utf-8")
-        (out_dir / f"{name}.json").write_text(
-            configs[name].model_dump_json(indent=2) + "\n", encoding="utf-8"
-        )
-    out.print(f"rendered {len(configs)} nodes into {out_dir}/")
+    with new_dir(out_dir, "--out") as staged:
+        for name, text in user_data.items():
+            (staged / f"{name}.user-data.yaml").write_text(text, encoding="utf-8")
+            node_json = configs[name].model_dump_json(indent=2) + "\n"
+            (staged / f"{name}.json").write_text(node_json, encoding="utf-8")
+    out.print(f"rendered {len(configs)} nodes into {out_dir}/", markup=False)
 
 
 # ---------------------------------------------------------------- running
@@ -247,7 +250,7 @@ def rerun(
     origin = load_origin(run_id, overrides, allow_unpinned)
     _warn_hardware(origin.spec)
     for problem in origin.pins["unpinned"]:
-        err.print(f"warning (--allow-unpinned): {problem}")
+        err.print(f"warning (--allow-unpinned): {problem}", markup=False)
     out.print(f"rerun of {run_id}" + (f", code bundle {origin.code.sha256[:12]}" if origin.code else ""))
     request = Request(origin.spec, None, sys.argv, keep, origin=origin)
     _report(
@@ -309,10 +312,10 @@ def _approver(yes: bool) -> Any:
 
 
 def _finish(outcome: Any) -> None:
-    from dlinfra.cli.views import print_failure, result_table
+    from dlinfra.cli.views import print_failure, result_view
 
     if outcome.state == "DONE":
-        out.print(result_table(outcome))
+        out.print(result_view(outcome))
         return
     if outcome.state == "DETACHED":
         run_id = outcome.run.id
@@ -322,7 +325,7 @@ def _finish(outcome: Any) -> None:
     if outcome.state == "FAILED":
         print_failure(err, outcome)
         raise typer.Exit(1)
-    err.print(f"run {outcome.run.id} STOPPED: {outcome.error}")
+    err.print(f"run {outcome.run.id} STOPPED: {outcome.error}", markup=False)
     raise typer.Exit(1)
 
 

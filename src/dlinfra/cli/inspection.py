@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from dlinfra.cli.console import out
 from dlinfra.cli.options import JsonOpt, RunArg
@@ -28,7 +29,7 @@ def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
         return
     for role, hw in report["roles"].items():
         out.print(f"{role:<7} {hw['count']:>3} x {hw['hardware']}", markup=False)
-    out.print(nodes_table(report["nodes"], title=f"run {report['run_id']}: {report['status']}"))
+    out.print(nodes_table(report["nodes"], out.width, title=f"run {report['run_id']}: {report['status']}"))
 
 
 @inspection_app.command()
@@ -106,14 +107,18 @@ def compare(
 ) -> None:
     """Runs side by side: roles, strategy, steps/s, examples/s, time, accuracy and cost."""
     from dlinfra import compare as comparison
+    from dlinfra.cli.outputs import check_file, new_file
 
     if run_ids and last is not None:
         raise DlinfraError("compare: name the runs or give --last N, not both. Fix: drop one of them")
     if not run_ids and last is None:
         raise DlinfraError("compare: which runs? Fix: name them (dlinfra compare 39a1 8a06) or --last 2")
+    if plot is not None:
+        check_file(plot, "--plot", "throughput.png", suffix=".png")
     rows = comparison.compare(run_ids or comparison.last_runs(last or 0))
     if plot is not None:
-        comparison.plot(rows, plot)
+        with new_file(plot, "--plot") as staged:
+            comparison.plot(rows, staged)
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif markdown:
@@ -126,7 +131,7 @@ def compare(
         for part in compare_view(rows, out.width):
             out.print(part)
     if plot is not None and not as_json:
-        out.print(f"plot: {plot}")
+        out.print(f"plot: {plot}", markup=False)
 
 
 @inspection_app.command()
@@ -141,7 +146,7 @@ def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
     for key, value in details.items():
         if isinstance(value, dict):
             value = json.dumps(value)
-        out.print(f"[bold]{key}[/]: {value}")
+        out.print(f"[bold]{key}[/]: {escape(str(value))}")  # a path may hold [x]
 
 
 @inspection_app.command()

@@ -61,12 +61,15 @@ def plan(
 ) -> None:
     """terraform plan of an experiment on AWS: resources, instances by role, estimated $/hour."""
     from dlinfra.cli.app import _load
+    from dlinfra.cli.outputs import check_file, write_file
     from dlinfra.deploy import Request
     from dlinfra.deploy import plan as make_plan
     from dlinfra.targets import target_for
     from dlinfra.targets.base import TargetOptions
 
     overrides = overrides.model_copy(update={"target": "aws"})
+    if markdown:  # before a plan that takes minutes, and before the emulator starts
+        check_file(markdown, "--markdown", "plan.md")
     if emulated:
         raise typer.Exit(_plan_in_emulator(spec, base, overrides))
     resolved = _load(spec, overrides)
@@ -87,7 +90,7 @@ def plan(
         written.write_text(summary, encoding="utf-8")
     out.print(text, markup=False)
     if markdown:
-        markdown.write_text(summary, encoding="utf-8")
+        write_file(markdown, "--markdown", summary)
     out.print(f"plan file {review.plan_file}; markdown {markdown or written}", markup=False)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich import box
 from rich.cells import cell_len
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
@@ -43,32 +43,63 @@ def _devices(names: list[str] | None) -> str:
     return ", ".join(n for n in names if n.startswith("GPU")) or "CPU"
 
 
-def nodes_table(nodes: dict[str, dict[str, Any] | None], title: str = "") -> Table:
-    table = Table(title=title or None, title_justify="left", box=table_box())
-    for column in ("node", "state", "step", "loss", "examples/s", "heartbeat", "restarts", "devices"):
-        table.add_column(column, justify="left" if column in ("node", "state", "devices") else "right")
+# `status` and the live table: a node's name, state and step are never cut; on a narrow screen the
+# other columns give way, least useful first, and the caption says which.
+NODE_COLUMNS = ("node", "state", "step", "loss", "examples/s", "heartbeat", "restarts", "devices")
+_NODES_KEPT = ("node", "state", "step")
+_NODES_DROPPED_FIRST = ("devices", "examples/s", "loss", "restarts", "heartbeat")
+
+
+def _node_cells(name: str, st: dict[str, Any] | None, now: float) -> dict[str, str]:
+    """One row of the nodes table, column → text."""
+    if st is None:
+        return dict(zip(NODE_COLUMNS, (name, "booting", *("-",) * 6), strict=True))
+    total = st.get("total_steps")
+    step = f"{st.get('step', 0)}/{total}" if total else "-"
+    state = st.get("state", "?")
+    if st.get("process") in ("stopped", "zombie", "gone") and state not in ("done", "failed", "stopped"):
+        state += f" (process {st['process']})"  # what the beacon sees, not what the trainer last said
+    if st.get("notice"):  # EC2's word about the machine: a rebalance or a coming interruption
+        state += f" · {st['notice']}"
+    texts = (
+        name,
+        state,
+        step,
+        _num(st.get("loss"), "{:.4f}"),
+        _num(st.get("examples_per_sec")),
+        f"{now - st['heartbeat']:.0f}s ago" if st.get("heartbeat") else "-",
+        str(st.get("restarts", 0)),
+        _devices(st.get("devices")),
+    )
+    return dict(zip(NODE_COLUMNS, texts, strict=True))
+
+
+def nodes_table(nodes: dict[str, dict[str, Any] | None], width: int, title: str = "") -> Table:
     now = time.time()
-    for name, st in nodes.items():
-        if st is None:
-            table.add_row(name, "booting", "-", "-", "-", "-", "-", "-")
-            continue
-        total = st.get("total_steps")
-        step = f"{st.get('step', 0)}/{total}" if total else "-"
-        state = st.get("state", "?")
-        if st.get("process") in ("stopped", "zombie", "gone") and state not in ("done", "failed", "stopped"):
-            state += f" (process {st['process']})"  # what the beacon sees, not what the trainer last said
-        if st.get("notice"):  # EC2's word about the machine: a rebalance or a coming interruption
-            state += f" · {st['notice']}"
-        table.add_row(
-            name,
-            state,
-            step,
-            _num(st.get("loss"), "{:.4f}"),
-            _num(st.get("examples_per_sec")),
-            f"{now - st['heartbeat']:.0f}s ago" if st.get("heartbeat") else "-",
-            str(st.get("restarts", 0)),
-            _devices(st.get("devices")),
+    cells = [_node_cells(name, st, now) for name, st in nodes.items()]
+    shown = _fitting(NODE_COLUMNS, _NODES_DROPPED_FIRST, cells, width)
+    dropped = [c for c in NODE_COLUMNS if c not in shown]
+    caption = f"not shown at {width} columns: {', '.join(dropped)} (`dlinfra status --json` has all)"
+    table = Table(
+        title=title or None,
+        title_justify="left",
+        caption=caption if dropped else None,
+        caption_justify="left",
+        box=table_box(),
+    )
+    for column in shown:
+        kept = column in _NODES_KEPT
+        # rich shrinks even a no_wrap column of a table too wide for the screen, but never below its
+        # min_width: the kept columns stay whole (the lines run long) when nothing else is left to drop
+        widest = max(cell_len(text) for text in [column, *(row[column] for row in cells)])
+        table.add_column(
+            column,
+            justify="left" if column in ("node", "state", "devices") else "right",
+            no_wrap=kept,
+            min_width=widest if kept else None,
         )
+    for row in cells:
+        table.add_row(*(row[c] for c in shown))
     return table
 
 
@@ -110,7 +141,7 @@ class LiveTable:
             self.live = Live(console=self.console, refresh_per_second=4)
             self.live.start()
         nodes = {name: st.model_dump() if st else None for name, st in snap.nodes.items()}
-        self.live.update(nodes_table(nodes, title=progress_line(snap)))
+        self.live.update(nodes_table(nodes, self.console.width, title=progress_line(snap)))
 
     def close(self) -> None:
         if self.live is not None:
@@ -144,11 +175,17 @@ def result_table(outcome: Outcome) -> Table:
         ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
         ("startup (s after the command)", describe(outcome.startup) or "-"),
         ("eval accuracy", _num(m.eval_accuracy if m else None, "{:.4f}")),
-        ("model", m.model_uri if m else "-"),
     ]
     for key, value in rows:
         table.add_row(key, str(value))
     return table
+
+
+def result_view(outcome: Outcome) -> Group:
+    """The result table, then the model's URI on a line of its own: the line a user copies, which a
+    table cell would wrap or cut to fit the screen."""
+    model = outcome.metrics.model_uri if outcome.metrics else "-"
+    return Group(result_table(outcome), Text(f"model: {model}"))
 
 
 def print_failure(console: Console, outcome: Outcome) -> None:
@@ -183,8 +220,10 @@ STATUS_STYLE = {"DONE": "green", "FAILED": "red", "STOPPED": "yellow", "RUNNING"
 
 def _table(headers: list[str], rows: list[list[str]], caption: str | None = None) -> Table:
     table = Table(box=table_box(), caption=caption, caption_justify="left")
-    for header in headers:
-        table.add_column(header, no_wrap=True)
+    for i, header in enumerate(headers):
+        # a run id is what a user copies: rich squeezes a column only down to its min_width
+        whole = max(cell_len(r[i]) for r in [headers, *rows]) if header == "run" else None
+        table.add_column(header, no_wrap=True, min_width=whole)
     status = headers.index("status") if "status" in headers else None
     for r in rows:
         cells: list[str | Text] = list(r)
@@ -202,13 +241,21 @@ def _run_cells(r: dict[str, Any]) -> dict[str, str]:
     return dict(zip(RUNS_COLUMNS, texts, strict=True))
 
 
-def runs_table(rows: list[dict[str, Any]], width: int) -> Table:
-    cells = [_run_cells(r) for r in rows]
-    shown = list(RUNS_COLUMNS)
-    for column in _RUNS_DROPPED_FIRST:
+def _fitting(
+    columns: tuple[str, ...], dropped_first: tuple[str, ...], cells: list[dict[str, str]], width: int
+) -> list[str]:
+    """The columns that fit `width` uncut, dropping `dropped_first` in order until they do."""
+    shown = list(columns)
+    for column in dropped_first:
         if _width([[c, *(row[c] for row in cells)] for c in shown]) <= width:
             break
         shown.remove(column)
+    return shown
+
+
+def runs_table(rows: list[dict[str, Any]], width: int) -> Table:
+    cells = [_run_cells(r) for r in rows]
+    shown = _fitting(RUNS_COLUMNS, _RUNS_DROPPED_FIRST, cells, width)
     dropped = [c for c in RUNS_COLUMNS if c not in shown]
     caption = (
         f"not shown at {width} columns: {', '.join(dropped)} (`dlinfra runs --json` has all)"
@@ -228,12 +275,14 @@ def instances_table(kinds: list[InstanceType], region: str, note: str) -> Table:
         box=box.SIMPLE_HEAD if out.is_terminal else box.ASCII2,
         pad_edge=False,
     )
+    widest_type = max((len(k.name) for k in kinds), default=len("type"))
     for column in ("type", "vCPU", "GiB", "GPUs", "GPU", "GiB/GPU", "Gbps", "base", "EFA", "$/h"):
         table.add_column(
             column,
             justify="left" if column in ("type", "GPU") else "right",
             no_wrap=True,
-            min_width={"$/h": 7, "base": 5}.get(column, len(column)),
+            # the type, what a spec names, stays whole: rich squeezes a column only down to its min_width
+            min_width={"$/h": 7, "base": 5, "type": widest_type}.get(column, len(column)),
         )
     for k in kinds:
         table.add_row(
