@@ -239,6 +239,14 @@ def test_each_role_boots_a_baked_ami_or_the_base_one(moto_endpoint: str) -> None
     assert "chief: ami-0123456789abcdef0 (baked" in amis.describe(amis.choose(spec, flavors, ec2, pinned))
 
 
+def test_a_baked_pin_without_its_recipe_digest_is_described_not_a_type_error() -> None:
+    """ImagePin.digest is optional (a record without it); describe indexed it (found by mypy)."""
+    pin = ImagePin(id="ami-0123456789abcdef0", digest=None, dlinfra_version="0.1.0")
+    described = amis.describe({"worker": pin, "chief": None}, base_ami="ami-0fedcba9876543210")
+    assert "worker: ami-0123456789abcdef0 (baked, dlinfra 0.1.0, recipe unrecorded)" in described
+    assert "chief: base AMI ami-0fedcba9876543210, installs dlinfra" in described
+
+
 def test_image_build_refuses_bad_flags(cli: Cli) -> None:
     for args, message in (
         (["--target", "gcp"], "--target gcp"),

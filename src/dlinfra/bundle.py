@@ -73,7 +73,7 @@ def pack_entrypoint(entrypoint: str, base: Path) -> Bundle:
 
 def _ignored(root: Path) -> tuple[list[str], list[str]]:
     """(patterns left out, patterns let back in): the secret names, then .dlinfraignore's lines."""
-    out, back = list(SECRET_NAMES), []
+    out, back = list(SECRET_NAMES), list[str]()
     ignore = root / IGNORE_FILE
     if ignore.is_file():
         for line in ignore.read_text(encoding="utf-8", errors="replace").splitlines():

@@ -6,12 +6,13 @@ import difflib
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import ErrorDetails
 
 from dlinfra.spec_input import shown
 
 
 def describe(
-    error: dict[str, Any],
+    error: ErrorDetails,
     source: str,
     lines: dict[tuple[str | int, ...], int],
     flag_of: dict[tuple[str, ...], str],
@@ -46,7 +47,7 @@ def located(
     return f"{where}: {path}{origin}: {message}. Fix: {fix}"
 
 
-def _fix(error: dict[str, Any], loc: tuple[Any, ...], root: type[BaseModel]) -> str:
+def _fix(error: ErrorDetails, loc: tuple[Any, ...], root: type[BaseModel]) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         allowed = sorted(_model_at(root, loc[:-1]).model_fields)

@@ -129,7 +129,7 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(text)
         self.source, self.nodes, self.depth = source, 0, 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self.nodes += 1
         if self.nodes > MAX_VALUES:
             raise _too_many(self.source)

@@ -136,7 +136,7 @@ class Terraform:
             )
             assert proc.stdout is not None
             timers = [
-                threading.Timer(timeout, lambda: (timed_out.set(), proc.send_signal(signal.SIGINT))),
+                threading.Timer(timeout, _interrupt, (timed_out, proc)),
                 threading.Timer(timeout + INTERRUPT_GRACE, proc.kill),
             ]
             for timer in timers:
@@ -179,3 +179,9 @@ class Terraform:
             self.log(f"terraform {diag.get('severity', 'note')}: {text}")
         elif event.get("type") in _SHOWN:
             self.log(f"terraform: {event.get('@message', '')}")
+
+
+def _interrupt(timed_out: threading.Event, proc: subprocess.Popen[str]) -> None:
+    """Past the timeout: say so, then let terraform stop as on Ctrl-C (it releases its state lock)."""
+    timed_out.set()
+    proc.send_signal(signal.SIGINT)

@@ -92,5 +92,7 @@ def describe(chosen: dict[str, ImagePin | None], base_ami: str | None = None) ->
         if pin is None:
             parts.append(f"{role}: {base}, installs dlinfra and TensorFlow at boot")
         else:
-            parts.append(f"{role}: {pin.id} (baked, dlinfra {pin.dlinfra_version}, recipe {pin.digest[:12]})")
+            # a pin recorded without its recipe (an older manifest) is still described, not a TypeError
+            recipe = pin.digest[:12] if pin.digest else "unrecorded"
+            parts.append(f"{role}: {pin.id} (baked, dlinfra {pin.dlinfra_version}, recipe {recipe})")
     return "Images: " + "; ".join(parts) + "."
