@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from dlinfra.images.wheelhouse import serve, wheelhouse  # noqa: E402
-from dlinfra.wheel import node_wheel  # noqa: E402
+from dlinfra.runs.wheel import node_wheel  # noqa: E402
 from support import FAKE_CREDS, ec2_client, s3_client  # noqa: E402
 
 CONSOLE_MARKS = {

@@ -112,7 +112,7 @@ def node_configs(spec, run_id: str, url: str, target: str | None = None, code=No
 
 
 def store_config(spec, url: str):
-    from dlinfra.node.config import StoreConfig
+    from dlinfra.contract import StoreConfig
 
     return StoreConfig.for_run(spec, url)
 

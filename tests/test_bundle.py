@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.bundle import MAX_BUNDLE_BYTES, materialize, pack, pack_entrypoint
 from dlinfra.errors import SpecError, StoreError
-from dlinfra.layout import RunStore
-from dlinfra.store import Store
+from dlinfra.runs.bundle import MAX_BUNDLE_BYTES, materialize, pack, pack_entrypoint
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.store import Store
 from support import Cli
 
 
@@ -106,7 +106,7 @@ def test_an_oversized_bundle_is_refused_before_unpacking_and_leaves_nothing(
     bundle = pack_entrypoint("exp/train.py:build", _project(tmp_path / "exp").parent)
     store = RunStore(Store.from_url((tmp_path / "store").as_uri()))
     store.put_bundle(bundle.sha256, bundle.data)
-    monkeypatch.setattr("dlinfra.bundle.MAX_BUNDLE_BYTES", 10)  # the headers say more than this
+    monkeypatch.setattr("dlinfra.runs.bundle.MAX_BUNDLE_BYTES", 10)  # the headers say more than this
     with pytest.raises(StoreError, match=r"unpacks to \d+ bytes, over the"):
         materialize(store, bundle.sha256, bundle.entrypoint, tmp_path / "node")
     assert list((tmp_path / "node").iterdir()) == [], "no partial unpacking left behind"

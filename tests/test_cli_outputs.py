@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.run import Run
-from dlinfra.spec import Spec
+from dlinfra.runs.run import Run
+from dlinfra.spec.model import Spec
 from support import Cli
 
 

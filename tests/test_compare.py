@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dlinfra.compare import cost_usd
-from dlinfra.spec import RoleShape, Spec
+from dlinfra.runs.compare import cost_usd
+from dlinfra.spec.model import RoleShape, Spec
 from dlinfra.targets.aws.review import hourly_cost
 
 NAT = 0.045

@@ -13,7 +13,7 @@ from dlinfra.deploy import _follow
 from dlinfra.errors import DlinfraError, RunFailed, TerraformError
 from dlinfra.prepare import NodeInstall, prepare
 from dlinfra.render import loopback_plan
-from dlinfra.spec import Spec
+from dlinfra.spec.model import Spec
 from dlinfra.targets.base import TargetOptions
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.diagnosis import Verdict, diagnose, stack_summary, where_it_waits
-from dlinfra.layout import RunStore
+from dlinfra.contract import StoreConfig
 from dlinfra.node.beacon import dump_stacks, process_state
-from dlinfra.node.config import StoreConfig
 from dlinfra.node.status import NodeStatus
-from dlinfra.records import NodeState
+from dlinfra.runs.diagnosis import Verdict, diagnose, stack_summary, where_it_waits
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import NodeState
 
 NOW = 10_000.0
 BEAT, STALL = 8.0, 60.0

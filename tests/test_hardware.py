@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlinfra.catalog import catalog
-from dlinfra.hardware import cluster_hardware, host_gpu_problems, machine_gpus, problems, warnings
 from dlinfra.node.devices import cuda_visible_devices
-from dlinfra.spec import Spec
+from dlinfra.spec.catalog import catalog
+from dlinfra.spec.hardware import cluster_hardware, host_gpu_problems, machine_gpus, problems, warnings
+from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.review import hourly_cost, summarize
 from support import FAKE_CREDS, Cli, node_configs
 

@@ -27,9 +27,9 @@ from dlinfra.images import IMAGE_JSON_PATH, Recipe
 from dlinfra.images.vm import Segment, nat_network, shell
 from dlinfra.images.wheelhouse import _write_index, serve
 from dlinfra.prepare import node_install
-from dlinfra.records import ImagePin, WheelPin
 from dlinfra.render import render_cluster
-from dlinfra.spec_loading import Overrides, load_spec
+from dlinfra.runs.records import ImagePin, WheelPin
+from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets.aws import amis
 from dlinfra.targets.aws.vms import vendor_data
 from support import FAKE_CREDS, Cli, ec2_client, node_configs

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from dlinfra.errors import StoreError
-from dlinfra.layout import RunStore
-from dlinfra.records import SCHEMA_VERSION, Metrics, NodeState
-from dlinfra.store import Store
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import SCHEMA_VERSION, Metrics, NodeState
+from dlinfra.runs.store import Store
 from support import FAKE_CREDS, Cli, s3_client
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.catalog import catalog
 from dlinfra.github import COMMENT, PLAN
+from dlinfra.spec.catalog import catalog
 from dlinfra.targets.aws.emulator import FAKE_CREDENTIALS, MARKER
 from support import REPO, review_repo, run_cli
 from workflow_steps import run_job

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dlinfra.errors import SpecError
-from dlinfra.spec import Spec
+from dlinfra.spec.model import Spec
 from dlinfra.targets import private_network
 from dlinfra.targets.base import TargetOptions
 from dlinfra.targets.local import LocalTarget

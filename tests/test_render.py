@@ -16,9 +16,9 @@ import yaml
 
 from dlinfra import __version__
 from dlinfra.prepare import node_install
-from dlinfra.records import WheelPin
 from dlinfra.render import node_config_from_user_data, render_cluster
-from dlinfra.spec_loading import Overrides, load_spec
+from dlinfra.runs.records import WheelPin
+from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets.aws import install_requirement
 from support import FAKE_CREDS, Cli, node_configs
 

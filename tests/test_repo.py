@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlinfra.spec import Spec
-from dlinfra.spec_loading import example_text
+from dlinfra.spec.loading import example_text
+from dlinfra.spec.model import Spec
 from support import assert_valid_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_help_imports_neither_tensorflow_nor_boto3_nor_the_spec_models() -> None
         "import sys, runpy; sys.argv=['dlinfra','--help']\n"
         "try: runpy.run_module('dlinfra', run_name='__main__')\n"
         "except SystemExit: pass\n"
-        "print('tensorflow' in sys.modules, 'boto3' in sys.modules, 'dlinfra.spec' in sys.modules)"
+        "print('tensorflow' in sys.modules, 'boto3' in sys.modules, 'dlinfra.spec.model' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     # the spec models (pydantic) are most of the rest of the start-up: loaded when a command runs

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.catalog import catalog
-from dlinfra.spec import Spec
-from dlinfra.spec_loading import Overrides, load_spec
+from dlinfra.spec.catalog import catalog
+from dlinfra.spec.loading import Overrides, load_spec
+from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.review_diff import Base, ReviewDiff, load_base
 from dlinfra.targets.base import Review
 from support import git, review_repo, run_cli

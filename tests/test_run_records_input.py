@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.run import Run
-from dlinfra.spec import Spec
+from dlinfra.runs.run import Run
+from dlinfra.spec.model import Spec
 from support import Cli
 
 
@@ -94,7 +94,7 @@ IDS = [  # newest first, as list_runs gives them
     ],
 )
 def test_a_short_id_names_one_run(ref: str, expected: str) -> None:
-    from dlinfra.run import resolve_run_ref
+    from dlinfra.runs.run import resolve_run_ref
 
     assert resolve_run_ref(ref, IDS) == expected
 
@@ -111,7 +111,7 @@ def test_a_short_id_names_one_run(ref: str, expected: str) -> None:
 )
 def test_a_short_id_that_names_no_single_run_says_why(ref: str, says: str) -> None:
     from dlinfra.errors import RunNotFound
-    from dlinfra.run import resolve_run_ref
+    from dlinfra.runs.run import resolve_run_ref
 
     with pytest.raises(RunNotFound, match="Fix:") as caught:
         resolve_run_ref(ref, IDS)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from dlinfra.contract import tf_config
 from dlinfra.deploy import preview
 from dlinfra.errors import SpecError
-from dlinfra.node.config import tf_config
 from dlinfra.prepare import NodeInstall, prepare
 from dlinfra.render import node_config_from_user_data
-from dlinfra.spec_loading import Overrides, load_spec
+from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets import target_for
 from dlinfra.targets.aws import tfvars
 from support import Cli

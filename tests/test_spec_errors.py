@@ -160,7 +160,7 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
     ("mixed-precision-not-bool", "training:\n  mixed_precision: maybe\n", [], "training.mixed_precision"),
     ("lr-scaling-unknown", "training:\n  lr_scaling: sqrt\n", [], "training.lr_scaling"),
     ("lr-scaling-under-ps", "training:\n  lr_scaling: linear\n", [], "training.lr_scaling"),
-    # the input boundary (spec_input.py): sizes, duplicates, numbers
+    # the input boundary (spec/input.py): sizes, duplicates, numbers
     ("duplicate-key", "name: a\ncluster: {}\nname: b\n", [], "name: given twice (lines 1 and 3)"),
     ("duplicate-nested-key", "cluster:\n  port: 2222\n  port: 2223\n", [], "cluster.port: given twice"),
     (

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.compare import cost_usd, node_hours
 from dlinfra.errors import DlinfraError
-from dlinfra.layout import RunStore
 from dlinfra.node import spot
 from dlinfra.prepare import NodeInstall, prepare
-from dlinfra.records import Heal, Manifest, Notice
-from dlinfra.spec_loading import Overrides, load_spec
-from dlinfra.store import Store
+from dlinfra.runs.compare import cost_usd, node_hours
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import Heal, Manifest, Notice
+from dlinfra.runs.store import Store
+from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets import target_for
 from dlinfra.targets.aws import review, tfvars
 from dlinfra.targets.aws.healing import check_heal_plan

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from dlinfra.errors import StoreError
-from dlinfra.layout import LATEST_CHECKPOINT, RunStore
 from dlinfra.node.agent import CheckpointSync
-from dlinfra.store import FileStore, S3Store, checked_key
+from dlinfra.runs.layout import LATEST_CHECKPOINT, RunStore
+from dlinfra.runs.store import FileStore, S3Store, checked_key
 
 
 def _planted_pointer(store_dir: Path, **pointer: object) -> None:

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlinfra.layout import RunStore
-from dlinfra.node.config import (
+from dlinfra.contract import (
     EXIT_DONE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -22,10 +21,11 @@ from dlinfra.node.config import (
     NO_RESTART_EXIT_CODES,
 )
 from dlinfra.node.supervision import backoff_seconds, is_replaced, is_transient, should_restart
-from dlinfra.records import NodeState
 from dlinfra.render import Install, render_cluster
-from dlinfra.spec import Spec
-from dlinfra.store import Store
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import NodeState
+from dlinfra.runs.store import Store
+from dlinfra.spec.model import Spec
 from support import node_configs
 
 

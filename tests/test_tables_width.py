@@ -22,9 +22,9 @@ from rich.console import Console
 
 from dlinfra.cli.console import set_color
 from dlinfra.deploy import Outcome
-from dlinfra.records import MeanSd, Metrics, NodeState
-from dlinfra.run import Run
-from dlinfra.spec import Spec
+from dlinfra.runs.records import MeanSd, Metrics, NodeState
+from dlinfra.runs.run import Run
+from dlinfra.spec.model import Spec
 from support import run_cli
 
 RUN_DIR = "file:///home/someone/projects/my-experiments/.dlinfra/runs/digits-cnn-20261124-123051-4a20"
@@ -201,7 +201,7 @@ def test_runs_keeps_a_run_id_whole_even_narrower_than_it() -> None:
 
 
 def test_instances_keeps_every_instance_type_whole(home: Path) -> None:
-    from dlinfra.catalog import catalog
+    from dlinfra.spec.catalog import catalog
 
     result = run_cli("instances", "--gpu", env=_env(home, COLUMNS="60"), timeout=120)
     assert result.returncode == 0, result.stderr

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from dlinfra.contract import tf_config
 from dlinfra.errors import SpecError
-from dlinfra.node.config import tf_config
-from dlinfra.spec import Spec
-from dlinfra.spec_loading import Overrides, load_spec
+from dlinfra.spec.loading import Overrides, load_spec
+from dlinfra.spec.model import Spec
 from support import addresses, node_configs
 
 PS_CLUSTER = {"chief": ["h:1"], "worker": ["h:2", "h:3", "h:4"], "ps": ["h:5", "h:6"]}

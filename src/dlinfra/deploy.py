@@ -14,21 +14,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dlinfra.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
+from dlinfra.contract import NodeConfig, StoreConfig
 from dlinfra.errors import DlinfraError, RunFailed
-from dlinfra.layout import RunStore
-from dlinfra.node.config import NodeConfig, StoreConfig
 from dlinfra.prepare import Prepared, absolute_dataset, node_install, prepare
-from dlinfra.records import Marker, Metrics, NodeState
 from dlinfra.render import build_node_configs, render_cluster
-from dlinfra.run import Run, utc_now
-from dlinfra.spec import Spec
-from dlinfra.startup import breakdown
+from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import Marker, Metrics, NodeState
+from dlinfra.runs.run import Run, utc_now
+from dlinfra.runs.startup import breakdown
+from dlinfra.spec.model import Spec
 from dlinfra.targets import target_for
 from dlinfra.targets.base import Cluster, Review, Target, TargetOptions
 
 if TYPE_CHECKING:
-    from dlinfra.rerun import Origin
+    from dlinfra.runs.rerun import Origin
 
 LOG_TAIL_LINES = 30
 
@@ -63,7 +63,7 @@ class Outcome:
     log_tail: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
     seconds_to_first_step: float | None = None
-    startup: list[tuple[str, float]] = field(default_factory=list)  # see dlinfra.startup
+    startup: list[tuple[str, float]] = field(default_factory=list)  # see dlinfra.runs.startup
 
 
 def preview(

@@ -11,11 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlinfra.bundle import Bundle, file_sha256, pack_entrypoint
+from dlinfra.contract import NodeConfig
 from dlinfra.errors import SpecError
-from dlinfra.layout import RunStore, bundle_key
-from dlinfra.node.config import NodeConfig
-from dlinfra.records import WheelPin
 from dlinfra.render import (
     AddressPlan,
     Install,
@@ -24,8 +21,11 @@ from dlinfra.render import (
     node_config_from_user_data,
     render_cluster,
 )
-from dlinfra.run import Run, package_version
-from dlinfra.spec import Spec
+from dlinfra.runs.bundle import Bundle, file_sha256, pack_entrypoint
+from dlinfra.runs.layout import RunStore, bundle_key
+from dlinfra.runs.records import WheelPin
+from dlinfra.runs.run import Run, package_version
+from dlinfra.spec.model import Spec
 
 
 @dataclass(frozen=True)

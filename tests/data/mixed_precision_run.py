@@ -8,8 +8,8 @@ from pathlib import Path
 
 import keras
 
-from dlinfra.node.config import NodeConfig, StoreConfig
-from dlinfra.spec import TrainingSpec
+from dlinfra.contract import NodeConfig, StoreConfig
+from dlinfra.spec.model import TrainingSpec
 from dlinfra.training import export, loop
 from dlinfra.training.program import builtin_program
 

@@ -17,7 +17,7 @@ from typing import Any
 import boto3
 import pytest
 
-from dlinfra.catalog import catalog
+from dlinfra.spec.catalog import catalog
 from e2e.conftest import start_deploy
 from support import FAKE_CREDS, alive_node_pids, run_cli
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.compare import COLUMNS
+from dlinfra.runs.compare import COLUMNS
 from support import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

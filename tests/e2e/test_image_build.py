@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dlinfra.images import IMAGE_JSON_PATH, VENV
-from dlinfra.wheel import node_wheel
+from dlinfra.runs.wheel import node_wheel
 from support import IMAGE_CACHE, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.images]

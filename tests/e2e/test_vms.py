@@ -136,7 +136,7 @@ def test_install_path_on_a_base_image_and_systemd_restarts_a_killed_agent(
     starts it again, per the unit's Restart= rule."""
     base = run_cli("image", "build", "--target", "local", "--flavor", "base", env=vm_env["env"], timeout=1800)
     assert base.returncode == 0, base.stderr
-    from dlinfra.wheel import node_wheel
+    from dlinfra.runs.wheel import node_wheel
 
     monkeypatch.setenv("DLINFRA_IMAGE_CACHE", str(IMAGE_CACHE))
     house = wheelhouse([f"{node_wheel()}[train,aws]"])
@@ -178,7 +178,7 @@ def test_install_path_on_a_base_image_and_systemd_restarts_a_killed_agent(
 
 def _wait_for_status(live: Any, node: str, ok: Any, timeout: float = 600) -> dict[str, Any]:
     """The node's status as its agent published it to moto's S3."""
-    from dlinfra.store import parse_s3_url
+    from dlinfra.runs.store import parse_s3_url
 
     manifest = json.loads((live.run_dir / "manifest.json").read_text())
     bucket, prefix = parse_s3_url(manifest["store"]["url"])

@@ -25,9 +25,9 @@ import yaml
 from dlinfra import __version__
 from dlinfra.errors import DlinfraError
 from dlinfra.images import ImageRecord, Recipe
-from dlinfra.spec import Spec
+from dlinfra.runs.wheel import node_wheel
+from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.images import bake, find_baked
-from dlinfra.wheel import node_wheel
 
 pytestmark = [pytest.mark.terraform, pytest.mark.slow]
 

@@ -16,6 +16,7 @@ from dlinfra.cli.console import ColorMode, err, out, set_color
 from dlinfra.cli.console import error as _error
 from dlinfra.cli.images import image_app
 from dlinfra.cli.inspection import inspection_app
+from dlinfra.cli.loading import load_checked, warn_hardware
 from dlinfra.cli.node import node_app
 from dlinfra.cli.options import (
     ALL_OVERRIDES,
@@ -33,8 +34,7 @@ from dlinfra.cli.review import plan
 from dlinfra.errors import DlinfraError, SpecError
 
 if TYPE_CHECKING:  # the spec models take pydantic most of `--help`'s time: loaded when a command runs
-    from dlinfra.spec import Spec
-    from dlinfra.spec_loading import Overrides
+    from dlinfra.spec.loading import Overrides
 
 app = typer.Typer(
     help="Experiment files in, transient distributed TensorFlow clusters out (local processes or AWS).",
@@ -69,28 +69,6 @@ _state: dict[str, Any] = {"debug": False}
 # ---------------------------------------------------------------- spec commands
 
 
-def _load(path: Path | None, overrides: Overrides) -> Spec:
-    """The resolved spec, after warning about what is allowed but likely a mistake."""
-    from dlinfra.spec_loading import load_spec
-    from dlinfra.targets import hardware_problems
-
-    resolved = load_spec(path, overrides, check=hardware_problems)
-    if resolved.training.entrypoint:
-        from dlinfra.bundle import entrypoint_file
-
-        entrypoint_file(resolved.training.entrypoint, path.absolute().parent if path else Path.cwd())
-    _warn_hardware(resolved)
-    return resolved
-
-
-def _warn_hardware(spec: Spec) -> None:
-    from dlinfra.hardware import warnings
-    from dlinfra.targets import uses_instance_types
-
-    for warning in warnings(spec, uses_instance_types(spec.target)):
-        err.print(f"warning: {warning}", markup=False, highlight=False)
-
-
 @app.command()
 def init(
     path: Annotated[Path, typer.Argument(help="Where to write the example.")] = Path("experiment.yaml"),
@@ -120,7 +98,7 @@ def init(
     ] = False,
 ) -> None:
     """Write a commented example experiment file (or, with --github, the pull-request workflows)."""
-    from dlinfra.spec_loading import example_text
+    from dlinfra.spec.loading import example_text
 
     if github:
         from dlinfra.github import WorkflowSettings, default_install, write
@@ -146,10 +124,10 @@ def init(
 def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     """Check an experiment file (and overrides) without running anything."""
     from dlinfra.deploy import preview
-    from dlinfra.hardware import cluster_hardware
+    from dlinfra.spec.hardware import cluster_hardware
     from dlinfra.targets import target_for
 
-    resolved = _load(spec, overrides)
+    resolved = load_checked(spec, overrides)
     target = target_for(resolved.target)
     plan = target.addresses(resolved)
     preview(resolved, target, spec)  # what only rendering shows: user-data over the target's limit
@@ -165,7 +143,7 @@ def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of experiment files (for editor completion)."""
-    from dlinfra.spec_loading import json_schema
+    from dlinfra.spec.loading import json_schema
 
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 
@@ -185,7 +163,7 @@ def render(
     from dlinfra.deploy import preview
     from dlinfra.targets import target_for
 
-    resolved = _load(spec, overrides)
+    resolved = load_checked(spec, overrides)
     configs, user_data = preview(resolved, target_for(resolved.target), spec)
     with new_dir(out_dir, "--out") as staged:
         for name, text in user_data.items():
@@ -218,7 +196,7 @@ def deploy(
     started = time.time()
     if detach and emulate_instances == "vm":
         raise SpecError(["--detach: VMs live only while this deploy watches them. Fix: drop --detach"])
-    request = Request(_load(spec, overrides), spec, sys.argv, keep, detach=detach)
+    request = Request(load_checked(spec, overrides), spec, sys.argv, keep, detach=detach)
     _report(
         lambda options, progress: run_deploy(request, options, _approver(yes), progress, started),
         emulate_instances,
@@ -244,11 +222,11 @@ def rerun(
     """Deploy a recorded run again: its locked spec and its code bundle from the store."""
     from dlinfra.deploy import Request
     from dlinfra.deploy import deploy as run_deploy
-    from dlinfra.rerun import load_origin
+    from dlinfra.runs.rerun import load_origin
 
     started = time.time()
     origin = load_origin(run_id, overrides, allow_unpinned)
-    _warn_hardware(origin.spec)
+    warn_hardware(origin.spec)
     for problem in origin.pins["unpinned"]:
         err.print(f"warning (--allow-unpinned): {problem}", markup=False)
     out.print(f"rerun of {run_id}" + (f", code bundle {origin.code.sha256[:12]}" if origin.code else ""))
@@ -351,7 +329,7 @@ def instances(
     as_json: JsonOpt = False,
 ) -> None:
     """The instance catalog: hardware and dated on-demand prices of every EC2 type dlinfra knows."""
-    from dlinfra.catalog import catalog
+    from dlinfra.spec.catalog import catalog
 
     table = catalog()
     kinds = [k for k in table.types if k.gpus or not gpu]

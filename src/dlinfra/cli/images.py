@@ -13,7 +13,7 @@ from dlinfra.cli.console import err, out
 from dlinfra.cli.options import SpecArg, with_overrides
 
 if TYPE_CHECKING:  # loaded when a command runs: `--help` stays fast
-    from dlinfra.spec_loading import Overrides
+    from dlinfra.spec.loading import Overrides
 
 image_app = typer.Typer(
     help="Node images: the environment nodes boot into, baked once.", no_args_is_help=True
@@ -56,23 +56,23 @@ def _log(line: str) -> None:
 def _local(spec: Path | None, flavor: str, overrides: Overrides) -> str:
     """A qemu image (--emulate-instances=vm boots it); `base` has no node environment."""
     from dlinfra.images import local
-    from dlinfra.wheel import node_wheel
+    from dlinfra.runs.wheel import node_wheel
 
     return str(local.build(flavor, node_wheel(), _log).dir)  # type: ignore[arg-type]
 
 
 def _aws(spec: Path | None, flavor: str, overrides: Overrides) -> str:
     """An AMI in the spec's region (and endpoint), from the spec's base AMI."""
-    from dlinfra.cli.app import _load
+    from dlinfra.cli.loading import load_checked
     from dlinfra.errors import SpecError
     from dlinfra.images import Recipe
+    from dlinfra.runs.wheel import node_wheel
     from dlinfra.targets.aws.images import bake
-    from dlinfra.wheel import node_wheel
 
     wheel = node_wheel()
     if wheel is None:
         raise SpecError(["--target aws bakes this checkout's wheel. Fix: run it from a dlinfra checkout"])
-    return bake(_load(spec, overrides), Recipe(flavor, wheel), _log)  # type: ignore[arg-type]
+    return bake(load_checked(spec, overrides), Recipe(flavor, wheel), _log)  # type: ignore[arg-type]
 
 
 # Where an image goes → the flavors it can hold and its builder.

@@ -21,7 +21,7 @@ inspection_app = typer.Typer()
 def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
     """Per-node state, step, heartbeat age and restarts of a run."""
     from dlinfra.cli.views import nodes_table
-    from dlinfra.reports import run_status
+    from dlinfra.runs.reports import run_status
 
     report = run_status(run_id)
     if as_json:
@@ -52,7 +52,7 @@ def logs(
     ] = False,
 ) -> None:
     """Print node logs of a run."""
-    from dlinfra.reports import consoles, follow_logs, stored_stacks
+    from dlinfra.runs.reports import consoles, follow_logs, stored_stacks
 
     if console:
         lines = consoles(run_id, node)
@@ -69,7 +69,7 @@ def debug(
     node: Annotated[str | None, typer.Option("--node", help="Only this node (default: all).")] = None,
 ) -> None:
     """Dump the Python stacks of a live run's trainers (py-spy, through each node's beacon)."""
-    from dlinfra.reports import live_stacks
+    from dlinfra.runs.reports import live_stacks
 
     for line in live_stacks(run_id, node):
         sys.stdout.write(line + "\n")
@@ -79,7 +79,7 @@ def debug(
 def runs(as_json: JsonOpt = False) -> None:
     """List runs, newest first: status, age, target, accuracy."""
     from dlinfra.cli.views import runs_table
-    from dlinfra.reports import list_run_rows
+    from dlinfra.runs.reports import list_run_rows
 
     rows = list_run_rows()
     if as_json:
@@ -106,8 +106,8 @@ def compare(
     ] = None,
 ) -> None:
     """Runs side by side: roles, strategy, steps/s, examples/s, time, accuracy and cost."""
-    from dlinfra import compare as comparison
     from dlinfra.cli.outputs import check_file, new_file
+    from dlinfra.runs import compare as comparison
 
     if run_ids and last is not None:
         raise DlinfraError("compare: name the runs or give --last N, not both. Fix: drop one of them")
@@ -137,7 +137,7 @@ def compare(
 @inspection_app.command()
 def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
     """A run's manifest, metrics and where its model and TensorBoard logs are."""
-    from dlinfra.reports import run_details
+    from dlinfra.runs.reports import run_details
 
     details = run_details(run_id)
     if as_json:
@@ -159,7 +159,7 @@ def destroy(
     ] = False,
 ) -> None:
     """Tear down whatever a run left running (aws: terraform destroy of its stack)."""
-    from dlinfra.reports import destroy_ended, destroy_run
+    from dlinfra.runs.reports import destroy_ended, destroy_run
 
     if (run_id is None) == (not ended):
         raise DlinfraError("destroy: name a run, or pass --ended (not both). Fix: `dlinfra runs` lists them")

@@ -98,7 +98,7 @@ def with_overrides(*names: str) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
-            from dlinfra.spec_loading import Overrides
+            from dlinfra.spec.loading import Overrides
 
             given = {name: kwargs.pop(name) for name in names}
             overrides = Overrides(**{k: v for k, v in given.items() if v is not None})

@@ -18,8 +18,8 @@ from dlinfra.cli.options import ALL_OVERRIDES, SpecArg, with_overrides
 from dlinfra.errors import SpecError
 
 if TYPE_CHECKING:
-    from dlinfra.spec import Spec
-    from dlinfra.spec_loading import Overrides
+    from dlinfra.spec.loading import Overrides
+    from dlinfra.spec.model import Spec
     from dlinfra.targets.aws.review_diff import Base
 
 EMULATED = "--emulated"
@@ -60,7 +60,7 @@ def plan(
     overrides: Overrides,
 ) -> None:
     """terraform plan of an experiment on AWS: resources, instances by role, estimated $/hour."""
-    from dlinfra.cli.app import _load
+    from dlinfra.cli.loading import load_checked
     from dlinfra.cli.outputs import check_file, write_file
     from dlinfra.deploy import Request
     from dlinfra.deploy import plan as make_plan
@@ -72,7 +72,7 @@ def plan(
         check_file(markdown, "--markdown", "plan.md")
     if emulated:
         raise typer.Exit(_plan_in_emulator(spec, base, overrides))
-    resolved = _load(spec, overrides)
+    resolved = load_checked(spec, overrides)
     before = _base(spec, base, overrides) if base else None  # a bad ref exits 2 before anything runs
     target = target_for("aws", TargetOptions(log=lambda line: err.print(line, markup=False)))
     prepared, review = make_plan(Request(resolved, spec, sys.argv, upload=not no_upload), target)
@@ -96,7 +96,7 @@ def plan(
 
 def _base(spec: Path | None, ref: str, overrides: Overrides) -> Base:
     """The experiment at `ref`, resolved like head (same loader, same overrides)."""
-    from dlinfra.spec_loading import load_spec
+    from dlinfra.spec.loading import load_spec
     from dlinfra.targets import hardware_problems
     from dlinfra.targets.aws.review_diff import load_base
 
@@ -109,7 +109,7 @@ def _base(spec: Path | None, ref: str, overrides: Overrides) -> Base:
 def _plan_in_emulator(spec: Path | None, base: str | None, overrides: Overrides) -> int:
     """Start the emulator here, and plan in a child process that sees only the emulator's fake keys
     (this process keeps the caller's environment untouched). Returns the child's exit code."""
-    from dlinfra.spec_loading import load_spec
+    from dlinfra.spec.loading import load_spec
     from dlinfra.targets import hardware_problems
     from dlinfra.targets.aws.emulator import throwaway
 

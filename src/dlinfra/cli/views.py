@@ -14,11 +14,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from dlinfra.catalog import InstanceType, catalog
 from dlinfra.cli.console import out, table_box
-from dlinfra.compare import COLUMNS
 from dlinfra.deploy import Outcome, Snapshot
-from dlinfra.startup import describe
+from dlinfra.runs.compare import COLUMNS
+from dlinfra.runs.startup import describe
+from dlinfra.spec.catalog import InstanceType, catalog
 
 
 def _num(value: Any, fmt: str = "{:.0f}") -> str:

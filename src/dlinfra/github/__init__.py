@@ -18,7 +18,7 @@ import jinja2
 
 from dlinfra import __version__
 from dlinfra.errors import DlinfraError, SpecError
-from dlinfra.spec_input import shown
+from dlinfra.spec.input import shown
 
 TEMPLATES = Path(__file__).with_name("templates")
 WORKFLOWS = Path(".github") / "workflows"

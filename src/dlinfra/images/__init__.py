@@ -26,8 +26,8 @@ import jinja2
 from pydantic import BaseModel, ConfigDict
 
 from dlinfra import __version__
-from dlinfra.bundle import file_sha256
-from dlinfra.run import home
+from dlinfra.runs.bundle import file_sha256
+from dlinfra.runs.run import home
 
 Flavor = Literal["cpu", "gpu"]
 FLAVORS: tuple[Flavor, ...] = ("cpu", "gpu")

@@ -23,7 +23,7 @@ from typing import Literal
 from dlinfra.errors import DlinfraError
 from dlinfra.images import EXTRAS, IMAGE_JSON_PATH, ImageRecord, Recipe, images_home
 from dlinfra.images.wheelhouse import wheelhouse
-from dlinfra.records import ImagePin
+from dlinfra.runs.records import ImagePin
 
 Log = Callable[[str], None]
 LocalFlavor = Literal["base", "cpu", "gpu"]

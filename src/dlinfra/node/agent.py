@@ -14,15 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dlinfra import bundle
+from dlinfra.contract import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
 from dlinfra.errors import DlinfraError
-from dlinfra.layout import RunStore
 from dlinfra.node import devices, serving, spot
 from dlinfra.node.beacon import port_open
-from dlinfra.node.config import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
 from dlinfra.node.status import NodeStatus
 from dlinfra.node.supervision import backoff_seconds, is_transient
-from dlinfra.records import MeanSd, Metrics
+from dlinfra.runs import bundle
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import MeanSd, Metrics
 
 T = TypeVar("T")
 POLL_SECONDS = 1.0

@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlinfra.layout import RunStore
+from dlinfra.contract import EXIT_STOPPED, NodeConfig
 from dlinfra.node import spot
-from dlinfra.node.config import EXIT_STOPPED, NodeConfig
 from dlinfra.node.status import SPAWNED_AT, read_state, state_file
-from dlinfra.records import NodeState
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import NodeState
 
 PR_SET_PDEATHSIG = 1
 # /proc/<pid>/stat state letters → what the watcher reads

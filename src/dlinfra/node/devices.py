@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from dlinfra.node.config import NodeConfig
+from dlinfra.contract import NodeConfig
 
 
 @dataclass(frozen=True)

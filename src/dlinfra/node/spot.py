@@ -28,9 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dlinfra.layout import RunStore
-from dlinfra.node.config import EXIT_INTERRUPTED, NodeConfig
-from dlinfra.records import Notice
+from dlinfra.contract import EXIT_INTERRUPTED, NodeConfig
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import Notice
 
 IMDS = "http://169.254.169.254"
 ENDPOINT_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT"  # the SDKs' override, honoured the same way

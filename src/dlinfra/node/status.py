@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlinfra.layout import RunStore
-from dlinfra.records import NodeState
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import NodeState
 
 STATE_FILE = "state.json"
 # A trainer's way to its first step, in order: its process spawned (by the beacon), Python and dlinfra
 # imported, TensorFlow loaded, every peer answering, the model and data built, the first step done.
-PHASES = ("spawned", "up", "tensorflow", "peers", "program", "first step")
 SPAWNED_AT = "DLINFRA_SPAWNED_AT"  # set by the beacon: the trainer's process start, in epoch seconds
 
 
@@ -30,7 +29,7 @@ def state_file(work: Path) -> Path:
 
 def read_state(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -68,7 +67,7 @@ class NodeStatus:
         self.mark("up")
 
     def mark(self, phase: str, at: float | None = None) -> None:
-        """This life reached a startup phase (PHASES) at `at` (default: now)."""
+        """This life reached a startup phase (contract.PHASES) at `at` (default: now)."""
         self.fields["phases"][phase] = round(time.time() if at is None else at, 3)
         self._write()
 

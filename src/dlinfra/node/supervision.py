@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from dlinfra.node.config import EXIT_INTERRUPTED, NO_RESTART_EXIT_CODES
+from dlinfra.contract import EXIT_INTERRUPTED, NO_RESTART_EXIT_CODES
 
 # TensorFlow's errors for a peer that vanished or restarted (a killed ps, a lost all-reduce member).
 # Everything else — a bug in user code, bad data, an OOM — fails the run instead of looping.

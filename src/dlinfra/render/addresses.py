@@ -15,9 +15,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlinfra.contract import ROLE_ORDER, SubnetLayout
 from dlinfra.errors import SpecError
-from dlinfra.node.config import ROLE_ORDER, SubnetLayout
-from dlinfra.spec import MAX_WORKERS, Spec
+from dlinfra.spec.model import MAX_WORKERS, Spec
 
 # Host numbers inside the subnet for each role's block (AWS reserves .0-.3 and the last address).
 HOST_OFFSET = {"chief": 10, "ps": 16, "worker": 128}

@@ -12,9 +12,9 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from dlinfra.contract import NO_RESTART_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 from dlinfra.errors import SpecError
 from dlinfra.images import IMAGE_JSON_PATH, VENV, flavor_for, pip_options
-from dlinfra.node.config import NO_RESTART_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 
 WHEEL_DIR = "/opt/dlinfra-wheel"
 

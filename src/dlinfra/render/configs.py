@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlinfra.hardware import cluster_hardware
-from dlinfra.node.config import NodeConfig, StoreConfig
+from dlinfra.contract import NodeConfig, StoreConfig
 from dlinfra.render.addresses import AddressPlan
-from dlinfra.spec import Spec
+from dlinfra.spec.hardware import cluster_hardware
+from dlinfra.spec.model import Spec
 
 if TYPE_CHECKING:
-    from dlinfra.bundle import Bundle
+    from dlinfra.runs.bundle import Bundle
 
 
 def build_node_configs(
@@ -37,7 +37,7 @@ def build_node_configs(
     return {
         node.name: NodeConfig(
             run_id=run_id,
-            role=node.role,  # type: ignore[arg-type]
+            role=node.role,
             index=node.index,
             strategy=spec.strategy,
             cluster=cluster,

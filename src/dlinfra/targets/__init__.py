@@ -10,11 +10,11 @@ import importlib
 from typing import TYPE_CHECKING
 
 from dlinfra.errors import SpecError
-from dlinfra.spec_input import shown
+from dlinfra.spec.input import shown
 
 if TYPE_CHECKING:
-    from dlinfra.spec import Spec
-    from dlinfra.spec_loading import Problem
+    from dlinfra.spec.loading import Problem
+    from dlinfra.spec.model import Spec
     from dlinfra.targets.base import Target, TargetOptions
 
 # name → module defining `TARGET`, a class implementing targets.base.Target. Imported on use:
@@ -27,7 +27,7 @@ REGISTRY = {
 
 def hardware_problems(spec: Spec) -> list[Problem]:
     """What the instance catalog says cannot work on the spec's target (load_spec's `check`)."""
-    from dlinfra.hardware import problems
+    from dlinfra.spec.hardware import problems
 
     return problems(spec, uses_instance_types(spec.target))
 
@@ -45,4 +45,4 @@ def target_for(name: str, options: TargetOptions | None = None) -> Target:
     from dlinfra.targets.base import TargetOptions
 
     module = importlib.import_module(REGISTRY[name])
-    return module.TARGET(options or TargetOptions())  # type: ignore[no-any-return]
+    return module.TARGET(options or TargetOptions())

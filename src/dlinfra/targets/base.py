@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from dlinfra.prepare import NodeInstall, Prepared
-    from dlinfra.pricing import HourlyCost
     from dlinfra.render.addresses import AddressPlan
-    from dlinfra.run import Run
-    from dlinfra.spec import Spec
+    from dlinfra.runs.run import Run
+    from dlinfra.spec.model import Spec
+    from dlinfra.spec.pricing import HourlyCost
 
 Log = Callable[[str], None]
 

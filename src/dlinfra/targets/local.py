@@ -13,20 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from dlinfra.contract import NodeConfig
 from dlinfra.errors import DlinfraError
-from dlinfra.node.config import NodeConfig
 from dlinfra.node.supervision import is_replaced, should_restart
 from dlinfra.prepare import NodeInstall
-from dlinfra.pricing import HourlyCost
 from dlinfra.render import AddressPlan, loopback_plan, node_config_from_user_data
 from dlinfra.render.addresses import free_ports
+from dlinfra.spec.pricing import HourlyCost
 from dlinfra.targets import private_network
 from dlinfra.targets.base import Review, TargetOptions
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared
-    from dlinfra.run import Run
-    from dlinfra.spec import Spec
+    from dlinfra.runs.run import Run
+    from dlinfra.spec.model import Spec
 
 
 class LocalTarget:
@@ -141,7 +141,7 @@ class LocalCluster:
     remap: bool = False
     restart_together: bool = False
     namespace: private_network.Namespace | None = None
-    record: Callable[[dict[str, int]], None] = lambda pids: None
+    record: Callable[[dict[str, int]], object] = lambda pids: None
     replace_interrupted: bool = True
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
     _loopback: dict[str, str] = field(default_factory=dict)

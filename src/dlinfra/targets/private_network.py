@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from dlinfra.errors import SpecError
 
 if TYPE_CHECKING:
-    from dlinfra.spec import Spec
+    from dlinfra.spec.model import Spec
 
 # Inside a fresh namespace every port is free: ports are fixed, so no two clusters race for one.
 # Below the range host-network runs draw from (addresses.LISTEN_PORTS), so a port seen answering on

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dlinfra.bundle import file_sha256
-from dlinfra.spec import DatasetSpec
+from dlinfra.runs.bundle import file_sha256
+from dlinfra.spec.model import DatasetSpec
 
 SPLIT_SEED = 20161  # fixed: the held-out split must be identical on every node and every rerun
 
@@ -111,7 +111,7 @@ def fetch(uri: str, cache_dir: Path, sha256: str | None = None, s3: S3Access = S
         if uri.startswith("file://"):
             shutil.copyfile(uri[len("file://") :], tmp)
         elif uri.startswith("s3://"):
-            from dlinfra.store import S3Store, parse_s3_url
+            from dlinfra.runs.store import S3Store, parse_s3_url
 
             bucket, key = parse_s3_url(uri)
             if not S3Store(f"s3://{bucket}", s3.endpoint_url, s3.region).get_file(key, tmp):

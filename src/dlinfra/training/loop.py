@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlinfra.node.config import NodeConfig
+from dlinfra.contract import NodeConfig
 from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
 from dlinfra.training.program import Program, Shard
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlinfra.spec import LayerSpec, ModelSpec
+from dlinfra.spec.layers import LayerSpec, ModelSpec
 
 
 def build(spec: ModelSpec, input_shape: tuple[int, ...], classes: int) -> Any:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlinfra.spec import TrainingSpec
+from dlinfra.spec.model import TrainingSpec
 
 if TYPE_CHECKING:
     from dlinfra.training.data import S3Access

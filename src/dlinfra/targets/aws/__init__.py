@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 from dlinfra import __version__
 from dlinfra.prepare import NodeInstall
-from dlinfra.pricing import HourlyCost
-from dlinfra.records import ImagePin, PlanCounts
 from dlinfra.render import AddressPlan, private_ip_plan
+from dlinfra.runs.records import ImagePin, PlanCounts
+from dlinfra.spec.pricing import HourlyCost
 from dlinfra.targets.aws import amis, emulator, preflight, review, stack, tfvars
 from dlinfra.targets.base import Review, TargetOptions
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared
-    from dlinfra.run import Run
-    from dlinfra.spec import Spec
+    from dlinfra.runs.run import Run
+    from dlinfra.spec.model import Spec
     from dlinfra.targets.aws.healing import InstanceCluster
 
 
@@ -53,7 +53,7 @@ class AwsTarget:
     def node_install(self, pinned_wheel: Path | None = None, ship_wheel: bool = True) -> NodeInstall:
         if not ship_wheel:
             return NodeInstall(install_requirement())
-        from dlinfra.wheel import node_wheel
+        from dlinfra.runs.wheel import node_wheel
 
         return NodeInstall(install_requirement(), pinned_wheel or node_wheel())
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from dlinfra import __version__
+from dlinfra.contract import NodeConfig
 from dlinfra.errors import SpecError
 from dlinfra.images import flavor_for
-from dlinfra.node.config import NodeConfig
-from dlinfra.records import ImagePin
-from dlinfra.spec import Spec
+from dlinfra.runs.records import ImagePin
+from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.images import find_baked
 
 BUILD = "dlinfra image build --target aws"

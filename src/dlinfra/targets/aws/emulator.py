@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlinfra.catalog import catalog
 from dlinfra.errors import DlinfraError
-from dlinfra.spec import Spec
-from dlinfra.store import parse_s3_url
+from dlinfra.runs.store import parse_s3_url
+from dlinfra.spec.catalog import catalog
+from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.review import quota_usage
 
 # Where an experiment without an s3:// store keeps its results in the emulator (a plan needs one).

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.errors import DlinfraError, RunFailed, TerraformError
-from dlinfra.layout import RunStore
-from dlinfra.records import Heal, NodeState, Notice
-from dlinfra.run import Run, utc_now
-from dlinfra.spec import Spec
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import Heal, NodeState, Notice
+from dlinfra.runs.run import Run, utc_now
+from dlinfra.spec.model import Spec
 from dlinfra.targets.aws import spot, stack, tfvars
 from dlinfra.targets.aws.preflight import client
 from dlinfra.targets.aws.vms import VmCluster

@@ -38,9 +38,9 @@ import yaml
 from dlinfra import __version__
 from dlinfra.errors import DlinfraError
 from dlinfra.images import IMAGE_JSON_PATH, ImageRecord, Recipe, pip_options
-from dlinfra.run import home
-from dlinfra.spec import Spec
-from dlinfra.store import parse_s3_url
+from dlinfra.runs.run import home
+from dlinfra.runs.store import parse_s3_url
+from dlinfra.spec.model import Spec
 from dlinfra.targets.aws import preflight
 from dlinfra.targets.aws.stack import INFRA
 from dlinfra.targets.base import Log

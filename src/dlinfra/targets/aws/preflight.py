@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from dlinfra.errors import CredentialsError, DlinfraError, SpecError
-from dlinfra.hardware import host_gpu_problems, machine_gpus
-from dlinfra.spec import Spec
-from dlinfra.spec_input import shown
-from dlinfra.store import parse_s3_url
+from dlinfra.runs.store import parse_s3_url
+from dlinfra.spec.hardware import host_gpu_problems, machine_gpus
+from dlinfra.spec.input import shown
+from dlinfra.spec.model import Spec
 from dlinfra.terraform import find_terraform
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dlinfra.catalog import catalog
-from dlinfra.hardware import RoleHardware, cluster_hardware
-from dlinfra.pricing import HourlyCost
-from dlinfra.spec import Spec
+from dlinfra.spec.catalog import catalog
+from dlinfra.spec.hardware import RoleHardware, cluster_hardware
+from dlinfra.spec.model import Spec
+from dlinfra.spec.pricing import HourlyCost
 
 NAT_GATEWAY = "NAT gateway"
 # EC2 counts vCPUs against one quota per family group (Service Quotas names them so). Where a new

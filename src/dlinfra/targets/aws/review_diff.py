@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlinfra.catalog import catalog
 from dlinfra.errors import DlinfraError, SpecError
-from dlinfra.hardware import cluster_hardware
-from dlinfra.hardware import warnings as hardware_warnings
-from dlinfra.pricing import HourlyCost
-from dlinfra.spec import Spec
-from dlinfra.spec_input import shown
+from dlinfra.spec.catalog import catalog
+from dlinfra.spec.hardware import cluster_hardware
+from dlinfra.spec.hardware import warnings as hardware_warnings
+from dlinfra.spec.input import shown
+from dlinfra.spec.model import Spec
+from dlinfra.spec.pricing import HourlyCost
 from dlinfra.targets.aws import emulator
 from dlinfra.targets.aws.review import hourly_cost, quota_warnings
 from dlinfra.targets.base import Review

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from dlinfra.records import Heal, Notice
+from dlinfra.runs.records import Heal, Notice
 
 # What EC2 (through the provider's error text) says when a spot request cannot be filled now.
 CAPACITY_ERRORS = (

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlinfra.bundle import file_sha256
 from dlinfra.errors import SpecError
-from dlinfra.grammar import bucket_problems, http_url
-from dlinfra.run import Run, home
+from dlinfra.runs.bundle import file_sha256
+from dlinfra.runs.run import Run, home
+from dlinfra.spec.grammar import bucket_problems, http_url
 from dlinfra.targets.aws import tfvars
 from dlinfra.targets.base import Log
 from dlinfra.terraform import Terraform

@@ -6,12 +6,12 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-from dlinfra.store import parse_s3_url
+from dlinfra.runs.store import parse_s3_url
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared
-    from dlinfra.records import ImagePin
-    from dlinfra.spec import Spec
+    from dlinfra.runs.records import ImagePin
+    from dlinfra.spec.model import Spec
 
 
 def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None = None) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from dlinfra.errors import DlinfraError
 from dlinfra.images import images_home
 from dlinfra.images.local import LocalImage, find, missing_tools
 from dlinfra.images.vm import Seed, Segment, Vm, host_address, nat_network
-from dlinfra.run import Run
-from dlinfra.spec import Spec
+from dlinfra.runs.run import Run
+from dlinfra.spec.model import Spec
 from dlinfra.targets.base import Log
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from dlinfra.layout import RunStore
-from dlinfra.node.config import EXIT_INTERRUPTED
-from dlinfra.records import NodeState
+from dlinfra.contract import EXIT_INTERRUPTED
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import NodeState
 
 REPLACE_GRACE = 900.0  # a replacement instance boots and installs TensorFlow before its first beat
 STACKS_WAIT = 30.0

@@ -12,11 +12,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dlinfra.catalog import catalog
 from dlinfra.errors import DlinfraError
-from dlinfra.records import Manifest
-from dlinfra.run import Run, list_runs, short_labels
-from dlinfra.spec import Spec
+from dlinfra.runs.records import Manifest
+from dlinfra.runs.run import Run, list_runs, short_labels
+from dlinfra.spec.catalog import catalog
+from dlinfra.spec.model import Spec
 from dlinfra.targets import target_for
 
 COLUMNS = (

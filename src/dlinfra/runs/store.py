@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from dlinfra.errors import StoreError
-from dlinfra.spec_input import shown
+from dlinfra.spec.input import shown
 
 T = TypeVar("T")
 

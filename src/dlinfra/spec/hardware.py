@@ -13,9 +13,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from dlinfra.catalog import InstanceType, catalog
-from dlinfra.spec import Spec
-from dlinfra.spec_loading import Problem
+from dlinfra.spec.catalog import InstanceType, catalog
+from dlinfra.spec.loading import Problem
+from dlinfra.spec.model import Spec
 
 AUTO = "auto"
 TRAINING_ROLE = "worker"

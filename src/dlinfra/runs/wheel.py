@@ -17,9 +17,9 @@ from pathlib import Path
 
 from dlinfra import __version__
 from dlinfra.errors import DlinfraError
-from dlinfra.run import home
+from dlinfra.runs.run import home
 
-SOURCE_ROOT = Path(__file__).resolve().parents[2]
+SOURCE_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _source_digest(root: Path) -> str:

@@ -1,5 +1,5 @@
 """Where a run's seconds before its first step went: each node's trainer marks its startup phases
-(node.status.PHASES) in its status; this puts them on one clock, the command's.
+(contract.PHASES) in its status; this puts them on one clock, the command's.
 
 The first step waits for the training node (the chief, or worker 0 under multi_worker_mirrored) to
 pass every phase, and its `peers` phase for the slowest other node to have loaded TensorFlow and
@@ -8,8 +8,8 @@ started serving: both are shown, so a slow peer is told from a slow chief.
 
 from __future__ import annotations
 
-from dlinfra.node.status import PHASES
-from dlinfra.records import NodeState
+from dlinfra.contract import PHASES
+from dlinfra.runs.records import NodeState
 
 
 def training_node(strategy: str) -> str:

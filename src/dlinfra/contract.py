@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dlinfra import __version__
-from dlinfra.spec import Spec, TrainingSpec
+from dlinfra.spec.model import Spec, TrainingSpec
 
 NODE_JSON_PATH = "/etc/dlinfra/node.json"
 
@@ -28,6 +28,10 @@ EXIT_INTERRUPTED = 76
 FINAL_EXIT_CODES = (EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED)
 # What a supervisor on the node's own machine (systemd) must not restart; the machine powers off.
 NO_RESTART_EXIT_CODES = (*FINAL_EXIT_CODES, EXIT_INTERRUPTED)
+
+# Where a node's seconds before its first step go, in the order a node reaches them; each life of a
+# node records when it reached each one in its status, and the CLI puts them on the command's clock.
+PHASES = ("spawned", "up", "tensorflow", "peers", "program", "first step")
 
 
 class StoreConfig(BaseModel):

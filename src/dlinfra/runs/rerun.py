@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlinfra.bundle import Bundle
 from dlinfra.errors import SpecError
-from dlinfra.records import Manifest, WheelPin
-from dlinfra.run import Run, home
-from dlinfra.spec import Spec
-from dlinfra.spec_loading import Overrides, load_spec
+from dlinfra.runs.bundle import Bundle
+from dlinfra.runs.records import Manifest, WheelPin
+from dlinfra.runs.run import Run, home
+from dlinfra.spec.loading import Overrides, load_spec
+from dlinfra.spec.model import Spec
 from dlinfra.targets import hardware_problems
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails
 
-from dlinfra.spec_input import shown
+from dlinfra.spec.input import shown
 
 
 def describe(

@@ -20,13 +20,13 @@ from typing import Any
 import yaml
 
 from dlinfra import __version__
+from dlinfra.contract import StoreConfig
 from dlinfra.errors import RunNotFound, StoreError
-from dlinfra.grammar import RUN_ID_RE
-from dlinfra.layout import MANIFEST, RunStore, parse
-from dlinfra.node.config import StoreConfig
-from dlinfra.records import Manifest
-from dlinfra.spec import Spec
-from dlinfra.spec_input import shown
+from dlinfra.runs.layout import MANIFEST, RunStore, parse
+from dlinfra.runs.records import Manifest
+from dlinfra.spec.grammar import RUN_ID_RE
+from dlinfra.spec.input import shown
+from dlinfra.spec.model import Spec
 
 SPEC_LOCK = "spec.lock.yaml"
 LAST_RE = re.compile(r"@last(?:~(\d{1,6}))?")

@@ -12,9 +12,8 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ValidationError
 
 from dlinfra.errors import SpecError
-from dlinfra.spec import Spec
-from dlinfra.spec_errors import describe, located
-from dlinfra.spec_input import (
+from dlinfra.spec.errors import describe, located
+from dlinfra.spec.input import (
     CREDENTIAL_FIX,
     credentials_in,
     parse_document,
@@ -22,6 +21,7 @@ from dlinfra.spec_input import (
     read_text,
     shown,
 )
+from dlinfra.spec.model import Spec
 
 
 class Problem(NamedTuple):
@@ -131,7 +131,7 @@ def json_schema() -> dict[str, Any]:
     return schema
 
 
-EXAMPLE_PATH = Path(__file__).parent / "examples" / "experiment.yaml"
+EXAMPLE_PATH = Path(__file__).parents[1] / "examples" / "experiment.yaml"
 
 
 def example_text() -> str:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlinfra.errors import SpecError, StoreError
-from dlinfra.layout import RunStore
-from dlinfra.records import BundlePin
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import BundlePin
 
 MAX_BUNDLE_BYTES = 50 * 1024 * 1024
 SKIPPED_DIRS = {"__pycache__", "node_modules", "venv"}

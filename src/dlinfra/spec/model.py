@@ -1,4 +1,4 @@
-"""The experiment spec: pydantic models and their JSON Schema (loading is spec_loading).
+"""The experiment spec: pydantic models and their JSON Schema (loading is spec.loading).
 
 The models are the single place where defaults live: `dlinfra schema` is generated from them, the
 commented example `dlinfra init` writes is kept equal to them by a test, and a spec-less
@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -20,9 +21,10 @@ from pydantic import (
     model_validator,
 )
 
-from dlinfra.grammar import INSTANCE_TYPE_RE, NAME_RE, S3_URL_RE, http_url
-from dlinfra.spec_aws import AwsSpec
-from dlinfra.spec_input import StrictModel, shown
+from dlinfra.spec.aws import AwsSpec
+from dlinfra.spec.grammar import INSTANCE_TYPE_RE, NAME_RE, S3_URL_RE, http_url
+from dlinfra.spec.input import StrictModel, shown
+from dlinfra.spec.layers import ModelSpec
 
 STORE_SCHEMES = ("file://", "s3://")
 DATA_SCHEMES = ("file://", "s3://", "https://", "http://")
@@ -185,54 +187,6 @@ class ClusterSpec(StrictModel):
 
 # ---------------------------------------------------------------- training
 
-LayerType = Literal[
-    "dense", "conv2d", "max_pool2d", "flatten", "dropout", "batch_norm", "global_avg_pool2d", "reshape"
-]
-_LAYER_REQUIRES: dict[str, tuple[str, ...]] = {
-    "dense": ("units",),
-    "conv2d": ("filters",),
-    "dropout": ("rate",),
-    "reshape": ("target_shape",),
-}
-
-
-class LayerSpec(StrictModel):
-    """One layer of a declarative model (hyperparameters as code, versioned with the experiment)."""
-
-    type: LayerType
-    units: PositiveInt | None = None
-    filters: PositiveInt | None = None
-    kernel_size: PositiveInt = 3
-    pool_size: PositiveInt = 2
-    strides: PositiveInt = 1
-    padding: Literal["same", "valid"] = "same"
-    activation: Literal["relu", "tanh", "sigmoid", "gelu", "linear"] | None = None
-    rate: float | None = Field(None, ge=0, lt=1)
-    target_shape: list[PositiveInt] | None = None
-
-    @model_validator(mode="after")
-    def _required_fields(self) -> LayerSpec:
-        missing = [f for f in _LAYER_REQUIRES.get(self.type, ()) if getattr(self, f) is None]
-        if missing:
-            raise ValueError(f"a {self.type} layer needs {', '.join(missing)}")
-        return self
-
-
-class ModelSpec(StrictModel):
-    name: Literal["cnn", "resnet20", "mlp", "layers"] = Field(
-        "cnn", description="Built-in model, or 'layers' for the declarative list below."
-    )
-    hidden_units: list[PositiveInt] = Field([128, 64], description="MLP hidden layer sizes.")
-    layers: list[LayerSpec] | None = Field(None, description="Declarative model (name: layers).")
-
-    @model_validator(mode="after")
-    def _layers_match_name(self) -> ModelSpec:
-        if self.name == "layers" and not self.layers:
-            raise ValueError("name 'layers' needs a non-empty 'layers' list")
-        if self.name != "layers" and self.layers:
-            raise ValueError("'layers' is only used with name: layers")
-        return self
-
 
 class DatasetSpec(StrictModel):
     format: Literal["digits", "cifar10", "synthetic"] = Field(
@@ -344,7 +298,8 @@ class StorageSpec(StrictModel):
 # ---------------------------------------------------------------- the spec
 
 
-class RoleShape(NamedTuple):
+@dataclass(frozen=True)
+class RoleShape:
     count: int
     instance_type: str
     spot: bool = False

@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from dlinfra.contract import StoreConfig
 from dlinfra.errors import StoreError
-from dlinfra.node.config import StoreConfig
-from dlinfra.records import (
+from dlinfra.runs.records import (
     MARKERS,
     SCHEMA_VERSION,
     CheckpointPointer,
@@ -39,7 +39,7 @@ from dlinfra.records import (
     Notice,
     Record,
 )
-from dlinfra.store import Store
+from dlinfra.runs.store import Store
 
 R = TypeVar("R", bound=Record)
 

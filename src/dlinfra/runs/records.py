@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dlinfra.node.config import StoreConfig
+from dlinfra.contract import StoreConfig
 
 SCHEMA_VERSION = 1
 
@@ -52,7 +52,7 @@ class NodeState(Record):
     progress_at: float | None = None  # when the trainer began training or last reported a step
     devices: list[str] | None = None  # what TensorFlow sees on the node: "GPU:0 Tesla T4 15 GiB", "CPU:0"
     # when this life reached each startup phase (epoch seconds): spawned, up, tensorflow, peers, program,
-    # first step (node.status.PHASES); `dlinfra show` and deploy's result say where the seconds went
+    # first step (contract.PHASES); `dlinfra show` and deploy's result say where the seconds went
     phases: dict[str, float] = Field(default_factory=dict)
     # What the node's beacon (a process beside the trainer) sees of the trainer from outside:
     process: str | None = None  # running | sleeping | disk-wait | stopped | zombie | gone

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from dlinfra.spec_input import shown
+from dlinfra.spec.input import shown
 
 # Run ids (name + 21 chars) name IAM roles, which AWS caps at 64 characters with our affixes.
 NAME = r"[a-z][a-z0-9-]{0,26}"

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
-from dlinfra.hardware import cluster_hardware
-from dlinfra.records import Notice
-from dlinfra.run import Run, list_runs
-from dlinfra.startup import breakdown, describe
+from dlinfra.runs.records import Notice
+from dlinfra.runs.run import Run, list_runs
+from dlinfra.runs.startup import breakdown, describe
+from dlinfra.spec.hardware import cluster_hardware
 from dlinfra.targets import target_for, uses_instance_types
 
 
@@ -188,7 +188,7 @@ def stored_stacks(run_id: str, node: str | None) -> Iterator[str]:
 
 def live_stacks(run_id: str | None, node: str | None) -> Iterator[str]:
     """Ask a live run's beacons for their trainers' stacks, and print what comes back."""
-    from dlinfra.diagnosis import collect_stacks
+    from dlinfra.runs.diagnosis import collect_stacks
 
     run = Run.open(run_id)
     store = run.store()

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dlinfra.grammar import BUCKET_RE, REGION_RE, http_url
-from dlinfra.spec_input import StrictModel, shown
+from dlinfra.spec.grammar import BUCKET_RE, REGION_RE, http_url
+from dlinfra.spec.input import StrictModel, shown
 
 # AWS's tag rules; dlinfra adds Name, dlinfra:run-id, :experiment and :role to the 50 EC2 allows.
 TAG_KEY = re.compile(r"[\w .:/=+\-@]{1,128}")

@@ -1,0 +1,36 @@
+"""The spec a command runs: loaded with its overrides and checked against its target's hardware,
+with warnings about what is allowed but likely a mistake. Every command that takes an experiment
+file loads it here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dlinfra.cli.console import err
+
+if TYPE_CHECKING:
+    from dlinfra.spec.loading import Overrides
+    from dlinfra.spec.model import Spec
+
+
+def load_checked(path: Path | None, overrides: Overrides) -> Spec:
+    """The resolved spec, after warning about what is allowed but likely a mistake."""
+    from dlinfra.spec.loading import load_spec
+    from dlinfra.targets import hardware_problems
+
+    resolved = load_spec(path, overrides, check=hardware_problems)
+    if resolved.training.entrypoint:
+        from dlinfra.runs.bundle import entrypoint_file
+
+        entrypoint_file(resolved.training.entrypoint, path.absolute().parent if path else Path.cwd())
+    warn_hardware(resolved)
+    return resolved
+
+
+def warn_hardware(spec: Spec) -> None:
+    from dlinfra.spec.hardware import warnings
+    from dlinfra.targets import uses_instance_types
+
+    for warning in warnings(spec, uses_instance_types(spec.target)):
+        err.print(f"warning: {warning}", markup=False, highlight=False)
