@@ -114,3 +114,25 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@pytest.mark.parametrize(
+    ("cwd", "shown"),
+    [
+        ("repo", "repo/.github is not a directory"),  # set up below: .github is a file there
+        ("/proc", "cannot write in /proc"),
+    ],
+)
+def test_init_github_in_a_place_it_cannot_write_is_refused_and_writes_no_workflow(
+    cli: Cli, places: Path, cwd: str, shown: str
+) -> None:
+    where = Path(cwd) if cwd.startswith("/") else places / "repo"
+    if not cwd.startswith("/"):
+        where.mkdir()
+        (where / ".github").write_text("a file where the workflows' folder goes\n")
+    before = _snapshot(places)
+    result = cli("init", "--github", "--aws", cwd=where)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--github " in result.stderr and "Fix: " in result.stderr and "internal error" not in result.stderr
+    assert shown in result.stderr, result.stderr
+    assert _snapshot(places) == before

@@ -101,11 +101,16 @@ def init(
     from dlinfra.spec.loading import example_text
 
     if github:
-        from dlinfra.github import WorkflowSettings, default_install, write
+        from dlinfra.cli.outputs import new_dir
+        from dlinfra.github import WorkflowSettings, default_install, to_write
 
         settings = WorkflowSettings(install or default_install(), experiments.rstrip("/"), aws, apply)
-        for written in write(Path.cwd(), settings, force):
-            out.print(f"wrote {written}", markup=False)
+        folder, files = to_write(Path.cwd(), settings, force)
+        with new_dir(folder, "--github") as staged:  # all the workflows land, or none
+            for name, text in files.items():
+                (staged / name).write_text(text, encoding="utf-8")
+        for name in files:
+            out.print(f"wrote {folder / name}", markup=False)
         out.print(
             'next: commit them; README "Review experiments in pull requests" has the rest', markup=False
         )

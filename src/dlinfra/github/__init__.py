@@ -108,8 +108,8 @@ def render(settings: WorkflowSettings) -> dict[str, str]:
     return files
 
 
-def write(root: Path, settings: WorkflowSettings, force: bool = False) -> list[Path]:
-    """Write the workflows under root/.github/workflows; never overwrite one unless `force`."""
+def to_write(root: Path, settings: WorkflowSettings, force: bool = False) -> tuple[Path, dict[str, str]]:
+    """(root/.github/workflows, file name → text); refuses to replace a workflow unless `force`."""
     files = render(settings)
     folder = root / WORKFLOWS
     existing = [name for name in files if (folder / name).exists()]
@@ -117,7 +117,4 @@ def write(root: Path, settings: WorkflowSettings, force: bool = False) -> list[P
         raise DlinfraError(
             f"{folder / existing[0]} already exists. Fix: add --force to replace the dlinfra workflows"
         )
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name).write_text(text, encoding="utf-8")
-    return [folder / name for name in files]
+    return folder, files
