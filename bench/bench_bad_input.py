@@ -1,7 +1,7 @@
-"""Bad input, timed: every case of tests/test_spec_errors.py through `dlinfra validate` in a fresh
-process, with its exit code, wall time, peak RSS and stderr size. Goals (issue 14): each one under
-2 s and 200 MB, stderr under 8 KB, exit 2. The alias bomb is the case to watch (it once hung and ate
-gigabytes).
+"""Bad input, timed: every case of tests/test_spec_errors.py through `dlinfra validate` (and a few
+other commands' bad paths and sizes) in a fresh process, with its exit code, wall time, peak RSS and
+stderr size. Goals (issue 14): each one under 2 s and 200 MB, stderr under 8 KB, exit 2. The alias
+bomb is the case to watch (it once hung and ate gigabytes).
 
 `--baseline DIR` also runs another checkout's source (a `git worktree` of an older commit) in the
 same run, case by case, so both columns see the same machine load."""
@@ -45,8 +45,27 @@ def measure(args: list[str], source: Path | None, home: str) -> tuple[int, float
         return proc.returncode, seconds, usage.ru_maxrss / 1024, err.tell()  # Linux: ru_maxrss in KB
 
 
+# Bad input that is not a spec (issue 30): output paths, a cluster this machine cannot hold, GPUs an
+# emulated instance cannot see. Each must also exit 2 at once, before anything is written or started.
+OTHER_COMMANDS: list[tuple[str, list[str]]] = [
+    ("render-out-proc", ["render", "--out", "/proc/x"]),
+    ("render-out-is-a-file", ["render", "--out", "{workdir}/a-file"]),
+    ("plan-markdown-proc", ["plan", "--markdown", "/proc/x.md"]),
+    ("init-proc", ["init", "/proc/x.yaml"]),
+    ("local-1101-nodes", ["validate", "--workers", "1000", "--ps", "100"]),
+    (
+        "emulated-gpu-this-machine-lacks",
+        [
+            *("deploy", "--target", "aws", "--endpoint-url", "http://127.0.0.1:9", "--emulate-instances"),
+            *("--set", "aws.ami=ami-12345678", "--set", "storage.url=s3://results-bucket/runs"),
+        ],
+    ),
+]
+
+
 def cases(workdir: Path) -> list[tuple[str, list[str]]]:
-    out = []
+    (workdir / "a-file").write_text("not a directory\n")
+    out = [(name, [a.format(workdir=workdir) for a in args]) for name, args in OTHER_COMMANDS]
     for name, text, extra, _ in CASES:
         args = ["validate", *extra]
         if text is not None:
