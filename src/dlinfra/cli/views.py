@@ -373,6 +373,6 @@ def compare_markdown(rows: list[dict[str, Any]]) -> str:
     lines.append(
         f"\nCost: instance-hours x on-demand prices of {catalog().prices_as_of} (spot hours x the spec's "
         "dated cluster.workers.spot.price_per_hour), NAT gateway included "
-        "(`dlinfra instances`; src/dlinfra/instance_types.json)."
+        "(`dlinfra instances`; src/dlinfra/spec/instance_types.json)."
     )
     return "\n".join(lines) + "\n"
