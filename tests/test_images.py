@@ -204,7 +204,7 @@ def test_wheelhouse_index_is_pep503_and_served_on_loopback(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("aws.pip_index_url=https://user:token@mirror.example/simple", "must not carry credentials"),
+        ("aws.pip_index_url=https://user:token@mirror.example/simple", "looks like a credential"),
         ("aws.pip_index_url=ftp://mirror.example", "must be an http(s) URL"),
         ("aws.pip_extra_ca=not a certificate", "must be PEM text with its line breaks"),
         ("aws.image=newest", "aws.image"),
