@@ -82,6 +82,8 @@ def preview(
 def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
     """Check, create the run and its user-data, and show what the target would create."""
     spec, origin = request.spec, request.origin
+    for warning in target.capacity(spec):  # the same check and words as `dlinfra validate`
+        target.options.log(f"warning: {warning}")
     target.preflight(spec)
     addresses = target.addresses(spec)  # before the run exists: a bad subnet creates nothing
     prepared = prepare(

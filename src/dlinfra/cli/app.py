@@ -134,6 +134,8 @@ def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
 
     resolved = load_checked(spec, overrides)
     target = target_for(resolved.target)
+    for warning in target.capacity(resolved):  # what a deploy would refuse or warn about, word for word
+        err.print(f"warning: {warning}", markup=False, highlight=False)
     plan = target.addresses(resolved)
     preview(resolved, target, spec)  # what only rendering shows: user-data over the target's limit
     out.print(

@@ -75,6 +75,11 @@ class Target(Protocol):
         `ship_wheel=False`: only the requirement (nothing is built; for `dlinfra render`)."""
         ...
 
+    def capacity(self, spec: Spec) -> list[str]:
+        """Refuse (DlinfraError) a cluster the target's machines cannot hold; return warnings about one
+        they hold at a cost. Reads no tools or credentials: `dlinfra validate` asks it too."""
+        ...
+
     def preflight(self, spec: Spec) -> None:
         """Fail on anything that would stop the run (tools, credentials, limits) before it exists."""
         ...

@@ -20,8 +20,9 @@ from dlinfra.prepare import NodeInstall
 from dlinfra.render import AddressPlan, loopback_plan, node_config_from_user_data
 from dlinfra.render.addresses import free_ports
 from dlinfra.spec.pricing import HourlyCost
-from dlinfra.targets import private_network
+from dlinfra.targets import local_capacity, private_network
 from dlinfra.targets.base import Review, TargetOptions
+from dlinfra.targets.local_machine import read_machine
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared
@@ -52,6 +53,10 @@ class LocalTarget:
 
     def node_install(self, pinned_wheel: Path | None = None, ship_wheel: bool = True) -> NodeInstall:
         return NodeInstall()  # the nodes run this very interpreter
+
+    def capacity(self, spec: Spec) -> list[str]:
+        """Every node is a process of this machine: it must hold them all (local_capacity)."""
+        return local_capacity.check(spec, read_machine())
 
     def preflight(self, spec: Spec) -> None:
         self._network(spec)

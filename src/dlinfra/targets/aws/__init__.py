@@ -57,6 +57,9 @@ class AwsTarget:
 
         return NodeInstall(install_requirement(), pinned_wheel or node_wheel())
 
+    def capacity(self, spec: Spec) -> list[str]:
+        return []  # a machine per node, of the type it asks for; the plan checks the vCPU quotas
+
     def preflight(self, spec: Spec) -> None:
         preflight.preflight(spec, self.options.emulate_instances)
 
