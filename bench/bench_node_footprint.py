@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench_cpu_split import tree_cpu  # the same /proc walk: pid → (CPU seconds, command line)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src")]
 
@@ -99,24 +101,7 @@ def mem_available() -> int:
 
 def _tree(root: int) -> dict[int, str]:
     """pid → command line of `root` and every process under it."""
-    parents: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # ended between the listing and the read
-        parents[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
-    members, grown = {root}, True
-    while grown:
-        grown = False
-        for pid, (ppid, _) in parents.items():
-            if ppid in members and pid not in members:
-                members.add(pid)
-                grown = True
-    return {pid: parents[pid][1] for pid in members if pid in parents}
+    return {pid: cmd for pid, (_, cmd) in tree_cpu(root).items()}
 
 
 def _classify(pid: int, root: int, cmd: str) -> tuple[str, str] | None:
