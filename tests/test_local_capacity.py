@@ -305,3 +305,15 @@ def _refusal(s, host: Machine) -> str:
     with pytest.raises(DlinfraError) as refused:
         check(s, host)
     return str(refused.value)
+
+
+def test_where_the_many_ps_hold_no_worker_the_single_ps_shape_comes_alone() -> None:
+    """What CI's machine said of 1,000 workers with 100 ps: 100 serving nodes alone overfill it, so the
+    only shape offered is one ps with the workers it holds (session 32: a test expected both)."""
+    small = machine(cpus=2, gib=8, tasks=32_600, files=20_000)
+    asked = Shape.of(spec(1000, 100))
+    assert [fit.ps for fit in largest_fitting(asked, small)] == [1], "100 ps fit no worker here"
+    message = _refusal(spec(1000, 100), small)
+    assert re.search(
+        r"It holds at most [\d,]+ workers with 1 ps\. Fix: fewer nodes \(--workers \d+ --ps 1\),", message
+    ), message
