@@ -48,8 +48,11 @@ def vm_env(
         "--set", f"storage.url=s3://{BUCKET}/runs",
         "--set", f"aws.ami={ami}",
         "--set", "cluster.workers.gpus=0",
-        # Boots under software emulation take minutes before the first beat.
+        # Boots under software emulation take minutes before the first beat, and an agent that
+        # systemd restarts spends more than the default 60 s importing Python before it beats
+        # again when the emulating host is loaded (CI's shared phase saw it called lost).
         "--set", "cluster.startup_timeout=900",
+        "--set", "cluster.heartbeat_timeout=600",
     ]  # fmt: skip
     return {"env": env, "args": args, "endpoint": moto_endpoint}
 
@@ -170,7 +173,8 @@ def test_install_path_on_a_base_image_and_systemd_restarts_a_killed_agent(
     assert done.returncode == 130, done.stdout[-3000:] + done.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     try:
-        assert manifest["status"] == "STOPPED"
+        # a verdict written before the Ctrl-C wins; deploy's output names it
+        assert manifest["status"] == "STOPPED", done.stdout[-2000:] + done.stderr[-2000:]
         assert manifest["images"]["worker"]["digest"] is None  # a base image: the node installed at boot
     finally:
         _destroy(manifest["run_id"], live.home, vm_env["env"])
