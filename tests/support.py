@@ -160,3 +160,25 @@ def assert_valid_workflow(path: Path) -> None:
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def fixed_locks():
+    """A lock per flavor, fixed, for tests of what prepare renders rather than of resolution (which
+    tests/test_environment.py runs for real against an index): one hash-pinned package each."""
+    from dlinfra.environment.lock import Lock
+
+    pinned = "numpy==2.1.0 \\\n    --hash=sha256:" + "ab" * 32 + "\n"
+    return {"cpu": Lock(pinned, "cpu"), "gpu": Lock(pinned.replace("numpy", "nvidia-nccl-cu12"), "gpu")}
+
+
+def host_address() -> str:
+    """This machine's own address on its network (not loopback): reachable from here and from a qemu
+    guest alike (user-mode networking makes a guest's connections from the host's own sockets), so
+    one index URL serves the resolution here and the install in a VM."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("198.51.100.1", 9))  # a documentation address: routes, sends nothing
+        address = probe.getsockname()[0]
+    assert not address.startswith("127."), f"no address beside loopback ({address})"
+    return address

@@ -15,6 +15,7 @@ from dlinfra.prepare import NodeInstall, prepare
 from dlinfra.render import loopback_plan
 from dlinfra.spec.model import Spec
 from dlinfra.targets.base import TargetOptions
+from support import fixed_locks
 
 
 class FailingTeardownTarget:
@@ -33,7 +34,7 @@ class FailingTeardownTarget:
 @pytest.fixture
 def prepared(home: Path):
     spec = Spec()
-    return prepare(spec, loopback_plan(spec), NodeInstall(), typed=False)
+    return prepare(spec, loopback_plan(spec), NodeInstall(), locks=fixed_locks(), typed=False)
 
 
 def _failing_start() -> None:

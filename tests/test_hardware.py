@@ -158,28 +158,64 @@ def test_cuda_visible_devices(gpus: int, offset: int, inherited: str | None, exp
 # ---------------------------------------------------------------- rendered installs and the plan
 
 
-def test_default_aws_render_installs_the_gpu_build_on_workers_only(cli: Cli, tmp_path: Path) -> None:
+def test_default_aws_render_installs_the_gpu_build_on_workers_only(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers (g4dn) install the run's gpu lock, the chief and the ps (m5) its cpu lock: each node
+    fetches its flavor's lock, checks that lock's sha256 (the one its node.json names) and installs
+    nothing else but the run's wheel, without dependencies."""
     result = cli("render", "--target", "aws", "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     files = sorted((tmp_path / "out").glob("*.user-data.yaml"))
     assert [f.name.split(".")[0] for f in files] == ["chief-0", "ps-0", "worker-0", "worker-1"]
     cloud_init = shutil.which("cloud-init")
     assert cloud_init, "cloud-init must be installed (the README's test command installs it)"
+    shas: dict[str, set[str]] = {"cpu": set(), "gpu": set()}
     for path in files:
         text = path.read_text()
         files_written = {f["path"]: f["content"] for f in yaml.safe_load(text)["write_files"]}
-        install = files_written["/usr/local/lib/dlinfra/install.sh"]
-        pip = [shlex.split(line)[-1] for line in install.splitlines() if "/bin/pip install" in line]
-        if path.name.startswith("worker"):
-            assert pip == ["dlinfra[train-gpu,aws]==0.1.0"], pip
+        config = json.loads(files_written["/etc/dlinfra/node.json"])
+        lines = [line.strip() for line in files_written["/usr/local/lib/dlinfra/install.sh"].splitlines()]
+        flavor = "gpu" if path.name.startswith("worker") else "cpu"
+        if flavor == "gpu":
             assert "TensorFlow build of this node: GPU (tensorflow[and-cuda]) for 1 GPU" in text
         else:
-            assert pip == ["dlinfra[train,aws]==0.1.0"], pip
             assert "TensorFlow build of this node: CPU (tensorflow-cpu)" in text
+        sha = config["lock_sha256"]
+        [fetch] = [line for line in lines if line.endswith(" /etc/dlinfra/env.lock") and "s3 cp" in line]
+        assert fetch.endswith(f"/code/env-{flavor}.lock /etc/dlinfra/env.lock"), fetch
+        check = f"if ! echo '{sha}  /etc/dlinfra/env.lock' | sha256sum -c --quiet -; then"
+        image = re.compile(rf".*python3 - sha256:[0-9a-f]{{64}} {flavor} {sha} <<'PY'")
+        [decide] = [line for line in lines if image.fullmatch(line)]
+        assert lines.index(fetch) < lines.index(check) < lines.index(decide), "checked before all else"
+        for line in lines:  # the lock with its hashes required, else only the run's wheel, --no-deps
+            if re.match(r"/opt/dlinfra/bin/(pip|uv) ", line):
+                wheel = shlex.split(line)[-1].startswith("/opt/dlinfra-wheel/dlinfra-0.1.0-")
+                assert "--require-hashes" in line or (wheel and "--no-deps" in line), line
+        shas[flavor].add(sha)
         checked = subprocess.run(
             [cloud_init, "schema", "--config-file", str(path)], capture_output=True, text=True
         )
         assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert len(shas["cpu"]) == len(shas["gpu"]) == 1 and shas["cpu"] != shas["gpu"], shas
+    # what the two locks hold, from the render's own resolution (deploy.preview), seen in-process
+    from dlinfra.deploy import preview
+    from dlinfra.prepare import Environment
+    from dlinfra.targets import target_for
+
+    made: list[Environment] = []
+    of = Environment.of
+    monkeypatch.setattr(Environment, "of", lambda *args: made.append(of(*args)) or made[-1])
+    configs, _ = preview(_aws(), target_for("aws"))
+    [env] = made
+    assert {configs[n].lock_sha256 for n in ("worker-0", "worker-1")} == {env.locks["gpu"].sha256}
+    assert {configs[n].lock_sha256 for n in ("chief-0", "ps-0")} == {env.locks["cpu"].sha256}
+    gpu, cpu = env.locks["gpu"].pins(), env.locks["cpu"].pins()
+    assert gpu["tensorflow"].startswith("2.21.") and "tensorflow-cpu" not in gpu
+    assert any(name.startswith("nvidia-") for name in gpu), "tensorflow[and-cuda]: CUDA's wheels"
+    assert cpu["tensorflow-cpu"].startswith("2.21.") and "tensorflow" not in cpu
+    assert not any(name.startswith("nvidia-") for name in cpu), "no CUDA on a CPU node"
+    assert "uv" in gpu and "uv" in cpu, "install.sh takes uv off the lock"
 
 
 def test_plan_summary_shows_vcpus_gpus_and_prices_per_role() -> None:

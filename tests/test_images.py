@@ -1,10 +1,11 @@
-"""Node images without booting anything: the recipe and its digest, the boot-time decision to skip pip
-(the install script's own code, run here against image records), the emulated platform's vendor-data,
-the VMs' networks, the private-mirror settings, and each role's AMI choice against moto."""
+"""Node images without booting anything: the recipe and its digest, the boot-time decision to install
+nothing (the install script's own code, run here against image records), the emulated platform's
+vendor-data, the VMs' networks, the private-mirror settings, and each role's AMI choice against moto."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import ipaddress
 import json
 import os
@@ -22,17 +23,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dlinfra.environment.lock import Index, Lock
 from dlinfra.errors import SpecError
 from dlinfra.images import IMAGE_JSON_PATH, Recipe
 from dlinfra.images.vm import Segment, nat_network, shell
 from dlinfra.images.wheelhouse import _write_index, serve
-from dlinfra.prepare import node_install
+from dlinfra.prepare import Environment, NodeInstall, boot_install, release_requirement
 from dlinfra.render import render_cluster
-from dlinfra.runs.records import ImagePin, WheelPin
+from dlinfra.runs.records import ImagePin
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets.aws import amis
 from dlinfra.targets.aws.vms import vendor_data
-from support import FAKE_CREDS, Cli, ec2_client, node_configs
+from support import FAKE_CREDS, Cli, ec2_client, fixed_locks, node_configs
+
+LOCKS = fixed_locks()
 
 
 @pytest.fixture
@@ -43,68 +47,133 @@ def wheel(tmp_path: Path) -> Path:
 
 
 def test_recipe_digest_names_what_goes_into_the_image(wheel: Path, tmp_path: Path) -> None:
-    cpu, gpu = Recipe("cpu", wheel), Recipe("gpu", wheel)
-    assert cpu.digest == Recipe("cpu", wheel).digest
+    cpu, gpu = Recipe("cpu", wheel, LOCKS["cpu"]), Recipe("gpu", wheel, LOCKS["gpu"])
+    assert cpu.digest == Recipe("cpu", wheel, LOCKS["cpu"]).digest
     assert cpu.digest != gpu.digest
     other = tmp_path / "other" / wheel.name
     other.parent.mkdir()
     other.write_bytes(b"another build")
-    assert Recipe("cpu", other).digest != cpu.digest
+    assert Recipe("cpu", other, LOCKS["cpu"]).digest != cpu.digest
+    # another lock (a run's own requirements) is another environment, on the same wheel
+    relocked = Lock(LOCKS["cpu"].text + "six==1.16.0 \\\n    --hash=sha256:" + "cd" * 32 + "\n", "cpu")
+    assert Recipe("cpu", wheel, relocked).digest != cpu.digest
     # where pip fetches from does not change what the image holds
-    local = cpu.render("/tmp/w.whl", "--no-index --find-links /tmp/wh", "local")
-    aws = cpu.render("/opt/w.whl", "--index-url https://mirror.example/simple", "aws")
+    local = cpu.render("/tmp/w.whl", "/tmp/env.lock", "--no-index --find-links /tmp/wh", "local")
+    aws = cpu.render("/opt/w.whl", "/opt/env.lock", "--index-url https://mirror.example/simple", "aws")
     assert local != aws
     for script in (local, aws):
         assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
     record = json.loads(re.search(r"json.loads\('(.*)'\)", local).group(1))
     assert record["wheel_sha256"] == cpu.wheel_sha256 and record["recipe_digest"] == cpu.digest
-    assert '"/tmp/w.whl[train,aws]"' in local and '"/opt/w.whl[train-gpu,aws]"' in gpu.render(
-        "/opt/w.whl", "", "aws"
-    )
+    assert record["lock_sha256"] == LOCKS["cpu"].sha256 and record["flavor"] == "cpu"
+    gpu_record = json.loads(re.search(r"json.loads\('(.*)'\)", gpu.render("/w", "/l", "", "aws")).group(1))
+    assert gpu_record["lock_sha256"] == LOCKS["gpu"].sha256 and gpu_record["flavor"] == "gpu"
+    # exactly the lock, hashes required, from where pip is told; then the wheel, without dependencies
+    joined = local.replace("\\\n", " ").splitlines()
+    steps = [" ".join(step.split()) for step in joined if '"$venv/bin/pip" install' in step]
+    assert steps == [  # the venv's only installs
+        '"$venv/bin/pip" install --quiet --no-cache-dir --no-deps --require-hashes '
+        '--disable-pip-version-check --no-index --find-links /tmp/wh -r "/tmp/env.lock"',
+        '"$venv/bin/pip" install --quiet --no-cache-dir --no-deps --disable-pip-version-check "/tmp/w.whl"',
+    ]
+    assert "[train" not in local, "no extras resolved at build: the lock holds the flavor's TensorFlow"
 
 
 def _install_check(gpus: int, want_sha: str | None, tmp_path: Path) -> str:
-    """The image check of a rendered install script, pointed at a record under tmp_path."""
+    """The image check of a rendered install script, pointed at a record under tmp_path. The node
+    runs the fixed lock of its flavor; `want_sha`: the run's wheel (None: the release, in the lock)."""
     spec = load_spec(None, Overrides(target="aws", workers=1, sets=[f"cluster.workers.gpus={gpus}"]))
-    configs = node_configs(spec, "r-1", "s3://bucket/runs/r-1")
-    source = "s3://bucket/runs/r-1/code/dlinfra-0.1.0-py3-none-any.whl" if want_sha else "dlinfra==0.1.0"
-    pin = WheelPin(name="w", sha256=want_sha, uri=source) if want_sha else None
-    doc = yaml.safe_load(render_cluster(configs, node_install(spec, source, pin))["worker-0"])
+    env = Environment(LOCKS, Index())
+    configs = env.locked(node_configs(spec, "r-1", "s3://bucket/runs/r-1"))
+    wheel = None
+    if want_sha:
+        wheel = tmp_path / "wheels" / want_sha[:8] / "dlinfra-0.1.0-py3-none-any.whl"
+        wheel.parent.mkdir(parents=True, exist_ok=True)
+        wheel.write_bytes(want_sha.encode())  # bytes whose digest is the wheel's pin
+    install = boot_install(
+        spec, NodeInstall(release_requirement(), wheel), lambda name: f"s3://bucket/runs/r-1/code/{name}", env
+    )
+    assert install is not None
+    doc = yaml.safe_load(render_cluster(configs, install)["worker-0"])
     script = next(f["content"] for f in doc["write_files"] if f["path"].endswith("install.sh"))
-    head = script.split("\n); then\n", 1)[0]
+    # the check alone: what comes before it (fetching the lock, its sha256) needs the store
+    node = configs["worker-0"]
+    asks = f" {install.want} {node.flavor} {node.lock_sha256} <<'PY'"
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.endswith(asks))
+    end = lines.index("PY", start)
+    assert lines[end + 1] == ") && verdict=0 || verdict=$?"
     check = tmp_path / "check.sh"
     check.write_text(
-        head.replace(IMAGE_JSON_PATH, str(tmp_path / "image.json"))
-        + '\n); then echo "BAKED: $why"; else echo "INSTALL: $why"; fi\n'
+        "\n".join(lines[start : end + 2]).replace(IMAGE_JSON_PATH, str(tmp_path / "image.json"))
+        + '\necho "$verdict: $why"\n'
     )
-    return subprocess.run(["sh", str(check)], capture_output=True, text=True, check=True).stdout.strip()
+    code, why = (
+        subprocess.run(["sh", str(check)], capture_output=True, text=True, check=True)
+        .stdout.strip()
+        .split(": ", 1)
+    )
+    return f"{VERDICTS[code]}: {why}"
 
 
-def _record(tmp_path: Path, sha: str, flavor: str = "cpu") -> None:
+# install.sh's verdicts on an image: nothing to install, only the run's wheel, the lock (and the wheel)
+VERDICTS = {"0": "BAKED", "3": "WHEEL", "1": "INSTALL"}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _record(tmp_path: Path, text: str, flavor: str = "cpu", lock_sha256: str | None = "fixed") -> None:
+    """An image record baking the wheel whose bytes are `text`, with the fixed lock of `flavor` (or
+    `lock_sha256`; None: an image older than locks, which records none)."""
     record = {
         "dlinfra_version": "0.1.0",
         "flavor": flavor,
         "wheel": "dlinfra-0.1.0-py3-none-any.whl",
-        "wheel_sha256": sha,
+        "wheel_sha256": _sha(text),
         "recipe_digest": "d" * 64,
         "builder": "local",
         "tensorflow": "tensorflow-cpu 2.21.0",
     }
+    if lock_sha256 is not None:
+        record["lock_sha256"] = LOCKS[flavor].sha256 if lock_sha256 == "fixed" else lock_sha256
     (tmp_path / "image.json").write_text(json.dumps(record))
 
 
-def test_boot_skips_pip_only_when_the_image_bakes_this_very_wheel(tmp_path: Path) -> None:
-    assert _install_check(0, "a" * 64, tmp_path).startswith("INSTALL: no baked dlinfra image")
-    _record(tmp_path, "a" * 64)
-    assert _install_check(0, "a" * 64, tmp_path) == f"BAKED: the image ({'d' * 12}) bakes sha256:{'a' * 12}"
-    other = _install_check(0, "b" * 64, tmp_path)
-    assert other.startswith("INSTALL: the image bakes dlinfra-0.1.0-py3-none-any.whl (aaaaaaaaaaaa)")
-    # a GPU node needs the GPU build: a CPU image does not do, a GPU image does
-    assert "this node trains on GPUs" in _install_check(1, "a" * 64, tmp_path)
-    _record(tmp_path, "a" * 64, flavor="gpu")
-    assert _install_check(1, "a" * 64, tmp_path).startswith("BAKED")
-    # a release pin matches the image's version
-    assert _install_check(0, None, tmp_path).startswith("BAKED: the image")
+def test_boot_installs_nothing_only_when_the_image_bakes_this_very_wheel_and_lock(tmp_path: Path) -> None:
+    a, b = "a" * 64, "b" * 64  # the bytes of two wheels
+    assert _install_check(0, a, tmp_path).startswith("INSTALL: no baked dlinfra image")
+    _record(tmp_path, a)
+    baked = f"BAKED: the image ({'d' * 12}) bakes this run's dlinfra and lock"
+    assert _install_check(0, a, tmp_path) == baked
+    # this run's lock, another wheel: only the run's wheel is installed, the lock is there already
+    assert _install_check(0, b, tmp_path) == (
+        f"WHEEL: the image holds this run's lock and bakes dlinfra-0.1.0-py3-none-any.whl "
+        f"({_sha(a)[:12]}), this run ships sha256:{_sha(b)[:12]}"
+    )
+    # the very wheel, but another lock (say, a run with its own requirements): the lock is installed
+    _record(tmp_path, a, lock_sha256="e" * 64)
+    assert _install_check(0, a, tmp_path) == (
+        f"INSTALL: the image's lock ({'e' * 12}) is not this run's ({LOCKS['cpu'].sha256[:12]})"
+    )
+    assert _install_check(0, b, tmp_path).startswith("INSTALL: the image's lock"), "neither matches"
+    _record(tmp_path, a, lock_sha256=None)  # an image baked before locks
+    assert _install_check(0, a, tmp_path) == (
+        f"INSTALL: the image's lock (none) is not this run's ({LOCKS['cpu'].sha256[:12]})"
+    )
+    # a GPU node needs the GPU build: a CPU image does not do, a GPU image (with the gpu lock) does
+    _record(tmp_path, a)
+    assert _install_check(1, a, tmp_path) == (
+        "INSTALL: the image has the cpu build of TensorFlow; this node trains on GPUs"
+    )
+    _record(tmp_path, a, flavor="gpu")
+    assert _install_check(1, a, tmp_path) == baked
+    _record(tmp_path, a, flavor="gpu", lock_sha256=LOCKS["cpu"].sha256)  # a GPU image, the cpu lock
+    assert _install_check(1, a, tmp_path).startswith("INSTALL: the image's lock")
+    # a release pin matches the image's version, with the image's lock the node's
+    _record(tmp_path, a)
+    assert _install_check(0, None, tmp_path) == baked
 
 
 def test_vendor_data_supplies_the_platform_and_never_the_hosts_credentials() -> None:

@@ -19,7 +19,7 @@ from dlinfra.render import node_config_from_user_data
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets import target_for
 from dlinfra.targets.aws import tfvars
-from support import Cli
+from support import Cli, fixed_locks
 
 EC2_USER_DATA_LIMIT = 16384
 
@@ -94,6 +94,7 @@ def test_an_oversized_user_data_leaves_no_run_behind(home: Path) -> None:
             spec,
             target.addresses(spec),
             NodeInstall("dlinfra==0.0.0"),
+            locks=fixed_locks(),
             typed=True,
             upload=False,
             user_data_limit=target.user_data_limit,
@@ -146,7 +147,14 @@ def test_the_stack_gets_the_derived_nat_subnet(home: Path) -> None:
         "aws.vpc_cidr=172.20.0.0/16", "aws.subnet_cidr=172.20.0.0/24", "storage.url=s3://results-b/runs"
     )
     target = target_for("aws")
-    prepared = prepare(spec, target.addresses(spec), NodeInstall("dlinfra==0.0.0"), typed=True, upload=False)
+    prepared = prepare(
+        spec,
+        target.addresses(spec),
+        NodeInstall("dlinfra==0.0.0"),
+        locks=fixed_locks(),
+        typed=True,
+        upload=False,
+    )
     network = tfvars.stack_tfvars(prepared)["network"]
     assert network == {
         "vpc_cidr": "172.20.0.0/16",
@@ -176,7 +184,9 @@ def test_a_relative_dataset_is_pinned_from_the_spec_directory_not_the_working_di
 
     loaded = load_spec(spec, Overrides())
     monkeypatch.chdir(elsewhere)
-    prepared = prepare(loaded, target_for("local").addresses(loaded), NodeInstall(), spec, typed=False)
+    prepared = prepare(
+        loaded, target_for("local").addresses(loaded), NodeInstall(), spec, locks=fixed_locks(), typed=False
+    )
     pin = prepared.run.manifest().dataset
     assert pin["uri"] == f"file://{spec_dir / 'data' / 'train.bin'}"
     assert pin["sha256"] == hashlib.sha256(b"beside the spec").hexdigest() and pin["pinned"]

@@ -26,7 +26,7 @@ from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
 from dlinfra.runs.store import Store
 from dlinfra.spec.model import Spec
-from support import node_configs
+from support import fixed_locks, node_configs
 
 
 def test_signals_and_retry_restart_final_codes_do_not() -> None:
@@ -61,7 +61,11 @@ def test_lost_peers_are_transient_and_user_errors_are_not() -> None:
 def test_systemd_unit_restarts_exactly_what_the_launcher_restarts() -> None:
     spec = Spec.model_validate({"target": "aws"})
     configs = node_configs(spec, "r-1", "s3://bucket/runs/r-1", "aws")
-    text = render_cluster(configs, Install("dlinfra==0"))["worker-0"]
+    locks = {
+        flavor: (f"s3://bucket/runs/r-1/code/{lock.file_name}", lock.sha256)
+        for flavor, lock in fixed_locks().items()
+    }
+    text = render_cluster(configs, Install("dlinfra==0", locks=locks))["worker-0"]
     doc = yaml.safe_load(text)
     unit = next(f for f in doc["write_files"] if f["path"].endswith("dlinfra-node.service"))["content"]
     prevented = re.search(r"^RestartPreventExitStatus=(.*)$", unit, re.M)

@@ -31,6 +31,8 @@ NO_RESTART_EXIT_CODES = (*FINAL_EXIT_CODES, EXIT_INTERRUPTED)
 
 # Where a node's seconds before its first step go, in the order a node reaches them; each life of a
 # node records when it reached each one in its status, and the CLI puts them on the command's clock.
+LOCK_PATH = "/etc/dlinfra/env.lock"  # where a booted node keeps the lock it installed
+
 PHASES = ("spawned", "up", "tensorflow", "peers", "program", "first step")
 
 
@@ -111,6 +113,13 @@ class NodeConfig(BaseModel):
     spot: bool = False  # on spot capacity: its beacon watches the instance metadata for notices
     act_on_rebalance: bool = False  # a rebalance recommendation is treated as an interruption notice
     spot_in_cluster: bool = False  # some node is spot: the chief's beacon relays their notices to it
+    # sha256 of the environment lock this node runs (its flavor's; None: nothing to check against)
+    lock_sha256: str | None = None
+
+    @property
+    def flavor(self) -> Literal["cpu", "gpu"]:
+        """The build of TensorFlow it runs: the GPU one only where it trains on GPUs."""
+        return "gpu" if self.gpus else "cpu"
 
     @property
     def name(self) -> str:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from dlinfra.contract import NodeConfig, StoreConfig
 from dlinfra.errors import DlinfraError, RunFailed
-from dlinfra.prepare import Prepared, absolute_dataset, node_install, prepare
+from dlinfra.prepare import Environment, Prepared, absolute_dataset, boot_install, prepare
 from dlinfra.render import build_node_configs, render_cluster
+from dlinfra.runs.compare import lock_changes
 from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import Marker, Metrics, NodeState
@@ -75,8 +76,11 @@ def preview(
     store = StoreConfig.for_run(spec, f"{spec.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID")
     typed = target.uses_instance_types
     configs = build_node_configs(spec, "RUN_ID", store, target.addresses(spec), typed=typed)
-    install = node_install(spec, target.node_install(ship_wheel=False).requirement, None)
-    return configs, render_cluster(configs, install, target.user_data_limit)
+    # the run's environment is resolved as a deploy would: a conflict is refused here already
+    install = target.node_install(spec)
+    env = Environment.of(spec, configs, install, None)
+    boot = boot_install(spec, install, lambda name: f"{store.url}/code/{name}", env)
+    return env.locked(configs), render_cluster(env.locked(configs), boot, target.user_data_limit)
 
 
 def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
@@ -89,15 +93,23 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
     prepared = prepare(
         spec,
         addresses,
-        target.node_install(origin.wheel if origin else None),
+        target.node_install(spec, origin.wheel if origin else None),
         request.spec_path,
         request.argv,
         code=origin.code if origin else None,
         pins=origin.pins if origin else None,
+        locks=origin.locks if origin else None,
         typed=target.uses_instance_types,
         upload=request.upload,
         user_data_limit=target.user_data_limit,
     )
+    if origin and origin.locks is None and (original := origin.pins.get("rerun_of")):
+        changes = lock_changes(Run.open(original).manifest(), prepared.run.manifest())
+        prepared.run.update_manifest(lock_changes=changes)
+        target.options.log(
+            f"lock refreshed: {len(changes)} package change(s) against {original}"
+            + "".join(f"\n  {change}" for change in changes[:40])
+        )
     return prepared, target.plan(prepared)
 
 

@@ -6,13 +6,17 @@ Everything here is the same for every target; a target only contributes where no
 
 from __future__ import annotations
 
+import os
 import shutil
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlinfra.contract import NodeConfig
-from dlinfra.errors import SpecError
+from dlinfra import __version__
+from dlinfra.contract import NodeConfig, StoreConfig
+from dlinfra.environment.lock import PYPI, Flavor, Index, Lock, Platform, resolve
+from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.render import (
     AddressPlan,
     Install,
@@ -23,18 +27,21 @@ from dlinfra.render import (
 )
 from dlinfra.runs.bundle import Bundle, file_sha256, pack_entrypoint
 from dlinfra.runs.layout import RunStore, bundle_key
-from dlinfra.runs.records import WheelPin
+from dlinfra.runs.records import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, package_version
 from dlinfra.spec.model import Spec
 
 
 @dataclass(frozen=True)
 class NodeInstall:
-    """What a node installs before it runs the agent: nothing (a local process shares this
-    interpreter), a pip requirement, or this run's dlinfra wheel shipped through the store."""
+    """What a node runs and where: this run's dlinfra wheel (None: the release `requirement` names,
+    from the index) on top of the run's lock, resolved for `platform`. `boots`: nodes install at
+    boot from their user-data (instances); else this machine makes their environment (processes)."""
 
     requirement: str | None = None
     wheel: Path | None = None
+    platform: Platform = field(default_factory=Platform.here)
+    boots: bool = True
 
 
 @dataclass
@@ -72,6 +79,7 @@ def prepare(
     argv: list[str] | None = None,
     code: Bundle | None = None,
     pins: dict[str, Any] | None = None,
+    locks: dict[Flavor, Lock] | None = None,
     *,
     typed: bool,
     upload: bool = True,
@@ -79,7 +87,8 @@ def prepare(
 ) -> Prepared:
     """Create the run record, store the code bundle, render every node's user-data into the run dir.
     `code` (a rerun's pinned bundle) replaces packing the entrypoint's directory; `pins` are extra
-    manifest fields (e.g. `rerun_of`); `typed`: the target runs nodes on their instance types.
+    manifest fields (e.g. `rerun_of`); `locks` (a rerun's) replace resolving the environment anew;
+    `typed`: the target runs nodes on their instance types.
     `upload=False` (a plan for review by a read-only role) writes the run dir alone: the user-data
     names the wheel's store URI, but nothing goes to the store. A spec whose user-data would exceed
     `user_data_limit` leaves nothing behind: it is rendered before anything is stored."""
@@ -88,19 +97,26 @@ def prepare(
         code = pack_entrypoint(spec.training.entrypoint, base)
     spec = absolute_dataset(spec, base)
     dataset = dataset_pin(spec)
+    probe = build_node_configs(spec, "RUN_ID", StoreConfig(url="file:///RUN_ID"), plan, typed=typed)
+    env = Environment.of(spec, probe, install, locks)
     run = Run.create(spec, spec_path, argv)
     store = run.store()
-    requirement, wheel_pin = install.requirement, None
-    if install.wheel is not None:  # cloud nodes install exactly this wheel, from the run's store
-        requirement = store.wheel_uri(install.wheel.name)
-        wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=requirement)
-    configs = build_node_configs(spec, run.id, run.manifest().store, plan, code, typed=typed)
+    wheel_pin = None
+    if install.wheel is not None:  # nodes install exactly this wheel, from the run's store
+        uri = store.wheel_uri(install.wheel.name)
+        wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=uri)
+    configs = env.locked(build_node_configs(spec, run.id, run.manifest().store, plan, code, typed=typed))
+    boot = boot_install(spec, install, store.lock_uri, env)
     try:
-        user_data = render_cluster(configs, node_install(spec, requirement, wheel_pin), user_data_limit)
+        user_data = render_cluster(configs, boot, user_data_limit)
     except SpecError:
         shutil.rmtree(run.dir)
         raise
     (run.dir / "code").mkdir()
+    for lock in env.locks.values():
+        if upload:
+            store.put_lock(lock.file_name, lock.text)
+        (run.dir / "code" / lock.file_name).write_text(lock.text, encoding="utf-8")
     if code is not None:
         if upload:
             store.put_bundle(code.sha256, code.data)
@@ -118,7 +134,8 @@ def prepare(
         addresses=plan.cluster(),
         bundle=code.pin() if code else None,
         wheel=wheel_pin,
-        install=requirement,
+        install=boot.source if boot else None,
+        environment=env.pins(store.lock_uri),
         dataset=dataset,
         seeds={"seed": spec.training.seed, "deterministic": spec.training.deterministic},
         **(pins or {}),
@@ -128,12 +145,86 @@ def prepare(
     return Prepared(spec, run, plan, configs, user_data, upload)
 
 
-def node_install(spec: Spec, requirement: str | None, wheel: WheelPin | None) -> Install | None:
-    """What the user-data tells a cloud node to install (nothing for local processes)."""
-    if requirement is None:
+@dataclass(frozen=True)
+class Environment:
+    """The run's locks (one per flavor its nodes run) and the index they were resolved from."""
+
+    locks: dict[Flavor, Lock]
+    index: Index
+
+    @classmethod
+    def of(
+        cls,
+        spec: Spec,
+        configs: dict[str, NodeConfig],
+        install: NodeInstall,
+        locks: dict[Flavor, Lock] | None,
+    ) -> Environment:
+        """`locks` (a rerun's) are taken as they are; else each flavor is resolved now."""
+        index = node_index(spec, install)
+        if locks is None:
+            dlinfra = str(install.wheel) if install.wheel else (install.requirement or "").partition("==")[2]
+            flavors = sorted({cfg.flavor for cfg in configs.values()})
+            locks = {
+                f: resolve(dlinfra, spec.training.requirements, f, install.platform, index) for f in flavors
+            }
+        return cls(locks, index)
+
+    def locked(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
+        """Each node's config naming the lock it must run."""
+        return {
+            n: c.model_copy(update={"lock_sha256": self.locks[c.flavor].sha256}) for n, c in configs.items()
+        }
+
+    def pins(self, code_uri: Callable[[str], str]) -> dict[str, EnvironmentPin]:
+        return {
+            flavor: EnvironmentPin(
+                file=lock.file_name,
+                sha256=lock.sha256,
+                uri=code_uri(lock.file_name),
+                platform=str(lock.platform),
+                index=self.index.shown(),
+                packages=lock.pins(),
+            )
+            for flavor, lock in sorted(self.locks.items())
+        }
+
+
+def boot_install(
+    spec: Spec, install: NodeInstall, code_uri: Callable[[str], str], env: Environment
+) -> Install | None:
+    """What the user-data tells a booting node to install (nothing for local processes): its lock,
+    then this run's wheel (by its store URI under code/) or, without one, the release in the lock."""
+    if not install.boots:
         return None
-    sha256 = wheel.sha256 if wheel else None
-    return Install(requirement, sha256, spec.aws.pip_index_url, spec.aws.pip_extra_ca)
+    source = code_uri(install.wheel.name) if install.wheel else install.requirement
+    index = env.index
+    return Install(
+        source or "",
+        file_sha256(install.wheel) if install.wheel else None,
+        spec.aws.pip_index_url or (index.url if index.url != PYPI else None),
+        spec.aws.pip_extra_ca,
+        {flavor: (code_uri(lock.file_name), lock.sha256) for flavor, lock in env.locks.items()},
+        index.extra,
+    )
+
+
+def release_requirement() -> str:
+    """What nodes install when there is no wheel to ship: exactly this dlinfra release."""
+    return f"dlinfra=={__version__}"
+
+
+def node_index(spec: Spec, install: NodeInstall) -> Index:
+    """The index the run resolves from, and its nodes install from. Booting nodes read it from
+    their user-data, so an index with credentials in it (from PIP_INDEX_URL, say) is refused."""
+    index = Index.of(spec.aws.pip_index_url, spec.aws.pip_extra_ca, os.environ)
+    if install.boots and index.has_credentials():
+        raise DlinfraError(
+            f"the package index ({index.shown()}) carries credentials, which would be written into "
+            "every node's user-data. Fix: give the nodes an index they reach without credentials in "
+            "its URL (aws.pip_index_url, e.g. a mirror inside the VPC), or run on the local target"
+        )
+    return index
 
 
 def absolute_dataset(spec: Spec, base: Path) -> Spec:

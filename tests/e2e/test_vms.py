@@ -20,7 +20,8 @@ import pytest
 from dlinfra.images.vm import shell
 from dlinfra.images.wheelhouse import serve, wheelhouse
 from e2e.conftest import deploy, start_deploy
-from support import FAKE_CREDS, IMAGE_CACHE, ec2_client, run_cli, s3_client
+from package_index import PackageIndex
+from support import FAKE_CREDS, IMAGE_CACHE, ec2_client, host_address, run_cli, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm]
 BUCKET = "dlinfra-vm-results"
@@ -110,7 +111,7 @@ def test_three_vms_train_from_the_baked_image_and_power_off(
             console = (run.run_dir / "vms" / node / "console.log").read_text(errors="replace")
             # real cloud-init ran the user-data: the install script found the baked environment
             assert re.search(
-                r"dlinfra: the image \([0-9a-f]{12}\) bakes sha256:[0-9a-f]+: no install", console
+                r"dlinfra: the image \([0-9a-f]{12}\) bakes this run's dlinfra and lock: no install", console
             )
             assert "reboot: Power down" in console, f"{node} did not power off by itself"
             assert f"{node}: the VM powered off; instance" in run.result.stdout
@@ -133,31 +134,40 @@ def test_three_vms_train_from_the_baked_image_and_power_off(
 def test_install_path_on_a_base_image_and_systemd_restarts_a_killed_agent(
     vm_env: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A VM without the baked venv: the user-data's install path copies the run's wheel from S3,
-    makes the venv and pip-installs from a private index (a wheelhouse on the host's loopback: no
-    VM needs the internet), then starts the agent's systemd unit. `kill -9` of the agent: systemd
-    starts it again, per the unit's Restart= rule."""
+    """A VM without the baked venv: the user-data's install path fetches the run's lock and wheel
+    from S3, makes the venv and installs exactly the lock (uv off the lock, then `uv pip sync` with
+    hashes) from private indexes on this machine (no VM needs the internet): a wheelhouse, and the
+    user's own package from a second index. Then the agent's systemd unit starts. `kill -9` of the
+    agent: systemd starts it again, per the unit's Restart= rule."""
     base = run_cli("image", "build", "--target", "local", "--flavor", "base", env=vm_env["env"], timeout=1800)
     assert base.returncode == 0, base.stderr
     from dlinfra.runs.wheel import node_wheel
 
     monkeypatch.setenv("DLINFRA_IMAGE_CACHE", str(IMAGE_CACHE))
     house = wheelhouse([f"{node_wheel()}[train,aws]"])
-    with serve(house) as port:
+    # one address the resolution here and the install in the VM both reach (not loopback)
+    host = host_address()
+    with serve(house, host) as port, PackageIndex(tmp_path / "index", host) as own:
+        own.publish("greeting", "1.0", {"greeting/__init__.py": "WORDS = 'hello'\n"})
         args = [
             *vm_env["args"],
             "--strategy", "multi_worker_mirrored", "--workers", "1", "--steps", "60",
             "--set", "aws.image=base",
-            # the host's loopback, as qemu's NAT shows it to a guest
-            "--set", f"aws.pip_index_url=http://10.0.2.2:{port}/simple",
+            "--set", f"aws.pip_index_url=http://{host}:{port}/simple",
+            "--set", "training.requirements=[greeting==1.0]",
         ]  # fmt: skip
-        live = start_deploy(tmp_path, *args, env=vm_env["env"])
+        env = vm_env["env"] | {"PIP_EXTRA_INDEX_URL": own.url}
+        live = start_deploy(tmp_path, *args, env=env)
         try:
             run_dir = live.run_dir
-            # boot, then venv, the wheel from S3 and TensorFlow from the wheelhouse, all emulated
-            status = _wait_for_status(live, "worker-0", lambda s: s is not None, timeout=2400)
+            # boot, then venv, the lock and the wheel from S3, the locked files from the indexes
+            status = _wait_for_status(live, "worker-0", lambda s: s and s.get("packages"), timeout=2400)
             console = (run_dir / "vms" / "worker-0" / "console.log").read_text(errors="replace")
             assert "no baked dlinfra image (/etc/dlinfra/image.json is missing): installing" in console
+            # the node runs exactly the run's lock, the user's package included, and says so
+            lock = json.loads((run_dir / "manifest.json").read_text())["environment"]["cpu"]
+            assert lock["packages"]["greeting"] == "1.0" and own.fetched("greeting-1.0-py3-none-any.whl")
+            assert status["packages"] == lock["packages"]
             sock = run_dir / "vms" / "worker-0" / "shell.sock"
             assert shell(sock, "systemctl is-active dlinfra-node").endswith("active")
             before = int(shell(sock, "systemctl show -p NRestarts --value dlinfra-node"))

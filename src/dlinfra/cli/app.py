@@ -220,19 +220,27 @@ def rerun(
         bool,
         typer.Option("--allow-unpinned", help="Rerun even what the manifest could not pin (dirty tree…)."),
     ] = False,
+    refresh_lock: Annotated[
+        bool,
+        typer.Option(
+            "--refresh-lock",
+            help="Resolve the environment anew (newest versions the requirements allow) instead of "
+            "installing the original's lock; the new run records what changed.",
+        ),
+    ] = False,
     yes: YesOpt = False,
     keep: KeepOpt = False,
     emulate_instances: EmulateOpt = None,
     *,
     overrides: Overrides,
 ) -> None:
-    """Deploy a recorded run again: its locked spec and its code bundle from the store."""
+    """Deploy a recorded run again: its locked spec, its code bundle and its environment's lock."""
     from dlinfra.deploy import Request
     from dlinfra.deploy import deploy as run_deploy
     from dlinfra.runs.rerun import load_origin
 
     started = time.time()
-    origin = load_origin(run_id, overrides, allow_unpinned)
+    origin = load_origin(run_id, overrides, allow_unpinned, refresh_lock)
     warn_hardware(origin.spec)
     for problem in origin.pins["unpinned"]:
         err.print(f"warning (--allow-unpinned): {problem}", markup=False)

@@ -3,6 +3,7 @@ every boot."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -13,7 +14,10 @@ from dlinfra.cli.console import err, out
 from dlinfra.cli.options import SpecArg, with_overrides
 
 if TYPE_CHECKING:  # loaded when a command runs: `--help` stays fast
+    from dlinfra.environment.lock import Platform
+    from dlinfra.images import Recipe
     from dlinfra.spec.loading import Overrides
+    from dlinfra.spec.model import Spec
 
 image_app = typer.Typer(
     help="Node images: the environment nodes boot into, baked once.", no_args_is_help=True
@@ -55,24 +59,50 @@ def _log(line: str) -> None:
 
 def _local(spec: Path | None, flavor: str, overrides: Overrides) -> str:
     """A qemu image (--emulate-instances=vm boots it); `base` has no node environment."""
+    from dlinfra.environment.lock import Platform
     from dlinfra.images import local
+    from dlinfra.images.vm import VM_PYTHON
     from dlinfra.runs.wheel import node_wheel
 
-    return str(local.build(flavor, node_wheel(), _log).dir)  # type: ignore[arg-type]
+    if flavor == "base":
+        return str(local.build("base", None, None, _log).dir)
+    recipe = _recipe(spec, flavor, overrides, lambda _: Platform(VM_PYTHON, "x86_64"))
+    return str(local.build(recipe.flavor, node_wheel(), recipe.lock, _log).dir)
 
 
 def _aws(spec: Path | None, flavor: str, overrides: Overrides) -> str:
     """An AMI in the spec's region (and endpoint), from the spec's base AMI."""
     from dlinfra.cli.loading import load_checked
+    from dlinfra.targets.aws import AwsTarget
+    from dlinfra.targets.aws.images import bake
+    from dlinfra.targets.base import TargetOptions
+
+    recipe = _recipe(spec, flavor, overrides, AwsTarget(TargetOptions()).node_platform)
+    return bake(load_checked(spec, overrides), recipe, _log)
+
+
+def _recipe(
+    spec_path: Path | None, flavor: str, overrides: Overrides, platform: Callable[[Spec], Platform]
+) -> Recipe:
+    """This checkout's wheel on a lock resolved now for the image's platform: dlinfra's node
+    dependencies and the experiment's `training.requirements` (a run that needs exactly these boots
+    with nothing to install)."""
+    from dlinfra.cli.loading import load_checked
+    from dlinfra.environment.lock import Index, resolve
     from dlinfra.errors import SpecError
     from dlinfra.images import Recipe
     from dlinfra.runs.wheel import node_wheel
-    from dlinfra.targets.aws.images import bake
 
     wheel = node_wheel()
     if wheel is None:
-        raise SpecError(["--target aws bakes this checkout's wheel. Fix: run it from a dlinfra checkout"])
-    return bake(load_checked(spec, overrides), Recipe(flavor, wheel), _log)  # type: ignore[arg-type]
+        raise SpecError(
+            ["dlinfra image build bakes this checkout's wheel. Fix: run it from a dlinfra checkout"]
+        )
+    spec = load_checked(spec_path, overrides)
+    index = Index.of(spec.aws.pip_index_url, spec.aws.pip_extra_ca, os.environ)
+    lock = resolve(str(wheel), spec.training.requirements, flavor, platform(spec), index)  # type: ignore[arg-type]
+    _log(f"lock {lock.sha256[:12]}: {len(lock.pins())} packages for {lock.platform} ({index.shown()})")
+    return Recipe(flavor, wheel, lock)  # type: ignore[arg-type]
 
 
 # Where an image goes → the flavors it can hold and its builder.

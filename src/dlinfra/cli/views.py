@@ -342,8 +342,13 @@ def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]
         )
     )
     cells = [compare_cells(r) for r in rows]
+    packages = [
+        Text(f"packages, {r['label']} against {rows[0]['label']}: {', '.join(r['packages_vs_first'])}")
+        for r in rows[1:]
+        if r["packages_vs_first"]
+    ]
     if _width([[c, *(row[i] for row in cells)] for i, c in enumerate(COLUMNS)]) <= width:
-        return [_table(list(COLUMNS), cells), note]
+        return [_table(list(COLUMNS), cells), *packages, note]
     metrics = list(COLUMNS[1:])
     per_run = [[r["label"], *cell[1:]] for r, cell in zip(rows, cells, strict=True)]
     for run in per_run:
@@ -358,7 +363,7 @@ def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]
     parts.append(_transposed(metrics, group))
     legend = [f"{r['label']} = {r['run']}" for r in rows if r["label"] != r["run"]]
     legend = [line if cell_len(line) <= width else line.replace(" = ", " =\n    ") for line in legend]
-    return [*parts, *(Text(line) for line in legend), note]
+    return [*parts, *(Text(line) for line in legend), *packages, note]
 
 
 def _transposed(metrics: list[str], runs: list[list[str]]) -> Table:

@@ -7,7 +7,8 @@ TensorFlow build), baked once by one recipe instead of pip-installed at every bo
     targets/aws/images.py   the same recipe on a builder instance → an AMI
 
 Every image carries /etc/dlinfra/image.json (an ImageRecord); a booting node compares it with the
-wheel it was told to run and skips pip when they match.
+wheel and the lock it was told to run, installs nothing when both match, and only the difference
+when the lock differs (a run with its own `training.requirements` on an image of dlinfra's alone).
 """
 
 from __future__ import annotations
@@ -26,14 +27,13 @@ import jinja2
 from pydantic import BaseModel, ConfigDict
 
 from dlinfra import __version__
+from dlinfra.environment.lock import Flavor, Lock
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.run import home
 
-Flavor = Literal["cpu", "gpu"]
 FLAVORS: tuple[Flavor, ...] = ("cpu", "gpu")
 IMAGE_JSON_PATH = "/etc/dlinfra/image.json"
 VENV = "/opt/dlinfra"
-EXTRAS: dict[str, str] = {"cpu": "train,aws", "gpu": "train-gpu,aws"}
 
 
 def images_home() -> Path:
@@ -71,12 +71,16 @@ class ImageRecord(BaseModel):
     recipe_digest: str
     builder: Literal["local", "aws"]
     tensorflow: str | None = None  # "tensorflow-cpu 2.21.0", filled in by the recipe from the venv
+    lock_sha256: str | None = None  # the environment lock it holds exactly (None: an older image)
 
 
 @dataclass(frozen=True)
 class Recipe:
+    """An image of `flavor`: exactly `lock` (every package, hash-pinned), then `wheel` (dlinfra)."""
+
     flavor: Flavor
     wheel: Path
+    lock: Lock
 
     @property
     def wheel_sha256(self) -> str:
@@ -84,10 +88,10 @@ class Recipe:
 
     @property
     def digest(self) -> str:
-        """What goes into the image, not where pip fetches it from: the recipe itself, the flavor and
-        the wheel. Equal digests mean equal node environments, on any backend."""
+        """What goes into the image, not where pip fetches it from: the recipe itself, the flavor, the
+        lock and the wheel. Equal digests mean equal node environments, on any backend."""
         h = hashlib.sha256()
-        for part in (_template_source(), self.flavor, self.wheel_sha256, __version__):
+        for part in (_template_source(), self.flavor, self.lock.sha256, self.wheel_sha256, __version__):
             h.update(part.encode() + b"\0")
         return h.hexdigest()
 
@@ -99,11 +103,15 @@ class Recipe:
             wheel_sha256=self.wheel_sha256,
             recipe_digest=self.digest,
             builder=builder,
+            lock_sha256=self.lock.sha256,
         )
 
-    def render(self, wheel_path: str, pip_options: str, builder: Literal["local", "aws"]) -> str:
-        """The script for one backend: `wheel_path` is where the wheel sits in the build environment,
-        `pip_options` where pip finds the dependencies (a copied-in wheelhouse, a private index)."""
+    def render(
+        self, wheel_path: str, lock_path: str, pip_options: str, builder: Literal["local", "aws"]
+    ) -> str:
+        """The script for one backend: `wheel_path` and `lock_path` are where the wheel and the lock
+        sit in the build environment, `pip_options` where pip finds the locked files (a copied-in
+        wheelhouse, a private index)."""
         record_json = json.dumps(self.record(builder).model_dump(mode="json"), sort_keys=True)
         if "'" in record_json:
             raise ValueError("an image record may not contain a single quote")  # it sits in '...'
@@ -111,7 +119,7 @@ class Recipe:
             flavor=self.flavor,
             venv=VENV,
             wheel_path=wheel_path,
-            extras=EXTRAS[self.flavor],
+            lock_path=lock_path,
             pip_options=pip_options,
             record_json=record_json,
             digest=self.digest[:16],

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from dlinfra.environment.lock import Lock
 from dlinfra.errors import DlinfraError
-from dlinfra.images import EXTRAS, IMAGE_JSON_PATH, ImageRecord, Recipe, images_home
+from dlinfra.images import IMAGE_JSON_PATH, ImageRecord, Recipe, images_home
 from dlinfra.images.wheelhouse import wheelhouse
+from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.records import ImagePin
 
 Log = Callable[[str], None]
@@ -99,25 +101,39 @@ def image_key(flavor: LocalFlavor, recipe: Recipe | None) -> str:
     return f"{flavor}-{h.hexdigest()[:16]}"
 
 
-def _planned(flavor: LocalFlavor, wheel: Path | None) -> tuple[LocalImage, Recipe | None]:
-    """Where the image of `flavor` (and this wheel) lives, built or not, and the recipe it bakes."""
-    recipe = Recipe(flavor, wheel) if flavor != "base" and wheel is not None else None
+def _planned(flavor: LocalFlavor, wheel: Path | None, lock: Lock | None) -> tuple[LocalImage, Recipe | None]:
+    """Where the image of `flavor` (and this wheel and lock) lives, built or not, and its recipe."""
+    recipe = None
+    if flavor != "base" and wheel is not None and lock is not None:
+        recipe = Recipe(flavor, wheel, lock)
     return LocalImage(images_home() / image_key(flavor, recipe)), recipe
 
 
-def find(flavor: LocalFlavor, wheel: Path | None) -> LocalImage | None:
-    image, _ = _planned(flavor, wheel)
-    return image if image.rootfs.is_file() else None
+def find(flavor: LocalFlavor, wheel: Path | None, lock_sha256: str | None = None) -> LocalImage | None:
+    """The newest built image of `flavor` that bakes this wheel (`base`: the one without a node
+    environment), preferring one that holds exactly `lock_sha256`."""
+    if flavor == "base":
+        image, _ = _planned("base", None, None)
+        return image if image.rootfs.is_file() else None
+    wheel_sha256 = file_sha256(wheel) if wheel is not None else None
+    found = [
+        LocalImage(disk.parent)
+        for disk in sorted(images_home().glob(f"{flavor}-*/rootfs.img"), key=lambda p: p.stat().st_mtime)
+    ]
+    found = [i for i in found if (r := i.record) is not None and r.wheel_sha256 == wheel_sha256]
+    exact = [i for i in found if i.record is not None and i.record.lock_sha256 == lock_sha256]
+    candidates = exact or found
+    return candidates[-1] if candidates else None
 
 
-def build(flavor: LocalFlavor, wheel: Path | None, log: Log) -> LocalImage:
-    """The image for `flavor` (and this wheel), from the cache or built now (a few minutes)."""
-    if flavor != "base" and wheel is None:
+def build(flavor: LocalFlavor, wheel: Path | None, lock: Lock | None, log: Log) -> LocalImage:
+    """The image for `flavor` (and this wheel and lock), from the cache or built now (minutes)."""
+    if flavor != "base" and (wheel is None or lock is None):
         raise DlinfraError(
             "a node image bakes a dlinfra wheel, and this dlinfra is not a source checkout. "
             "Fix: run `dlinfra image build` from a checkout of dlinfra"
         )
-    image, recipe = _planned(flavor, wheel)
+    image, recipe = _planned(flavor, wheel, lock)
     if image.rootfs.is_file():
         log(f"image {image.dir.name}: cached at {image.dir}")
         return image
@@ -213,16 +229,21 @@ def _bootstrap(log: Log) -> Path:
 
 
 def _bake(tree: Path, recipe: Recipe, log: Log) -> None:
-    """Run the recipe as root in the tree's chroot, offline: pip installs from a staged wheelhouse."""
-    requirements = [f"{recipe.wheel}[{EXTRAS[recipe.flavor]}]", "awscli", "py-spy>=0.3.14"]
-    log(f"recipe {recipe.digest[:12]}: downloading wheels ({', '.join(requirements)})")
-    house = wheelhouse(requirements)
+    """Run the recipe as root in the tree's chroot, offline: pip installs the lock from a staged
+    wheelhouse of exactly the locked files."""
     stage = tree / "tmp" / "dlinfra-build"
+    stage.mkdir(parents=True)
+    (stage / "env.lock").write_text(recipe.lock.text, encoding="utf-8")
+    log(f"recipe {recipe.digest[:12]}: downloading the lock's {len(recipe.lock.pins())} wheels")
+    house = wheelhouse(["--no-deps", "--require-hashes", "-r", str(stage / "env.lock")])
     shutil.copytree(house, stage / "wheelhouse", ignore=shutil.ignore_patterns("simple"))
     shutil.copy2(recipe.wheel, stage / recipe.wheel.name)
     inside = "/tmp/dlinfra-build"
     script = recipe.render(
-        f"{inside}/{recipe.wheel.name}", f"--no-index --find-links {inside}/wheelhouse", "local"
+        f"{inside}/{recipe.wheel.name}",
+        f"{inside}/env.lock",
+        f"--no-index --find-links {inside}/wheelhouse",
+        "local",
     )
     (stage / "recipe.sh").write_text(script, encoding="utf-8")
     log(f"recipe {recipe.digest[:12]}: baking the {recipe.flavor} environment")

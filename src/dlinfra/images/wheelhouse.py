@@ -69,9 +69,9 @@ class _Quiet(SimpleHTTPRequestHandler):
 
 
 @contextmanager
-def serve(root: Path) -> Iterator[int]:
-    """Serve `root` read-only on 127.0.0.1 (a free port, yielded) while the block runs."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(root)))
+def serve(root: Path, host: str = "127.0.0.1") -> Iterator[int]:
+    """Serve `root` read-only on `host` (a free port, yielded) while the block runs."""
+    server = ThreadingHTTPServer((host, 0), partial(_Quiet, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

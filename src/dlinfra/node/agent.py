@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dlinfra.contract import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
+from dlinfra.environment.installed import check
 from dlinfra.errors import DlinfraError
 from dlinfra.node import devices, serving, spot
 from dlinfra.node.beacon import port_open
@@ -59,6 +60,8 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         status.update(state=f"restarting in {delay:.0f}s")
         time.sleep(delay)
     try:
+        if cfg.lock_sha256 and (problem := _off_lock(cfg, status)):
+            return _give_up(cfg, store, status, problem, "", verdict="environment")
         serves = cfg.strategy == "parameter_server" and cfg.role != "chief"
         if serves and cfg.gpus == 0:  # nothing to check on a CPU node that only serves: see serving
             return _serve(cfg, store, status, devices.inter_op_threads(), lean=True)
@@ -82,6 +85,16 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
             status.stop(state="lost peer", error=error[:500])
             return EXIT_RETRY
         return _give_up(cfg, store, status, error, trace)
+
+
+def _off_lock(cfg: NodeConfig, status: NodeStatus) -> str | None:
+    """Check this interpreter against the node's lock, and report what it runs."""
+    assert cfg.lock_sha256 is not None
+    packages, problem = check(cfg.name, cfg.lock_sha256)
+    status.update(packages=packages)
+    if problem is None:
+        print(f"environment: the run's lock {cfg.lock_sha256[:12]}, {len(packages)} packages", flush=True)
+    return problem
 
 
 def _give_up(

@@ -5,35 +5,45 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 import jinja2
 import yaml
 
-from dlinfra.contract import NO_RESTART_EXIT_CODES, NODE_JSON_PATH, NodeConfig
+from dlinfra.contract import LOCK_PATH, NO_RESTART_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 from dlinfra.errors import SpecError
-from dlinfra.images import IMAGE_JSON_PATH, VENV, flavor_for, pip_options
+from dlinfra.images import IMAGE_JSON_PATH, VENV, pip_options
 
 WHEEL_DIR = "/opt/dlinfra-wheel"
 
 
 @dataclass(frozen=True)
 class Install:
-    """What a cloud node installs when its image does not already hold it: `source` is the s3:// URI
-    of this run's dlinfra wheel (`wheel_sha256` its digest) or a release pin (``dlinfra==0.1.0``).
-    `index_url` and `extra_ca` (PEM text) point pip at a private mirror and trust its CA."""
+    """What a cloud node installs when its image does not already hold it: its flavor's lock from
+    `locks` (flavor → (s3 URI, sha256)), then `source`: the s3:// URI of this run's dlinfra wheel
+    (`wheel_sha256` its digest), or a release pin (``dlinfra==0.1.0``, in the lock itself).
+    `index_url`, `extra_index` and `extra_ca` (PEM text): the mirror the lock was resolved from."""
 
     source: str
     wheel_sha256: str | None = None
     index_url: str | None = None
     extra_ca: str | None = None
+    locks: dict[str, tuple[str, str]] = field(default_factory=dict)
+    extra_index: tuple[str, ...] = ()
 
     @property
     def want(self) -> str:
         """How a baked image's record must name it for the node to skip installing."""
         return f"sha256:{self.wheel_sha256}" if self.wheel_sha256 else self.source
+
+    def uv_options(self) -> str:
+        options = [f"--index-url {shlex.quote(self.index_url)}"] if self.index_url else []
+        options += [f"--extra-index-url {shlex.quote(url)}" for url in self.extra_index]
+        if self.extra_ca:  # update-ca-certificates added it to the system's roots
+            options.append("--native-tls")
+        return "".join(f"{option} " for option in options)
 
 
 @cache
@@ -50,27 +60,22 @@ def _template() -> jinja2.Template:
     return env.get_template("user-data.yaml.j2")
 
 
-def node_extras(config: NodeConfig) -> str:
-    """dlinfra's extras a node installs: the GPU build of TensorFlow only where it trains on GPUs
-    (3 GB of CUDA wheels), the CPU build everywhere else."""
-    return "train-gpu,aws" if config.gpus else "train,aws"
-
-
 def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
-    """The user-data for one node; local nodes already have dlinfra and get no `install`. Each
-    node installs the extras it needs: the GPU or the CPU build of TensorFlow."""
+    """The user-data for one node; local nodes run where they are made and get no `install`. Each
+    node installs its flavor's lock: the GPU or the CPU build of TensorFlow."""
     node_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
-    wheel = pip_target = None
+    wheel = lock_uri = lock_sha256 = None
     pip_install_options = ""
     if install:
-        extras = node_extras(config)
-        if install.source.startswith("s3://"):
+        if install.source.endswith(".whl"):
             wheel = install.source.rsplit("/", 1)[-1]
-            pip_target = f"{WHEEL_DIR}/{wheel}[{extras}]"
-        else:
-            name, pin, version = install.source.partition("==")
-            pip_target = f"{name}[{extras}]{pin}{version}"
-        if options := pip_options(install.index_url, install.extra_ca is not None):
+        if config.flavor not in install.locks:
+            raise ValueError(f"no {config.flavor} lock for node {config.name}")
+        lock_uri, lock_sha256 = install.locks[config.flavor]
+        options = pip_options(install.index_url, install.extra_ca is not None)
+        for url in install.extra_index:
+            options += f" {pip_options(url, False).replace('--index-url', '--extra-index-url')}"
+        if options := options.strip():
             pip_install_options = options + " "
     return _template().render(
         config=config,
@@ -79,12 +84,16 @@ def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
         image_json_path=IMAGE_JSON_PATH,
         install=install.source if install else None,
         want=install.want if install else None,
-        flavor=flavor_for(config.gpus),
+        flavor=config.flavor,
         wheel=wheel,
         wheel_sha256=install.wheel_sha256 if install else None,
         wheel_dir=WHEEL_DIR,
-        pip_target=pip_target,
+        lock_uri=lock_uri,
+        lock_sha256=lock_sha256,
+        lock_path=LOCK_PATH,
+        lock_dir=str(Path(LOCK_PATH).parent),
         pip_options=pip_install_options,
+        uv_options=install.uv_options() if install else "",
         extra_ca=install.extra_ca.strip() if install and install.extra_ca else None,
         tensorflow_build=f"GPU (tensorflow[and-cuda]) for {config.gpus} GPU(s)"
         if config.gpus

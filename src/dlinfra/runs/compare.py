@@ -122,9 +122,14 @@ def _spot_columns(spec: Spec, manifest: Manifest, wall: float | None, typed: boo
 
 def compare(refs: list[str]) -> list[dict[str, Any]]:
     """Rows of the runs `refs` name (ids, short ids, @last~N), each with a short label."""
-    rows = [row(Run.open(ref)) for ref in refs]
+    runs = [Run.open(ref) for ref in refs]
+    rows = [row(run) for run in runs]
     for r, label in zip(rows, short_labels([r["run"] for r in rows]), strict=True):
         r["label"] = label
+    # the first question when two runs disagree: did they run the same packages?
+    first = runs[0].manifest() if runs else None
+    for r, run in zip(rows, runs, strict=True):
+        r["packages_vs_first"] = lock_changes(first, run.manifest()) if first else []
     return rows
 
 
@@ -165,3 +170,26 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def lock_changes(old: Manifest, new: Manifest) -> list[str]:
+    """What a refreshed lock changed, package by package: "name a → b", "+name b", "-name a"."""
+    changes = []
+    for flavor in sorted(set(old.environment) | set(new.environment)):
+        a = old.environment[flavor].packages if flavor in old.environment else {}
+        b = new.environment[flavor].packages if flavor in new.environment else {}
+        prefix = f"{flavor}: " if len(new.environment) > 1 else ""
+        changes += package_diff(a, b, prefix)
+    return changes
+
+
+def package_diff(a: dict[str, str], b: dict[str, str], prefix: str = "") -> list[str]:
+    out = []
+    for name in sorted(set(a) | set(b)):
+        if name not in b:
+            out.append(f"{prefix}-{name} {a[name]}")
+        elif name not in a:
+            out.append(f"{prefix}+{name} {b[name]}")
+        elif a[name] != b[name]:
+            out.append(f"{prefix}{name} {a[name]} \u2192 {b[name]}")
+    return out

@@ -11,6 +11,7 @@
     debug/request.json            a request for stack dumps; debug/<node>.stacks.txt: the dumps
     notices/<node>.<ms>.json      Notice: a spot notice a node's beacon saw, and how the node left
     code/bundle-<sha256>.tar.gz   the user's code; code/<wheel>: the dlinfra that cloud nodes install
+    code/env-<flavor>.lock        the run's environment, locked with hashes (cpu or gpu build of TF)
     terraform/                    the provider lock file and tfvars of a cloud run
 
 No other module names a key: they ask a RunStore.
@@ -236,6 +237,16 @@ class RunStore:
 
     def wheel(self, name: str, sha256: str) -> bytes:
         return self._pinned(f"code/{name}", sha256)
+
+    def put_lock(self, name: str, text: str) -> str:
+        self.store.put_bytes(f"code/{name}", text.encode())
+        return self.lock_uri(name)
+
+    def lock_uri(self, name: str) -> str:
+        return self.store.uri(f"code/{name}")
+
+    def lock(self, name: str, sha256: str) -> str:
+        return self._pinned(f"code/{name}", sha256).decode()
 
     def put_terraform_pins(self, lock_file: Path, tfvars_text: str) -> None:
         """A cloud run's provider lock and inputs: what a rerun months later must apply again."""

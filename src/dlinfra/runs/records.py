@@ -51,6 +51,7 @@ class NodeState(Record):
     resumed_from: int | None = None
     progress_at: float | None = None  # when the trainer began training or last reported a step
     devices: list[str] | None = None  # what TensorFlow sees on the node: "GPU:0 Tesla T4 15 GiB", "CPU:0"
+    packages: dict[str, str] | None = None  # what the node runs of its lock's packages: name → version
     # when this life reached each startup phase (epoch seconds): spawned, up, tensorflow, peers, program,
     # first step (contract.PHASES); `dlinfra show` and deploy's result say where the seconds went
     phases: dict[str, float] = Field(default_factory=dict)
@@ -198,6 +199,17 @@ class WheelPin(BaseModel):
     uri: str
 
 
+class EnvironmentPin(BaseModel):
+    """One flavor's lock: the file in code/, its digest, what it was resolved for and from."""
+
+    file: str  # env-cpu.lock
+    sha256: str
+    uri: str
+    platform: str  # "Python 3.11 on linux/x86_64"
+    index: str  # the index(es) it was resolved from, credentials masked
+    packages: dict[str, str] = Field(default_factory=dict)  # name → version
+
+
 class ImagePin(BaseModel):
     """The image nodes booted: an AMI id or a local image's name; `digest` its recipe digest
     (None: a base image, whose nodes installed at boot)."""
@@ -252,6 +264,8 @@ class Manifest(Record):
     bundle: BundlePin | None = None
     wheel: WheelPin | None = None
     install: str | None = None
+    environment: dict[str, EnvironmentPin] = Field(default_factory=dict)  # flavor → its lock
+    lock_changes: list[str] | None = None  # rerun --refresh-lock: "name a → b" against the original
     images: dict[str, ImagePin] = Field(default_factory=dict)  # role → the image it booted
     ami_id: str | None = None  # aws: the base AMI the plan resolved (aws.ami or the SSM parameter)
     dataset: dict[str, Any] | None = None

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
-from dlinfra.runs.records import Notice
+from dlinfra.runs.records import Manifest, Notice
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
 from dlinfra.spec.hardware import cluster_hardware
@@ -122,8 +122,18 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         **({"ami": manifest.ami_id} if manifest.ami_id else {}),
         **({"spot": spot_summary(metrics.interruptions, metrics.rebalances)} if metrics else {}),
         **({"startup": describe(steps)} if (steps := _startup(run)) else {}),
+        **({"environment": _environment(manifest)} if manifest.environment else {}),
         "metrics": shown,
         "manifest": manifest.model_dump(mode="json"),
+    }
+
+
+def _environment(manifest: Manifest) -> dict[str, str]:
+    """Each flavor's lock and every package it pins, as `show` lists them."""
+    return {
+        flavor: f"lock {pin.sha256[:12]} ({pin.file}, {pin.platform}, {pin.index}); {len(pin.packages)} "
+        f"packages: " + ", ".join(f"{name} {version}" for name, version in sorted(pin.packages.items()))
+        for flavor, pin in sorted(manifest.environment.items())
     }
 
 

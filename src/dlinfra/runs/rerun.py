@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dlinfra.environment.lock import Flavor, Lock
 from dlinfra.errors import SpecError
 from dlinfra.runs.bundle import Bundle
 from dlinfra.runs.records import Manifest, WheelPin
@@ -25,7 +26,8 @@ class Origin:
     spec: Spec
     code: Bundle | None
     pins: dict[str, Any]  # manifest fields of the new run: rerun_of, the original's git state, gaps
-    wheel: Path | None  # aws: the dlinfra wheel the original nodes installed
+    wheel: Path | None  # the dlinfra wheel the original nodes installed
+    locks: dict[Flavor, Lock] | None  # the original's environment (None: resolve anew, --refresh-lock)
 
 
 def unpinned(manifest: Manifest) -> list[str]:
@@ -48,7 +50,9 @@ def unpinned(manifest: Manifest) -> list[str]:
     return gaps
 
 
-def load_origin(run_id: str, overrides: Overrides, allow_unpinned: bool) -> Origin:
+def load_origin(
+    run_id: str, overrides: Overrides, allow_unpinned: bool, refresh_lock: bool = False
+) -> Origin:
     run = Run.open(run_id)
     manifest = run.manifest()
     gaps = unpinned(manifest)
@@ -67,7 +71,28 @@ def load_origin(run_id: str, overrides: Overrides, allow_unpinned: bool) -> Orig
     pins = {"rerun_of": run.id, "unpinned": gaps, "git": manifest.git, "spec_path": manifest.spec_path}
     # the images the original booted: its target boots them again (see the target's plan)
     pins |= {"images": manifest.images, "ami_id": manifest.ami_id}
-    return Origin(spec, code, pins, wheel)
+    locks = None if refresh_lock else original_locks(run, manifest)
+    if refresh_lock:
+        pins["lock_changes"] = []  # filled in once the new locks exist (see lock_changes)
+    return Origin(spec, code, pins, wheel, locks)
+
+
+def original_locks(run: Run, manifest: Manifest) -> dict[Flavor, Lock] | None:
+    """The locks the original run's nodes installed, from its run dir or store, checked against
+    their pins (None: a run recorded before locks, whose rerun resolves anew)."""
+    if not manifest.environment:
+        return None
+    locks: dict[Flavor, Lock] = {}
+    for flavor, pin in manifest.environment.items():
+        local = run.dir / "code" / pin.file
+        text = (
+            local.read_text(encoding="utf-8") if local.is_file() else run.store().lock(pin.file, pin.sha256)
+        )
+        lock = Lock(text, flavor)  # type: ignore[arg-type]
+        if lock.sha256 != pin.sha256:
+            raise SpecError([f"rerun {run.id}: {local} does not match its pinned sha256 {pin.sha256[:12]}"])
+        locks[flavor] = lock  # type: ignore[index]
+    return locks
 
 
 def _original_wheel(run: Run, pin: WheelPin) -> Path:

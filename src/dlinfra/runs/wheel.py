@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from dlinfra import __version__
+from dlinfra.environment.venvs import cache_home
 from dlinfra.errors import DlinfraError
-from dlinfra.runs.run import home
 
 SOURCE_ROOT = Path(__file__).resolve().parents[3]
 
@@ -37,7 +37,7 @@ def node_wheel() -> Path | None:
     """This source tree as a wheel (cached by content), or None when not running from source."""
     if not (SOURCE_ROOT / "pyproject.toml").is_file() or not (SOURCE_ROOT / "src" / "dlinfra").is_dir():
         return None
-    out = home() / "wheels" / _source_digest(SOURCE_ROOT)[:16]
+    out = cache_home() / "wheels" / _source_digest(SOURCE_ROOT)[:16]  # by content: shared by runs
     wheels = sorted(out.glob(f"dlinfra-{__version__}-*.whl"))
     if wheels:
         return wheels[0]

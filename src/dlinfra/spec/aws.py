@@ -80,6 +80,11 @@ class AwsSpec(StrictModel):
         "an ARM one); default: the Deep Learning Base OSS Nvidia Driver GPU AMI's. A run records the "
         "AMI it resolved, and its reruns boot that one.",
     )
+    python: Literal["3.10", "3.11", "3.12", "3.13"] = Field(
+        "3.12",
+        description="The Python of the nodes' image, which the run's environment is locked for "
+        "(3.12: the default Deep Learning AMI's, Ubuntu 24.04).",
+    )
     vpc_cidr: str = "10.42.0.0/16"
     subnet_cidr: str = Field("10.42.1.0/24", description="The cluster's subnet, inside vpc_cidr.")
     public_subnet_cidr: str | None = Field(

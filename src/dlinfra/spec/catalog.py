@@ -8,6 +8,7 @@ type or region missing from it is a warning, never a guess.
 
 from __future__ import annotations
 
+import re
 from functools import cache, cached_property
 from pathlib import Path
 
@@ -76,3 +77,9 @@ class Catalog(BaseModel):
 @cache
 def catalog() -> Catalog:
     return Catalog.model_validate_json(CATALOG_PATH.read_text(encoding="utf-8"))
+
+
+def machine_of(instance_type: str) -> str:
+    """The architecture an instance type runs: Graviton families carry a g after their generation
+    (m7g, c6gn, t4g); GPU families (g5, g4dn) start with it."""
+    return "aarch64" if re.match(r"^[a-z]+\d+g", instance_type) else "x86_64"

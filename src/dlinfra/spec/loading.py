@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ValidationError
 
 from dlinfra.errors import SpecError
+from dlinfra.spec import requirements
 from dlinfra.spec.errors import describe, located
 from dlinfra.spec.input import (
     CREDENTIAL_FIX,
@@ -88,6 +89,7 @@ def load_spec(
         keys = tuple(dotted.split("."))
         _set_path(data, keys, value, flag, source)
         flag_of[keys] = flag
+    _read_requirements(data, Path(path).absolute().parent if path else Path.cwd(), source)
     secrets = credentials_in(data)
     if secrets:
         raise SpecError(
@@ -111,6 +113,13 @@ def load_spec(
     if found:
         raise SpecError([located(source, lines, flag_of, p.loc, p.message, p.fix) for p in found])
     return spec
+
+
+def _read_requirements(data: dict[str, Any], base: Path, source: str) -> None:
+    """`training.requirements: path/to/requirements.txt` becomes the list the file holds."""
+    training = data.get("training")
+    if isinstance(training, dict) and isinstance(training.get("requirements"), str):
+        training["requirements"] = requirements.read_file(training["requirements"], base, source)
 
 
 def _set_path(data: dict[str, Any], keys: tuple[str, ...], value: Any, flag: str, source: str) -> None:

@@ -25,6 +25,8 @@ from dlinfra.spec.aws import AwsSpec
 from dlinfra.spec.grammar import INSTANCE_TYPE_RE, NAME_RE, S3_URL_RE, http_url
 from dlinfra.spec.input import StrictModel, shown
 from dlinfra.spec.layers import ModelSpec
+from dlinfra.spec.requirements import FORM_FIX as REQUIREMENT_FIX
+from dlinfra.spec.requirements import problem as requirement_problem
 
 STORE_SCHEMES = ("file://", "s3://")
 DATA_SCHEMES = ("file://", "s3://", "https://", "http://")
@@ -224,6 +226,11 @@ class TrainingSpec(StrictModel):
     entrypoint: str | None = Field(
         None, description="User code 'path/to/file.py:function' returning a dlinfra.training.UserProgram."
     )
+    requirements: list[str] = Field(
+        default_factory=list,
+        description="Packages the entrypoint imports beyond dlinfra's own (PEP 508 strings), or the path "
+        "of a requirements file beside the experiment file. Locked with hashes once per run.",
+    )
     batch_size: int = Field(
         64,
         ge=1,
@@ -255,6 +262,14 @@ class TrainingSpec(StrictModel):
         description="multi_worker_mirrored: linear multiplies learning_rate by the replica count "
         "(the global batch grows with it); none uses it as given.",
     )
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements_form(cls, v: list[str]) -> list[str]:
+        problems = [f"[{i}] {why}" for i, text in enumerate(v) if (why := requirement_problem(text))]
+        if problems:
+            raise ValueError(f"{'; '.join(problems)}. Fix: {REQUIREMENT_FIX}")
+        return v
 
     @field_validator("entrypoint")
     @classmethod

@@ -70,9 +70,9 @@ class Target(Protocol):
         """Where every node listens, known before any node exists."""
         ...
 
-    def node_install(self, pinned_wheel: Path | None = None, ship_wheel: bool = True) -> NodeInstall:
-        """`pinned_wheel`: a rerun's original dlinfra wheel, for targets whose nodes install one.
-        `ship_wheel=False`: only the requirement (nothing is built; for `dlinfra render`)."""
+    def node_install(self, spec: Spec, pinned_wheel: Path | None = None) -> NodeInstall:
+        """The dlinfra the nodes run (`pinned_wheel`: a rerun's original wheel) and the platform
+        their environment is locked for."""
         ...
 
     def capacity(self, spec: Spec) -> list[str]:

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from dlinfra.contract import NodeConfig
+from dlinfra.environment import venvs
+from dlinfra.environment.lock import Index, Lock, Platform
 from dlinfra.errors import DlinfraError
 from dlinfra.node.supervision import is_replaced, should_restart
-from dlinfra.prepare import NodeInstall
+from dlinfra.prepare import NodeInstall, release_requirement
 from dlinfra.render import AddressPlan, loopback_plan, node_config_from_user_data
 from dlinfra.render.addresses import free_ports
 from dlinfra.spec.pricing import HourlyCost
@@ -51,8 +53,11 @@ class LocalTarget:
             self.network = private_network.choose(spec)
         return self.network
 
-    def node_install(self, pinned_wheel: Path | None = None, ship_wheel: bool = True) -> NodeInstall:
-        return NodeInstall()  # the nodes run this very interpreter
+    def node_install(self, spec: Spec, pinned_wheel: Path | None = None) -> NodeInstall:
+        """The nodes run in a venv made here from the run's lock, for this machine's Python."""
+        from dlinfra.runs.wheel import node_wheel
+
+        return NodeInstall(release_requirement(), pinned_wheel or node_wheel(), Platform.here(), boots=False)
 
     def capacity(self, spec: Spec) -> list[str]:
         """Every node is a process of this machine: it must hold them all (local_capacity)."""
@@ -84,6 +89,7 @@ class LocalTarget:
             restart_together=mirrored,
             namespace=namespace,
             record=lambda pids: prepared.run.update_manifest(pids=pids),
+            environments=node_environments(prepared, self.options.log),
         )
         try:
             cluster.start(prepared.user_data)
@@ -127,6 +133,32 @@ class NodeProcess:
     log: Path
 
 
+@dataclass(frozen=True)
+class NodeEnv:
+    python: Path  # of the run's environment for a flavor
+    lock_file: Path  # the lock it was made from (the node checks itself against it)
+
+
+def node_environments(prepared: Prepared, log: Callable[[str], None]) -> dict[str, NodeEnv]:
+    """Each flavor's environment of a run whose nodes are processes here, made from its lock (and
+    the run's wheel) or found in the cache: what an instance's install.sh does at boot."""
+    run, spec = prepared.run, prepared.spec
+    manifest = run.manifest()
+    index = Index.of(spec.aws.pip_index_url, spec.aws.pip_extra_ca, os.environ)
+    wheel = run.dir / "code" / manifest.wheel.name if manifest.wheel else None
+    out = {}
+    for flavor, pin in manifest.environment.items():
+        lock_file = run.dir / "code" / pin.file
+        lock = Lock(lock_file.read_text(encoding="utf-8"), flavor)  # type: ignore[arg-type]
+        t0 = time.monotonic()
+        env = venvs.ensure(lock, wheel, manifest.wheel.sha256 if manifest.wheel else None, index)
+        took = time.monotonic() - t0
+        made = f"made in {took:.1f}s" if took > 0.5 else "cached"
+        log(f"environment ({flavor}): lock {pin.sha256[:12]}, {len(pin.packages)} packages, {made}: {env}")
+        out[flavor] = NodeEnv(venvs.python_of(env), lock_file)
+    return out
+
+
 @dataclass
 class LocalCluster:
     """Starts, supervises and tears down one process group per node.
@@ -148,7 +180,9 @@ class LocalCluster:
     namespace: private_network.Namespace | None = None
     record: Callable[[dict[str, int]], object] = lambda pids: None
     replace_interrupted: bool = True
+    environments: dict[str, NodeEnv] = field(default_factory=dict)  # flavor → where its nodes run
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
+    _flavors: dict[str, str] = field(default_factory=dict)
     _loopback: dict[str, str] = field(default_factory=dict)
 
     def start(self, user_data: dict[str, str]) -> None:
@@ -162,6 +196,7 @@ class LocalCluster:
         for name in sorted(configs, key=lambda n: not n.startswith("chief")):
             config_path = self.run_dir / "nodes" / f"{name}.json"
             config_path.write_text(configs[name].model_dump_json(indent=2), encoding="utf-8")
+            self._flavors[name] = configs[name].flavor
             self._launch(name)
         self.record(self.pids())
 
@@ -178,8 +213,9 @@ class LocalCluster:
 
     def _launch(self, name: str) -> None:
         log = self.run_dir / "logs" / f"{name}.log"
+        env = self.environments.get(self._flavors.get(name, "cpu"))
         argv = [
-            sys.executable,
+            str(env.python) if env else sys.executable,
             "-m",
             "dlinfra",
             "node",
@@ -196,7 +232,11 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                env=dict(
+                    os.environ,
+                    PYTHONUNBUFFERED="1",
+                    **({"DLINFRA_LOCK_FILE": str(env.lock_file)} if env else {}),
+                ),
                 start_new_session=True,  # own process group: teardown reaches TF's children too
             )
         self.nodes[name] = NodeProcess(name, process, log)

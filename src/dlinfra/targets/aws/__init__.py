@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from dlinfra import __version__
-from dlinfra.prepare import NodeInstall
+from dlinfra.environment.lock import Platform
+from dlinfra.images.vm import VM_PYTHON
+from dlinfra.prepare import NodeInstall, release_requirement
 from dlinfra.render import AddressPlan, private_ip_plan
 from dlinfra.runs.records import ImagePin, PlanCounts
+from dlinfra.spec.catalog import machine_of
 from dlinfra.spec.pricing import HourlyCost
 from dlinfra.targets.aws import amis, emulator, preflight, review, stack, tfvars
 from dlinfra.targets.base import Review, TargetOptions
@@ -30,12 +32,6 @@ if TYPE_CHECKING:
     from dlinfra.runs.run import Run
     from dlinfra.spec.model import Spec
     from dlinfra.targets.aws.healing import InstanceCluster
-
-
-def install_requirement() -> str:
-    """What a node pip-installs when there is no wheel to ship: exactly this dlinfra release (the
-    renderer adds each node's extras: the GPU or the CPU build of TensorFlow)."""
-    return f"dlinfra=={__version__}"
 
 
 class AwsTarget:
@@ -50,12 +46,19 @@ class AwsTarget:
     def addresses(self, spec: Spec) -> AddressPlan:
         return private_ip_plan(spec)
 
-    def node_install(self, pinned_wheel: Path | None = None, ship_wheel: bool = True) -> NodeInstall:
-        if not ship_wheel:
-            return NodeInstall(install_requirement())
+    def node_install(self, spec: Spec, pinned_wheel: Path | None = None) -> NodeInstall:
         from dlinfra.runs.wheel import node_wheel
 
-        return NodeInstall(install_requirement(), pinned_wheel or node_wheel())
+        return NodeInstall(release_requirement(), pinned_wheel or node_wheel(), self.node_platform(spec))
+
+    def node_platform(self, spec: Spec) -> Platform:
+        """What the lock is resolved for: the processes that stand in for instances run here; the
+        VMs boot Debian 12's Python; instances, the image's (aws.python) on their architecture."""
+        if self.options.emulate_instances == "process":
+            return Platform.here()
+        if self.options.emulate_instances == "vm":
+            return Platform(VM_PYTHON, "x86_64")
+        return Platform(spec.aws.python, machine_of(spec.cluster.workers.instance_type))
 
     def capacity(self, spec: Spec) -> list[str]:
         return []  # a machine per node, of the type it asks for; the plan checks the vCPU quotas
@@ -124,7 +127,7 @@ class AwsTarget:
         """Instances boot by themselves; with --emulate-instances their user-data, read back from
         the emulator, boots local processes instead."""
         from dlinfra.targets.aws.healing import InstanceCluster, instance_user_data
-        from dlinfra.targets.local import LocalCluster
+        from dlinfra.targets.local import LocalCluster, node_environments
 
         run, spec = prepared.run, prepared.spec
         tf = stack.run_stack(run, self.options.log)
@@ -133,10 +136,10 @@ class AwsTarget:
         if self.options.emulate_instances == "vm":
             from dlinfra.targets.aws.vms import VmCluster, node_image
 
-            wheel = run.manifest().wheel
-            image = node_image(
-                spec.aws.image, run.dir / "code" / wheel.name if wheel else None, self.options.log
-            )
+            manifest = run.manifest()
+            wheel = run.dir / "code" / manifest.wheel.name if manifest.wheel else None
+            lock = manifest.environment.get("cpu")  # VMs train on CPUs
+            image = node_image(spec.aws.image, wheel, lock.sha256 if lock else None, self.options.log)
             ec2 = preflight.client(spec, "ec2")
             vms = VmCluster(spec, run, image, ec2, cluster.instances, self.options.log)
             cluster.emulated = vms
@@ -156,6 +159,7 @@ class AwsTarget:
                 restart_together=mirrored,
                 record=lambda pids: run.update_manifest(pids=pids),
                 replace_interrupted=False,  # an interrupted instance is replaced by healing
+                environments=node_environments(prepared, self.options.log),
             )
             try:
                 cluster.emulated.start(instance_user_data(preflight.client(spec, "ec2"), instances))

@@ -14,7 +14,7 @@ configuration and a pipeline: four more long-lived resource kinds to version, sh
 builder instance and CreateImage are plain EC2, which moto emulates, so the whole flow is tested
 offline with real Terraform; Image Builder is not emulated there.
 
-The digest (recipe, flavor, wheel, dlinfra version) tags the AMI and keys everything: a second bake
+The digest (recipe, flavor, lock, wheel, dlinfra version) tags the AMI and keys everything: a second bake
 of the same digest returns the AMI already registered. The base AMI is recorded (tag
 dlinfra:base-ami) but is not part of the digest: a newer Deep Learning AMI does not re-bake by itself.
 
@@ -59,6 +59,7 @@ RECIPE_PATH = "/usr/local/lib/dlinfra/image-recipe.sh"
 EXTRA_CA_PATH = "/usr/local/share/ca-certificates/dlinfra-extra-ca.crt"
 BUILD_LOG = "/var/log/cloud-init-output.log"
 MARKER = "image.json"
+LOCK = "env.lock"  # the recipe's lock, beside its wheel (the digest covers both)
 FAILED = "builder-failed.log"
 
 TAG_DIGEST = "dlinfra:image-digest"
@@ -139,7 +140,9 @@ def builder_user_data(spec: Spec, recipe: Recipe, timeout: float) -> str:
             "path": RECIPE_PATH,
             "owner": "root:root",
             "permissions": "0755",
-            "content": recipe.render(f"{WHEEL_DIR}/{wheel}", _pip_options(spec), "aws"),
+            "content": recipe.render(
+                f"{WHEEL_DIR}/{wheel}", f"{WHEEL_DIR}/{LOCK}", _pip_options(spec), "aws"
+            ),
         }
     ]
     commands: list[Any] = [
@@ -151,8 +154,9 @@ def builder_user_data(spec: Spec, recipe: Recipe, timeout: float) -> str:
             {"path": EXTRA_CA_PATH, "owner": "root:root", "permissions": "0644", "content": extra_ca}
         )
         commands.append(["update-ca-certificates"])
-    # The base AMI's own AWS CLI fetches the wheel; the recipe then links the venv's.
+    # The base AMI's own AWS CLI fetches the wheel and the lock.
     commands.append(["aws", "s3", "cp", f"{s3}/{wheel}", f"{WHEEL_DIR}/"])
+    commands.append(["aws", "s3", "cp", f"{s3}/{LOCK}", f"{WHEEL_DIR}/{LOCK}"])
     # One shell line: the marker only when the recipe succeeded, the log only when it did not.
     commands.append(
         f"sh {RECIPE_PATH} && aws s3 cp {IMAGE_JSON_PATH} {s3}/{MARKER}"
@@ -230,7 +234,8 @@ def bake(
     for key in (MARKER, FAILED):
         s3.delete_object(Bucket=bucket, Key=f"{prefix}/{key}")
     s3.upload_file(str(recipe.wheel), bucket, f"{prefix}/{recipe.wheel.name}")
-    log(f"image {tag}: {recipe.wheel.name} → s3://{bucket}/{prefix}/")
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/{LOCK}", Body=recipe.lock.text.encode())
+    log(f"image {tag}: {recipe.wheel.name} and its lock → s3://{bucket}/{prefix}/")
 
     _write(inputs, image_tfvars(spec, recipe, user_data, create_ami=False))
     t0 = time.monotonic()

@@ -40,14 +40,18 @@ def preflight_problems(spec: Spec) -> list[str]:
     return problems
 
 
-def node_image(choice: str, wheel: Path | None, log: Log) -> LocalImage:
-    """The local image VMs boot, as `aws.image` chooses an AMI: `baked` the one baked with this
-    run's wheel; `base` the stand-in for a cloud base image (nodes install at boot); `auto` the
-    baked one, else the newest baked for another wheel (nodes reinstall only dlinfra, on top of the
-    TensorFlow already there), else the base image."""
+def node_image(choice: str, wheel: Path | None, lock_sha256: str | None, log: Log) -> LocalImage:
+    """The local image VMs boot, as `aws.image` chooses an AMI: `baked` one baked with this run's
+    wheel (with this run's lock if one is: else nodes install the lock's difference at boot); `base`
+    the stand-in for a cloud base image (nodes install at boot); `auto` a baked one, else the newest
+    baked for another wheel (nodes install their lock's difference and this run's dlinfra), else the
+    base image."""
     build = "dlinfra image build --target local"
-    if choice != "base" and (exact := find("cpu", wheel)) is not None:
-        return exact
+    if choice != "base" and (baked := find("cpu", wheel, lock_sha256)) is not None:
+        record = baked.record
+        if record is not None and record.lock_sha256 != lock_sha256:
+            log(f"VMs boot {baked.dir.name}, baked with another lock: nodes install the difference at boot")
+        return baked
     if choice == "baked":
         raise DlinfraError(f"aws.image: baked, and no local image bakes this dlinfra. Fix: {build}")
     others = sorted(images_home().glob("cpu-*/rootfs.img"), key=lambda p: p.stat().st_mtime)

@@ -1,0 +1,109 @@
+"""A node's install, side by side in one run, on this machine (what a node's install.sh does, minus
+the boot): today's way before locks (pip resolves `dlinfra[train,aws]` from the index) against the
+run's lock (pip `--require-hashes`, and uv `pip sync --require-hashes`), each into a fresh venv with
+a cold cache (nothing downloaded yet) and a warm one (the same files already in the installer's
+cache); then what a local run spends on its nodes' environment (environment.venvs.ensure): a new
+one from uv's warm cache, and a cached one.
+
+    python bench/bench_environment.py [--reps 2]
+
+Cold runs download every wheel (TensorFlow CPU is about 250 MB): they measure the index's network
+as much as the installer. Figures go in BENCHMARKS.md; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dlinfra.environment import venvs
+from dlinfra.environment.lock import Index, Platform, resolve, uv
+from dlinfra.runs.bundle import file_sha256
+from dlinfra.runs.wheel import node_wheel
+
+
+def _timed(step: Callable[..., object], *args: object) -> float:
+    t0 = time.perf_counter()
+    step(*args)
+    return time.perf_counter() - t0
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])}: {result.stderr[-1500:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=2)
+    args = parser.parse_args()
+    wheel = node_wheel()
+    assert wheel is not None, "run from a dlinfra checkout"
+    index = Index()
+    t0 = time.perf_counter()
+    lock = resolve(str(wheel), [], "cpu", Platform.here(), index)
+    print(f"lock: {len(lock.pins())} packages, resolved in {time.perf_counter() - t0:.1f}s")
+    rows: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-env-") as tmp:
+        root = Path(tmp)
+        (root / "env.lock").write_text(lock.text)
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+        base |= {"PIP_CONFIG_FILE": os.devnull, "UV_PYTHON_DOWNLOADS": "never"}
+        for rep in range(args.reps):
+            for cache in ("cold", "warm"):
+                # each installer its own cache: cold is empty, warm holds what its cold run fetched
+                env = base | {"UV_CACHE_DIR": str(root / f"uv-{rep}")}
+                for way, (name, install) in enumerate(
+                    (
+                        ("pip, resolving (before locks)", [f"{wheel}[train,aws]"]),
+                        (
+                            "pip --require-hashes, the lock",
+                            ["--no-deps", "--require-hashes", "-r", str(root / "env.lock")],
+                        ),
+                    )
+                ):
+                    venv = root / f"v-{rep}-{cache}-{way}"
+                    pip_env = env | {"PIP_CACHE_DIR": str(root / f"pip-{rep}-{way}")}
+                    _run([sys.executable, "-m", "venv", str(venv)], pip_env)
+                    pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
+                    rows.setdefault(f"{name}, {cache}", []).append(_timed(_run, [*pip, *install], pip_env))
+                venv = root / f"u-{rep}-{cache}"
+                sync = [
+                    uv(),
+                    "pip",
+                    "sync",
+                    "--quiet",
+                    "--python",
+                    str(venv / "bin" / "python"),
+                    "--require-hashes",
+                ]
+                _run([uv(), "venv", "--quiet", "--python", sys.executable, str(venv)], env)
+                rows.setdefault(f"uv pip sync, the lock, {cache}", []).append(
+                    _timed(_run, [*sync, str(root / "env.lock")], env)
+                )
+            # a local run's environment: new (uv's cache warm from the rows above), then cached
+            os.environ["DLINFRA_CACHE"] = str(root / f"dlinfra-{rep}")
+            os.environ["UV_CACHE_DIR"] = str(root / f"uv-{rep}")
+            sha = file_sha256(wheel)
+            rows.setdefault("local run's environment, new", []).append(
+                _timed(venvs.ensure, lock, wheel, sha, index)
+            )
+            rows.setdefault("local run's environment, cached", []).append(
+                _timed(venvs.ensure, lock, wheel, sha, index)
+            )
+    width = max(map(len, rows))
+    for name, seconds in rows.items():
+        spread = f" ± {statistics.stdev(seconds):.2f}" if len(seconds) > 1 else ""
+        print(f"{name:<{width}}  {statistics.mean(seconds):7.2f}s{spread}  ({len(seconds)} reps)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""One lock per run and flavor: `uv pip compile --generate-hashes` for the nodes' platform.
+
+The lock holds every package a node runs except dlinfra itself when the run ships its own wheel
+(that wheel is pinned by its sha256 in the manifest and installed `--no-deps` after the lock). Its
+text is deterministic for the same inputs and index state, so its sha256 names an environment:
+a baked image, a cached local venv and a node compare locks by that digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from dlinfra import __version__
+from dlinfra.errors import DlinfraError, SpecError, mask
+
+Flavor = Literal["cpu", "gpu"]
+EXTRAS: dict[Flavor, str] = {"cpu": "train,aws", "gpu": "train-gpu,aws"}
+FIELD = "training.requirements"
+PYPI = "https://pypi.org/simple"
+RESOLVE_TIMEOUT = 600.0
+# uv draws its explanations as a tree (x, box-drawing lines, arrows): quoted as plain text
+GLYPHS = re.compile(r"^[\s\u00d7\u2570\u2500\u25b6\u2502\u251c]+")
+SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the nodes run on: the image's Python and the instance's architecture."""
+
+    python: str  # "3.11"
+    machine: str  # "x86_64" or "aarch64"
+
+    @classmethod
+    def here(cls) -> Platform:
+        return cls(f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine())
+
+    @property
+    def uv(self) -> str:
+        # glibc 2.28: Debian 10+, Ubuntu 20.04+, Amazon Linux 2023; TensorFlow's wheels need no newer
+        return f"{self.machine}-manylinux_2_28"
+
+    def __str__(self) -> str:
+        return f"Python {self.python} on linux/{self.machine}"
+
+
+@dataclass(frozen=True)
+class Index:
+    """Where packages come from: `aws.pip_index_url`, else the variables pip and uv users already
+    set (PIP_INDEX_URL, UV_DEFAULT_INDEX, ...), else PyPI; plus extra indexes. Resolution and every
+    install use the same ones."""
+
+    url: str = PYPI
+    extra: tuple[str, ...] = ()
+    extra_ca: str | None = None  # PEM text (aws.pip_extra_ca)
+
+    @classmethod
+    def of(cls, index_url: str | None, extra_ca: str | None, environ: Mapping[str, str]) -> Index:
+        url = index_url or next(
+            (environ[k] for k in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL") if environ.get(k)),
+            PYPI,
+        )
+        extra: list[str] = []
+        for key in ("UV_INDEX", "UV_EXTRA_INDEX_URL", "PIP_EXTRA_INDEX_URL"):
+            extra += [u for u in environ.get(key, "").split() if u not in extra]
+        return cls(url, tuple(extra), extra_ca)
+
+    def uv_args(self) -> list[str]:
+        args = ["--index-url", self.url]
+        for url in self.extra:
+            args += ["--extra-index-url", url]
+        return args
+
+    def shown(self) -> str:
+        """For the manifest and logs: credentials masked."""
+        return " + ".join(mask(u) for u in (self.url, *self.extra))
+
+    def has_credentials(self) -> bool:
+        return any(mask(u) != u for u in (self.url, *self.extra))
+
+
+@dataclass(frozen=True)
+class Lock:
+    """A lock's text (uv's requirements format: `name==version` with `--hash=sha256:` lines)."""
+
+    text: str
+    flavor: Flavor = "cpu"
+    platform: Platform = field(default_factory=Platform.here)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    @property
+    def file_name(self) -> str:
+        return f"env-{self.flavor}.lock"
+
+    def pins(self) -> dict[str, str]:
+        return pins_of(self.text)
+
+
+def pins_of(text: str) -> dict[str, str]:
+    """{normalized name: version} of every package a lock pins."""
+    found = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", text, flags=re.M)
+    return {normalize(name): version for name, version in found}
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def uv() -> str:
+    from uv import find_uv_bin
+
+    return find_uv_bin()
+
+
+def uv_environ(index: Index, scratch: Path) -> dict[str, str]:
+    """uv's environment: no colour in messages we quote; an extra CA added to the system's roots.
+    No interpreter downloads: a lock for another Python needs none (uv resolves by the wheels' tags),
+    and without the internet the attempt alone cost 7 s of DNS failures per resolution."""
+    env = dict(os.environ, NO_COLOR="1", UV_NO_PROGRESS="1", UV_PYTHON_DOWNLOADS="never")
+    if index.extra_ca:
+        bundle = scratch / "ca.pem"
+        system = SYSTEM_CA.read_text(encoding="utf-8") if SYSTEM_CA.is_file() else ""
+        bundle.write_text(system + "\n" + index.extra_ca + "\n", encoding="utf-8")
+        env["SSL_CERT_FILE"] = str(bundle)
+    return env
+
+
+def resolve(dlinfra: str, requirements: list[str], flavor: Flavor, target: Platform, index: Index) -> Lock:
+    """The lock of one flavor. `dlinfra` is the run's wheel (a path) or a release pin (`==X`).
+    A conflict, or a requirement no index holds, is a SpecError (exit 2) naming the field."""
+    if dlinfra.endswith(".whl"):
+        top = f"dlinfra[{EXTRAS[flavor]}] @ {Path(dlinfra).absolute().as_uri()}"
+    else:
+        top = f"dlinfra[{EXTRAS[flavor]}]=={dlinfra.removeprefix('==') or __version__}"
+    with tempfile.TemporaryDirectory(prefix="dlinfra-lock-") as tmp:
+        scratch = Path(tmp)
+        (scratch / "requirements.in").write_text("\n".join([top, *requirements]) + "\n", encoding="utf-8")
+        command = [
+            uv(), "pip", "compile", str(scratch / "requirements.in"),
+            "--generate-hashes", "--no-header", "--no-annotate", "--quiet",
+            "--python-version", target.python, "--python-platform", target.uv,
+            "-o", str(scratch / "lock.txt"), *index.uv_args(),
+        ]  # fmt: skip
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                env=uv_environ(index, scratch),
+                timeout=RESOLVE_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:
+            raise DlinfraError(
+                f"resolving the run's environment took over {RESOLVE_TIMEOUT:.0f}s ({index.shown()}). "
+                "Fix: check that the package index answers"
+            ) from None
+        if result.returncode != 0:
+            raise _failure(result.stderr, requirements, flavor, target, index)
+        text = (scratch / "lock.txt").read_text(encoding="utf-8")
+    return Lock(_without_local_files(text), flavor, target)
+
+
+def _without_local_files(text: str) -> str:
+    """Drop `name @ file://...` entries (the run's own wheel): no node has this machine's files."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            skipping = " @ file://" in line
+        if not skipping:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _failure(
+    stderr: str, requirements: list[str], flavor: Flavor, target: Platform, index: Index
+) -> DlinfraError:
+    lines = [GLYPHS.sub("", line).rstrip() for line in stderr.splitlines()]
+    lines = [mask(line) for line in lines if line and not line.startswith(("hint:", "warning:"))]
+    network = any(
+        w in stderr for w in ("error sending request", "Could not connect", "dns error", "Connection refused")
+    )
+    if network:
+        return DlinfraError(
+            f"could not reach the package index to lock the run's environment ({index.shown()}): "
+            f"{' '.join(lines[-3:])[:600]}. Fix: check the network, or point PIP_INDEX_URL / "
+            "aws.pip_index_url at a mirror this machine reaches"
+        )
+    why = "; ".join(line.rstrip(".") for line in lines[:12])[:1500]
+    where = FIELD if requirements else "dlinfra's own dependencies"
+    return SpecError(
+        [
+            f"{where}: no environment satisfies them for the nodes ({target}, the {flavor} build of "
+            f"TensorFlow, index {index.shown()}): {why}. Fix: loosen or correct the pin the resolver "
+            "names, or publish the package to the index"
+        ]
+    )

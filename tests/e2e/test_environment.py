@@ -1,0 +1,174 @@
+"""A user program with a dependency dlinfra does not have (`greeting`, built here and served from a
+private index on loopback, next to PyPI): one hash-locked environment per run, the same on every
+node, pinned for reruns, refused early when it cannot exist, and a node off it fails the run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from package_index import PackageIndex
+from support import run_cli
+
+from .conftest import Deployed, deploy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+DATA = Path(__file__).parent.parent / "data"
+PROGRAM = """import greeting  # the user's own dependency: on the nodes only if the run's lock holds it
+
+from user_program import build as _build
+
+
+def build(training):
+    print(f"greeting {greeting.VERSION}", flush=True)
+    return _build(training)
+"""
+
+
+def _greeting(version: str) -> dict[str, str]:
+    return {"greeting/__init__.py": f"VERSION = {version!r}\n"}
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PackageIndex]:
+    with PackageIndex(tmp_path_factory.mktemp("index")) as served:
+        served.publish("greeting", "1.0", _greeting("1.0"))
+        yield served
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("project")
+    (root / "user_program.py").write_text((DATA / "user_program.py").read_text())
+    (root / "greet.py").write_text(PROGRAM)
+    (root / "requirements.txt").write_text("# the program's own packages\ngreeting>=1.0\n")
+    (root / "experiment.yaml").write_text(
+        "name: greet\ntraining:\n  entrypoint: greet.py:build\n  steps: 40\n"
+        "  requirements: requirements.txt\n"
+    )
+    return root
+
+
+def _env(index: PackageIndex, cache: Path) -> dict[str, str]:
+    # the variable pip users already set for a private index; a cache of environments of its own
+    return {"PIP_EXTRA_INDEX_URL": index.url, "DLINFRA_CACHE": str(cache)}
+
+
+def _statuses(run: Deployed) -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text()) for p in (run.store / "status").glob("*.json")}
+
+
+def _runs_exactly_its_lock(run: Deployed, greeting: str) -> None:
+    assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
+    pin = run.manifest["environment"]["cpu"]
+    assert pin["packages"]["greeting"] == greeting
+    lock = (run.run_dir / "code" / pin["file"]).read_text()
+    assert f"greeting=={greeting} \\\n    --hash=sha256:" in lock
+    statuses = _statuses(run)
+    assert sorted(statuses) == ["chief-0", "ps-0", "worker-0"]
+    for node, status in statuses.items():
+        assert status["packages"] == pin["packages"], node  # every package, as the lock has it
+    assert f"greeting {greeting}" in (run.run_dir / "logs" / "chief-0.log").read_text()  # the program ran
+
+
+@pytest.fixture(scope="module")
+def first(index: PackageIndex, project: Path, tmp_path_factory: pytest.TempPathFactory) -> Deployed:
+    tmp = tmp_path_factory.mktemp("first")
+    return deploy(tmp, str(project / "experiment.yaml"), "--workers", "1", env=_env(index, tmp / "cache"))
+
+
+def test_every_node_runs_the_runs_lock_with_the_users_package(first: Deployed) -> None:
+    _runs_exactly_its_lock(first, "1.0")
+    assert importlib.util.find_spec("greeting") is None, "a user's requirement never lands in the CLI's env"
+    shown = run_cli("show", first.run_id, env={**os.environ, "DLINFRA_HOME": str(first.home)})
+    assert shown.returncode == 0, shown.stderr
+    assert "greeting 1.0" in shown.stdout
+
+
+def test_a_rerun_installs_the_original_lock_and_refresh_records_the_change(
+    first: Deployed, index: PackageIndex, tmp_path: Path
+) -> None:
+    index.publish("greeting", "1.1", _greeting("1.1"))
+    try:
+        env = {**_env(index, tmp_path / "cache"), "DLINFRA_HOME": str(first.home)}
+        pinned = _rerun(first, tmp_path, env)
+        _runs_exactly_its_lock(pinned, "1.0")
+        assert (
+            pinned.manifest["environment"]["cpu"]["sha256"] == first.manifest["environment"]["cpu"]["sha256"]
+        )
+        assert not pinned.manifest["lock_changes"]  # nothing resolved anew
+
+        refreshed = _rerun(first, tmp_path, env, "--refresh-lock")
+        _runs_exactly_its_lock(refreshed, "1.1")
+        assert "greeting 1.0 → 1.1" in refreshed.manifest["lock_changes"]
+        compared = run_cli("compare", pinned.run_id, refreshed.run_id, env={**os.environ, **env})
+        assert compared.returncode == 0, compared.stderr
+        assert "greeting" in compared.stdout and "1.0 → 1.1" in compared.stdout
+    finally:
+        index.unpublish("greeting", "1.1")
+
+
+def _rerun(original: Deployed, tmp: Path, env: dict[str, str], *flags: str) -> Deployed:
+    result = run_cli("rerun", original.run_id, *flags, env={**os.environ, **env}, cwd=tmp, timeout=600)
+    runs = sorted((original.home / "runs").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    return Deployed(result, original.home, runs[-1].parent)
+
+
+def test_a_node_off_its_lock_fails_the_run_naming_it_and_the_package(
+    first: Deployed, index: PackageIndex, tmp_path: Path
+) -> None:
+    """Tamper with the environment the nodes run in (the cached venv a rerun reuses): the run fails
+    at once with the verdict `environment`, naming the node and the package, before any training."""
+    from dlinfra.environment.lock import uv
+
+    cache = tmp_path / "cache"
+    env = {**_env(index, cache), "DLINFRA_HOME": str(first.home)}
+    pinned = _rerun(first, tmp_path, env)
+    assert pinned.result.returncode == 0, pinned.result.stderr[-3000:]
+    (venv,) = [p.parent for p in (cache / "envs").glob("*/dlinfra-env.json")]
+    index.publish("greeting", "1.1", _greeting("1.1"))
+    try:
+        tamper = [uv(), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python")]
+        done = subprocess.run(
+            [*tamper, "--index-url", index.url, "greeting==1.1"], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        drifted = _rerun(first, tmp_path, env)
+    finally:
+        index.unpublish("greeting", "1.1")
+    assert drifted.result.returncode == 1, drifted.result.stdout[-2000:] + drifted.result.stderr[-2000:]
+    said = drifted.result.stdout + drifted.result.stderr
+    assert "environment" in said and "greeting 1.1 (the lock has 1.0)" in said
+    assert drifted.manifest["status"] == "FAILED"
+    marker = json.loads((drifted.store / "FAILED").read_text())
+    assert marker["verdict"] == "environment" and marker["node"] in ("chief-0", "ps-0", "worker-0")
+    assert not (drifted.store / "metrics.json").exists(), "no training on an environment off its lock"
+
+
+@pytest.mark.parametrize(
+    ("requirement", "why"),
+    [
+        ("greeting==9.9", "greeting"),  # a version the index lacks
+        ("numpy<1.0", "numpy"),  # contradicts TensorFlow's numpy range
+    ],
+)
+@pytest.mark.parametrize("target", ["local", "aws"])
+def test_an_environment_that_cannot_exist_is_refused_at_validate_with_nothing_created(
+    index: PackageIndex, tmp_path: Path, requirement: str, why: str, target: str
+) -> None:
+    spec = tmp_path / "experiment.yaml"
+    spec.write_text(f"name: nope\ntraining:\n  requirements: [{json.dumps(requirement)}]\n")
+    env = {**os.environ, **_env(index, tmp_path / "cache"), "DLINFRA_HOME": str(tmp_path / "home")}
+    result = run_cli("validate", "--target", target, str(spec), env=env, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert "training.requirements: no environment satisfies them" in result.stderr
+    assert why in result.stderr and "Fix:" in result.stderr
+    assert not (tmp_path / "home" / "runs").exists()
