@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from dlinfra.node.status import read_state, state_file
-from support import alive_node_pids, run_cli
+from support import FAKE_CREDS, alive_node_pids, aws_client, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -153,6 +153,39 @@ class Live:
             out, err = self.proc.communicate(timeout=60)
             raise AssertionError(f"deploy still running after {timeout:.0f}s:\n{out}\n{err}") from None
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+
+def aws_emulation(endpoint: str, tf_cli_config: Path, home: Path, bucket: str) -> dict[str, Any]:
+    """What an aws-target deploy against the moto server at `endpoint` needs: an environment of fake
+    keys and nothing of the caller's AWS settings, results in s3://`bucket`/runs, moto's AMI."""
+    s3 = aws_client(endpoint, "s3")
+    if bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=bucket)
+    ami = aws_client(endpoint, "ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        | FAKE_CREDS
+        | {
+            "DLINFRA_HOME": str(home),
+            "TF_CLI_CONFIG_FILE": str(tf_cli_config),
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
+    args = [
+        "--endpoint-url",
+        endpoint,
+        "--set",
+        f"storage.url=s3://{bucket}/runs",
+        "--set",
+        f"aws.ami={ami}",
+        # Emulated instances are processes on this GPU-less machine: the g4dn workers train on its
+        # CPU (they would fail their device check asking for the T4 they do not have here).
+        "--set",
+        "cluster.workers.gpus=0",
+    ]
+    return {"env": env, "home": home, "args": args, "endpoint": endpoint, "cwd": home, "ami": ami}
 
 
 def start_deploy(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Live:

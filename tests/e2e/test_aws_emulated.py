@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
 import time
 from datetime import datetime
@@ -18,7 +17,7 @@ import boto3
 import pytest
 
 from dlinfra.spec.catalog import catalog
-from e2e.conftest import start_deploy
+from e2e.conftest import aws_emulation, start_deploy
 from support import FAKE_CREDS, alive_node_pids, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
@@ -40,35 +39,7 @@ def _client(endpoint: str, service: str) -> Any:
 def aws_env(
     moto_endpoint: str, tf_cli_config: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    s3 = _client(moto_endpoint, "s3")
-    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
-        s3.create_bucket(Bucket=BUCKET)
-    ami = _client(moto_endpoint, "ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    home = tmp_path_factory.mktemp("aws-home")
-    env = (
-        {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        | FAKE_CREDS
-        | {
-            "DLINFRA_HOME": str(home),
-            "TF_CLI_CONFIG_FILE": str(tf_cli_config),
-            "AWS_CONFIG_FILE": os.devnull,
-            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
-    )
-    args = [
-        "--endpoint-url",
-        moto_endpoint,
-        "--set",
-        f"storage.url=s3://{BUCKET}/runs",
-        "--set",
-        f"aws.ami={ami}",
-        # Emulated instances are processes on this GPU-less machine: the g4dn workers train on its
-        # CPU (they would fail their device check asking for the T4 they do not have here).
-        "--set",
-        "cluster.workers.gpus=0",
-    ]
-    return {"env": env, "home": home, "args": args, "endpoint": moto_endpoint, "cwd": home, "ami": ami}
+    return aws_emulation(moto_endpoint, tf_cli_config, tmp_path_factory.mktemp("aws-home"), BUCKET)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ node, pinned for reruns, refused early when it cannot exist, and a node off it f
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib.util
 import json
 import os
@@ -15,11 +17,12 @@ from typing import Any
 import pytest
 
 from package_index import PackageIndex
-from support import run_cli
+from support import aws_client, run_cli
 
-from .conftest import Deployed, deploy
+from .conftest import Deployed, aws_emulation, deploy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+BUCKET = "dlinfra-environments"
 DATA = Path(__file__).parent.parent / "data"
 PROGRAM = """import greeting  # the user's own dependency: on the nodes only if the run's lock holds it
 
@@ -172,3 +175,48 @@ def test_an_environment_that_cannot_exist_is_refused_at_validate_with_nothing_cr
     assert "training.requirements: no environment satisfies them" in result.stderr
     assert why in result.stderr and "Fix:" in result.stderr
     assert not (tmp_path / "home" / "runs").exists()
+
+
+@pytest.mark.terraform
+def test_aws_instances_install_the_runs_lock_from_the_store_and_run_the_users_package(
+    index: PackageIndex, project: Path, moto_endpoint: str, tf_cli_config: Path, tmp_path: Path
+) -> None:
+    """The aws target, instances emulated as processes: the lock resolved here travels in the
+    store beside the wheel, each instance's user-data pins its sha256, and every node reports
+    exactly its packages, `greeting` among them. (Instances are processes here: each boots its
+    flavor's environment made from the lock, which install.sh makes on a real instance; that script
+    runs for real in tests/test_render.py and on a VM in tests/e2e/test_vms.py.)"""
+    aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "home", BUCKET)
+    env = aws["env"] | _env(index, tmp_path / "cache")
+    result = run_cli(
+        "deploy", str(project / "experiment.yaml"), "--target", "aws", "--workers", "1", "--yes",
+        "--emulate-instances", *aws["args"], env=env, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [run_dir] = (tmp_path / "home" / "runs").iterdir()
+    pin = json.loads((run_dir / "manifest.json").read_text())["environment"]["cpu"]
+    assert pin["packages"]["greeting"] == "1.0"
+    s3, prefix = aws_client(moto_endpoint, "s3"), f"runs/{run_dir.name}/"
+
+    def stored(key: str) -> bytes:
+        return s3.get_object(Bucket=BUCKET, Key=prefix + key)["Body"].read()
+
+    lock = stored(f"code/{pin['file']}")
+    assert hashlib.sha256(lock).hexdigest() == pin["sha256"] and b"greeting==1.0 \\\n" in lock
+    ec2 = aws_client(moto_endpoint, "ec2")
+    instances = [
+        i
+        for r in ec2.describe_instances(Filters=[{"Name": "tag:dlinfra:run-id", "Values": [run_dir.name]}])[
+            "Reservations"
+        ]
+        for i in r["Instances"]
+    ]
+    assert len(instances) == 3
+    for instance in instances:
+        attr = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+        user_data = base64.b64decode(attr["UserData"]["Value"]).decode()
+        assert pin["sha256"] in user_data and f"{prefix}code/{pin['file']}" in user_data
+    for node in ("chief-0", "ps-0", "worker-0"):
+        status = json.loads(stored(f"status/{node}.json"))
+        assert status["packages"] == pin["packages"], node
+    assert b"greeting 1.0" in stored("logs/chief-0.log"), "the user's program imported its package"
