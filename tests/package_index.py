@@ -60,8 +60,8 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def wheel_filename(name: str, version: str) -> str:
-    return f"{_escaped(name)}-{str(Version(version)).replace('-', '_')}-py3-none-any.whl"
+def wheel_filename(name: str, version: str, tag: str = "py3-none-any") -> str:
+    return f"{_escaped(name)}-{str(Version(version)).replace('-', '_')}-{tag}.whl"
 
 
 def _metadata(name: str, version: str, requires: Sequence[str]) -> bytes:
@@ -71,7 +71,7 @@ def _metadata(name: str, version: str, requires: Sequence[str]) -> bytes:
 
 
 def _entries(
-    name: str, version: str, modules: Mapping[str, str], requires: Sequence[str]
+    name: str, version: str, modules: Mapping[str, str], requires: Sequence[str], tag: str
 ) -> dict[str, bytes]:
     """The wheel's files but RECORD, by archive path."""
     dist_info = f"{_escaped(name)}-{Version(version)}.dist-info"
@@ -83,26 +83,33 @@ def _entries(
         entries[str(PurePosixPath(path))] = text.encode()
     entries[f"{dist_info}/METADATA"] = _metadata(name, version, requires)
     entries[f"{dist_info}/WHEEL"] = (
-        f"Wheel-Version: 1.0\nGenerator: {_GENERATOR}\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        f"Wheel-Version: 1.0\nGenerator: {_GENERATOR}\nRoot-Is-Purelib: true\nTag: {tag}\n"
     ).encode()
     return entries
 
 
 def build_wheel(
-    out_dir: Path, name: str, version: str, modules: Mapping[str, str], requires: Sequence[str] = ()
+    out_dir: Path,
+    name: str,
+    version: str,
+    modules: Mapping[str, str],
+    requires: Sequence[str] = (),
+    tag: str = "py3-none-any",
 ) -> Path:
-    """Writes `{name}-{version}-py3-none-any.whl` into `out_dir` (made if missing) and returns it.
+    """Writes `{name}-{version}-{tag}.whl` into `out_dir` (made if missing) and returns it.
 
     `modules` maps archive paths (`pkg/__init__.py`) to their text; `requires` are Requires-Dist
-    requirements (`other>=1`, `extra; python_version < "3.12"`). The same arguments give the same bytes."""
-    entries = _entries(name, version, modules, requires)
+    requirements (`other>=1`, `extra; python_version < "3.12"`); `tag` is the wheel's compatibility
+    tag (`py3-none-manylinux_2_31_x86_64`: a wheel for glibc 2.31 or newer). The same arguments give
+    the same bytes."""
+    entries = _entries(name, version, modules, requires, tag)
     dist_info = f"{_escaped(name)}-{Version(version)}.dist-info"
     record = f"{dist_info}/RECORD"
     rows = [f"{path},{_record_hash(data)},{len(data)}" for path, data in sorted(entries.items())]
     entries[record] = ("\n".join([*rows, f"{record},,"]) + "\n").encode()
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    wheel = out_dir / wheel_filename(name, version)
+    wheel = out_dir / wheel_filename(name, version, tag)
     partial = wheel.with_name(f".{wheel.name}.{os.getpid()}.{threading.get_ident()}.partial")
     with zipfile.ZipFile(partial, "w") as archive:
         # modules first, .dist-info last (RECORD the very last), as installers prefer
@@ -209,11 +216,16 @@ class PackageIndex:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def publish(
-        self, name: str, version: str, modules: Mapping[str, str], requires: Sequence[str] = ()
+        self,
+        name: str,
+        version: str,
+        modules: Mapping[str, str],
+        requires: Sequence[str] = (),
+        tag: str = "py3-none-any",
     ) -> Path:
         """Builds the wheel into the index and lists it (replacing a wheel of the same version)."""
         with self._lock:
-            wheel = build_wheel(self.files, name, version, modules, requires)
+            wheel = build_wheel(self.files, name, version, modules, requires, tag)
             metadata = wheel_metadata(wheel)
             _write_atomically(wheel.with_name(wheel.name + ".metadata"), metadata)
             entry = Published(

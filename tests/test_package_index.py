@@ -188,3 +188,39 @@ def test_uv_locks_and_installs_and_pip_installs(package_index: PackageIndex, tmp
     assert pins(compile_lock(package_index, tmp_path, "lock-after.txt")) == {
         "greeting==1.0": [package_index.sha256("greeting", "1.0")]
     }
+
+
+def test_a_wheel_for_a_newer_glibc_locks_only_for_a_platform_that_has_it(
+    package_index: PackageIndex, tmp_path: Path
+) -> None:
+    """An index holding one wheel per release, tagged for glibc 2.31 (as a wheelhouse of this
+    machine's downloads holds tensorboard-data-server): the lock for Debian 12's VMs (glibc 2.36)
+    takes it; a platform of unknown glibc (2.28, the conservative default) cannot."""
+    from dlinfra.environment.lock import Platform, _uv_glibc
+    from dlinfra.images.vm import VM_PLATFORM
+
+    package_index.publish("native", "1.0", {"native.py": "X = 1\n"}, tag="py3-none-manylinux_2_31_x86_64")
+    requirements = tmp_path / "requirements.in"
+    requirements.write_text("native\n")
+
+    def lock_for(target: Platform) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [UV, "pip", "compile", requirements, "--index-url", package_index.url, "--generate-hashes",
+             "--no-header", "--quiet", "--python-version", target.python, "--python-platform", target.uv],
+            env=clean_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+        )  # fmt: skip
+
+    assert VM_PLATFORM.uv == "x86_64-manylinux_2_36"
+    on_vm = lock_for(VM_PLATFORM)
+    assert on_vm.returncode == 0, on_vm.stderr
+    assert "native==1.0" in on_vm.stdout
+    unknown = lock_for(Platform("3.11", "x86_64"))
+    assert unknown.returncode != 0 and "manylinux_2_28" in unknown.stderr, unknown.stderr
+    # this machine's glibc, clamped to the tags uv knows (2.17 to 2.40)
+    assert [_uv_glibc(v) for v in ("2.36", "2.12", "2.41", "2", "3.1")] == [
+        "2.36",
+        "2.17",
+        "2.40",
+        "2.17",
+        "2.28",
+    ]

@@ -59,14 +59,13 @@ def _log(line: str) -> None:
 
 def _local(spec: Path | None, flavor: str, overrides: Overrides) -> str:
     """A qemu image (--emulate-instances=vm boots it); `base` has no node environment."""
-    from dlinfra.environment.lock import Platform
     from dlinfra.images import local
-    from dlinfra.images.vm import VM_PYTHON
+    from dlinfra.images.vm import VM_PLATFORM
     from dlinfra.runs.wheel import node_wheel
 
     if flavor == "base":
         return str(local.build("base", None, None, _log).dir)
-    recipe = _recipe(spec, flavor, overrides, lambda _: Platform(VM_PYTHON, "x86_64"))
+    recipe = _recipe(spec, flavor, overrides, lambda _: VM_PLATFORM)
     return str(local.build(recipe.flavor, node_wheel(), recipe.lock, _log).dir)
 
 

@@ -35,19 +35,25 @@ SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
 @dataclass(frozen=True)
 class Platform:
-    """What the nodes run on: the image's Python and the instance's architecture."""
+    """What the nodes run on: the image's Python, the instance's architecture, and the oldest glibc
+    the lock's wheels may need. An index with one wheel per release (a wheelhouse of this machine's
+    downloads) may hold only a wheel tagged for a newer glibc than 2.28 (tensorboard-data-server's is
+    manylinux_2_31): a platform whose glibc is known says so, and such wheels can be locked."""
 
     python: str  # "3.11"
     machine: str  # "x86_64" or "aarch64"
+    # 2.28: Debian 10+, Ubuntu 20.04+, Amazon Linux 2023; TensorFlow's wheels need no newer
+    glibc: str = "2.28"
 
     @classmethod
     def here(cls) -> Platform:
-        return cls(f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine())
+        python = f"{sys.version_info.major}.{sys.version_info.minor}"
+        libc, version = platform.libc_ver()
+        return cls(python, platform.machine(), _uv_glibc(version) if libc == "glibc" else "2.28")
 
     @property
     def uv(self) -> str:
-        # glibc 2.28: Debian 10+, Ubuntu 20.04+, Amazon Linux 2023; TensorFlow's wheels need no newer
-        return f"{self.machine}-manylinux_2_28"
+        return f"{self.machine}-manylinux_{self.glibc.replace('.', '_')}"
 
     def __str__(self) -> str:
         return f"Python {self.python} on linux/{self.machine}"
@@ -116,6 +122,12 @@ def pins_of(text: str) -> dict[str, str]:
 
 def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _uv_glibc(version: str) -> str:
+    """The newest manylinux tag uv targets (2.17 to 2.40) that a glibc of `version` runs."""
+    major, minor = (int(x) for x in [*version.split("."), "0"][:2])
+    return f"2.{max(17, min(40, minor))}" if major == 2 else "2.28"
 
 
 def uv() -> str:

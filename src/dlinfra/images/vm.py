@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlinfra.environment.lock import Platform
 from dlinfra.images.local import LocalImage
 
 MEMORY_MB = 2048  # TensorFlow's import alone takes ~0.7 GB
@@ -31,7 +32,8 @@ MEMORY_MB = 2048  # TensorFlow's import alone takes ~0.7 GB
 # spinlocks and TensorFlow's spinning pools (measured, BENCHMARKS.md: the 3-VM run powers off at
 # 422 s instead of 614 s). The agent gives a one-CPU node two inter-op threads (node/devices.py).
 VCPUS = 1
-VM_PYTHON = "3.11"  # Debian 12's, what the local images (and the VMs booting them) run
+# Debian 12's Python and glibc: what the local images (and the VMs booting them) run
+VM_PLATFORM = Platform("3.11", "x86_64", glibc="2.36")
 NAT_CANDIDATES = ("10.0.2.0/24", "192.168.76.0/24", "172.31.254.0/24")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from dlinfra.environment.lock import Platform
-from dlinfra.images.vm import VM_PYTHON
+from dlinfra.images.vm import VM_PLATFORM
 from dlinfra.prepare import NodeInstall, release_requirement
 from dlinfra.render import AddressPlan, private_ip_plan
 from dlinfra.runs.records import ImagePin, PlanCounts
@@ -57,7 +57,7 @@ class AwsTarget:
         if self.options.emulate_instances == "process":
             return Platform.here()
         if self.options.emulate_instances == "vm":
-            return Platform(VM_PYTHON, "x86_64")
+            return VM_PLATFORM
         return Platform(spec.aws.python, machine_of(spec.cluster.workers.instance_type))
 
     def capacity(self, spec: Spec) -> list[str]:
