@@ -97,6 +97,8 @@ def prepare(
         code = pack_entrypoint(spec.training.entrypoint, base)
     spec = absolute_dataset(spec, base)
     dataset = dataset_pin(spec)
+    # The flavors its nodes run, before the run exists: an environment that cannot be resolved is
+    # refused (exit 2) with nothing created. Building configs is cheap; resolving is not.
     probe = build_node_configs(spec, "RUN_ID", StoreConfig(url="file:///RUN_ID"), plan, typed=typed)
     env = Environment.of(spec, probe, install, locks)
     run = Run.create(spec, spec_path, argv)
