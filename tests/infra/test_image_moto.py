@@ -27,7 +27,8 @@ from dlinfra.errors import DlinfraError
 from dlinfra.images import ImageRecord, Recipe
 from dlinfra.runs.wheel import node_wheel
 from dlinfra.spec.model import Spec
-from dlinfra.targets.aws.images import bake, find_baked
+from dlinfra.targets.aws.images import LOCK, bake, find_baked
+from support import fixed_locks
 
 pytestmark = [pytest.mark.terraform, pytest.mark.slow]
 
@@ -35,6 +36,7 @@ BUCKET = f"dlinfra-results-image-{os.getpid()}"
 STORE_PREFIX = "runs"
 DIGEST_TAG = "dlinfra:image-digest"
 TENSORFLOW = "tensorflow-cpu 2.21.0"
+LOCKS = fixed_locks()  # what the recipe installs is not under test here: where it comes from is
 
 
 @pytest.fixture(scope="module")
@@ -125,24 +127,28 @@ def _builder_standing_in_for_ec2(
         assert schema.returncode == 0 and "Valid" in schema.stdout, schema.stdout + schema.stderr
 
         doc = yaml.safe_load(user_data)
-        wheel_path = f"/opt/dlinfra-wheel/{recipe.wheel.name}"
-        scripts = [
-            f["path"] for f in doc["write_files"] if f["content"] == recipe.render(wheel_path, "", "aws")
-        ]
-        assert len(scripts) == 1, "the recipe, rendered for this wheel and the aws builder, is written once"
+        wheel_path, lock_path = f"/opt/dlinfra-wheel/{recipe.wheel.name}", f"/opt/dlinfra-wheel/{LOCK}"
+        rendered = recipe.render(wheel_path, lock_path, "", "aws")
+        scripts = [f["path"] for f in doc["write_files"] if f["content"] == rendered]
+        assert len(scripts) == 1, (
+            "the recipe, rendered for this wheel, lock and the aws builder, is written once"
+        )
         commands = [c if isinstance(c, str) else " ".join(c) for c in doc["runcmd"]]
         fetch = commands.index(f"aws s3 cp s3://{BUCKET}/{prefix}/{recipe.wheel.name} /opt/dlinfra-wheel/")
+        fetch_lock = commands.index(f"aws s3 cp s3://{BUCKET}/{prefix}/{LOCK} {lock_path}")
         report = next(
             i
             for i, c in enumerate(commands)
             if c.startswith(f"sh {scripts[0]} && aws s3 cp /etc/dlinfra/image.json")
         )
-        assert fetch < report
+        assert max(fetch, fetch_lock) < report
         assert f"s3://{BUCKET}/{prefix}/image.json" in commands[report]
         assert moto_server.credentials["AWS_SECRET_ACCESS_KEY"] not in user_data
 
         uploaded = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/{recipe.wheel.name}")["Body"].read()
         assert uploaded == recipe.wheel.read_bytes(), "the builder fetches this very wheel"
+        lock = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/{LOCK}")["Body"].read()
+        assert lock == recipe.lock.text.encode(), "and this very lock"
 
         # What the recipe's last step writes to /etc/dlinfra/image.json, uploaded as the marker.
         record = recipe.record("aws").model_copy(update={"tensorflow": TENSORFLOW})
@@ -164,7 +170,7 @@ class Baked:
 
 @pytest.fixture(scope="module")
 def baked(spec: Spec, wheel: Path, moto_server, tmp_path_factory: pytest.TempPathFactory) -> Baked:
-    recipe = Recipe("cpu", wheel)
+    recipe = Recipe("cpu", wheel, LOCKS["cpu"])
     seen, stop = StandIn(), threading.Event()
     stand_in = threading.Thread(
         target=_builder_standing_in_for_ec2,
@@ -244,7 +250,7 @@ def test_a_second_bake_returns_the_same_ami_without_a_builder(baked: Baked, spec
     before = {i["InstanceId"] for i in _instances(ec2, baked.recipe.digest)}
     lines: list[str] = []
     start = time.monotonic()
-    assert bake(spec, Recipe("cpu", baked.recipe.wheel), lines.append, timeout=1) == baked.ami
+    assert bake(spec, Recipe("cpu", baked.recipe.wheel, LOCKS["cpu"]), lines.append, timeout=1) == baked.ami
     print(f"\n[timing] second bake (already baked): {time.monotonic() - start:.1f}s")
     assert {i["InstanceId"] for i in _instances(ec2, baked.recipe.digest)} == before
     assert any("already baked" in line for line in lines), lines
@@ -254,7 +260,7 @@ def test_a_builder_that_never_finishes_times_out_and_is_destroyed(
     spec: Spec, wheel: Path, moto_server, aws_env: Path
 ):
     """No stand-in: the marker never comes. (gpu: another digest than the baked cpu image.)"""
-    recipe = Recipe("gpu", wheel)
+    recipe = Recipe("gpu", wheel, LOCKS["gpu"])
     ec2 = moto_server.client("ec2")
     start = time.monotonic()
     with pytest.raises(DlinfraError) as failure:
@@ -285,7 +291,7 @@ def test_builder_user_data_trusts_a_private_index_and_its_ca(wheel: Path, tmp_pa
             "aws": {"pip_index_url": "https://pypi.corp.example/simple", "pip_extra_ca": ca},
         }
     )
-    recipe = Recipe("gpu", wheel)
+    recipe = Recipe("gpu", wheel, LOCKS["gpu"])
     user_data = builder_user_data(mirrored, recipe, timeout=3600)
     path = tmp_path / "user-data.yaml"
     path.write_text(user_data)
@@ -295,7 +301,7 @@ def test_builder_user_data_trusts_a_private_index_and_its_ca(wheel: Path, tmp_pa
     assert schema.returncode == 0, schema.stdout + schema.stderr
     doc = yaml.safe_load(user_data)
     options = "--index-url https://pypi.corp.example/simple --cert /etc/ssl/certs/ca-certificates.crt"
-    expected = recipe.render(f"/opt/dlinfra-wheel/{wheel.name}", options, "aws")
+    expected = recipe.render(f"/opt/dlinfra-wheel/{wheel.name}", f"/opt/dlinfra-wheel/{LOCK}", options, "aws")
     assert [f["content"] for f in doc["write_files"] if f["content"] == expected]
     assert ca in [f["content"] for f in doc["write_files"]]
     commands = [c if isinstance(c, str) else " ".join(c) for c in doc["runcmd"]]
