@@ -182,3 +182,21 @@ def host_address() -> str:
         address = probe.getsockname()[0]
     assert not address.startswith("127."), f"no address beside loopback ({address})"
     return address
+
+
+def prepare_aws_review(spec, **options):
+    """`prepare` of an aws run as `plan --no-upload` makes it (nothing stored), with fixed locks:
+    for tests of what it renders and derives, not of resolution."""
+    from dlinfra.prepare import NodeInstall, prepare
+    from dlinfra.targets import target_for
+
+    target = target_for("aws")
+    return prepare(
+        spec,
+        target.addresses(spec),
+        NodeInstall("dlinfra==0.0.0"),
+        locks=fixed_locks(),
+        typed=True,
+        upload=False,
+        **options,
+    )

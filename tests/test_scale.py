@@ -19,7 +19,7 @@ from dlinfra.render import node_config_from_user_data
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets import target_for
 from dlinfra.targets.aws import tfvars
-from support import Cli, fixed_locks
+from support import Cli, fixed_locks, prepare_aws_review
 
 EC2_USER_DATA_LIMIT = 16384
 
@@ -88,17 +88,8 @@ def test_user_data_over_ec2s_limit_is_refused_at_validate_naming_the_field(cli: 
 
 def test_an_oversized_user_data_leaves_no_run_behind(home: Path) -> None:
     spec = _aws(f"aws.pip_extra_ca={json.dumps(_pem(300))}")
-    target = target_for("aws")
     with pytest.raises(SpecError, match=r"aws\.pip_extra_ca"):
-        prepare(
-            spec,
-            target.addresses(spec),
-            NodeInstall("dlinfra==0.0.0"),
-            locks=fixed_locks(),
-            typed=True,
-            upload=False,
-            user_data_limit=target.user_data_limit,
-        )
+        prepare_aws_review(spec, user_data_limit=target_for("aws").user_data_limit)
     assert not list((home / "runs").iterdir())
 
 
@@ -146,15 +137,7 @@ def test_the_stack_gets_the_derived_nat_subnet(home: Path) -> None:
     spec = _aws(
         "aws.vpc_cidr=172.20.0.0/16", "aws.subnet_cidr=172.20.0.0/24", "storage.url=s3://results-b/runs"
     )
-    target = target_for("aws")
-    prepared = prepare(
-        spec,
-        target.addresses(spec),
-        NodeInstall("dlinfra==0.0.0"),
-        locks=fixed_locks(),
-        typed=True,
-        upload=False,
-    )
+    prepared = prepare_aws_review(spec)
     network = tfvars.stack_tfvars(prepared)["network"]
     assert network == {
         "vpc_cidr": "172.20.0.0/16",

@@ -11,19 +11,17 @@ import pytest
 
 from dlinfra.errors import DlinfraError
 from dlinfra.node import spot
-from dlinfra.prepare import NodeInstall, prepare
 from dlinfra.runs.compare import cost_usd, node_hours
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import Heal, Manifest, Notice
 from dlinfra.runs.store import Store
 from dlinfra.spec.loading import Overrides, load_spec
-from dlinfra.targets import target_for
 from dlinfra.targets.aws import review, tfvars
 from dlinfra.targets.aws.healing import check_heal_plan
 from dlinfra.targets.aws.spot import decide, is_capacity_error, left_for_notice
 from dlinfra.terraform import PlannedChange, planned_changes
 from metadata_stand_in import MetadataStandIn
-from support import Cli, fixed_locks, node_configs
+from support import Cli, node_configs, prepare_aws_review
 
 
 def _spec(*sets: str, target: str = "local"):
@@ -233,15 +231,7 @@ def test_fallback_wait_backs_off_within_heal_timeout_then_fails() -> None:
 
 def test_on_demand_fallback_tfvars_move_only_that_node(home: Path) -> None:
     spec = _spec("cluster.workers.spot=true", "storage.url=s3://results-b/runs", target="aws")
-    target = target_for("aws")
-    prepared = prepare(
-        spec,
-        target.addresses(spec),
-        NodeInstall("dlinfra==0.0.0"),
-        locks=fixed_locks(),
-        typed=True,
-        upload=False,
-    )
+    prepared = prepare_aws_review(spec)
     variables = tfvars.stack_tfvars(prepared)
     moved = tfvars.on_demand(variables, ["worker-1"])
     workers = moved["roles"]["worker"]
