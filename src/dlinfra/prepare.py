@@ -25,10 +25,10 @@ from dlinfra.render import (
     node_config_from_user_data,
     render_cluster,
 )
-from dlinfra.runs.bundle import Bundle, file_sha256, pack_entrypoint
+from dlinfra.runs.bundle import Bundle, file_sha256, pack_code
 from dlinfra.runs.layout import RunStore, bundle_key
 from dlinfra.runs.records import EnvironmentPin, WheelPin
-from dlinfra.runs.run import Run, package_version
+from dlinfra.runs.run import Run, home, package_version
 from dlinfra.spec.model import Spec
 
 
@@ -93,8 +93,8 @@ def prepare(
     names the wheel's store URI, but nothing goes to the store. A spec whose user-data would exceed
     `user_data_limit` leaves nothing behind: it is rendered before anything is stored."""
     base = spec_path.absolute().parent if spec_path else Path.cwd()
-    if code is None and spec.training.entrypoint:
-        code = pack_entrypoint(spec.training.entrypoint, base)
+    if code is None:
+        code = pack_code(spec.training, base, home())
     spec = absolute_dataset(spec, base)
     dataset = dataset_pin(spec)
     # The flavors its nodes run, before the run exists: an environment that cannot be resolved is
@@ -167,8 +167,10 @@ class Environment:
         if locks is None:
             dlinfra = str(install.wheel) if install.wheel else (install.requirement or "").partition("==")[2]
             flavors = sorted({cfg.flavor for cfg in configs.values()})
+            script = spec.training.command is not None
             locks = {
-                f: resolve(dlinfra, spec.training.requirements, f, install.platform, index) for f in flavors
+                f: resolve(dlinfra, spec.training.requirements, f, install.platform, index, script)
+                for f in flavors
             }
         return cls(locks, index)
 

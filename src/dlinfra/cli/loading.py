@@ -20,10 +20,15 @@ def load_checked(path: Path | None, overrides: Overrides) -> Spec:
     from dlinfra.targets import hardware_problems
 
     resolved = load_spec(path, overrides, check=hardware_problems)
+    base = path.absolute().parent if path else Path.cwd()
     if resolved.training.entrypoint:
         from dlinfra.runs.bundle import entrypoint_file
 
-        entrypoint_file(resolved.training.entrypoint, path.absolute().parent if path else Path.cwd())
+        entrypoint_file(resolved.training.entrypoint, base)
+    if resolved.training.command:
+        from dlinfra.runs.bundle import command_file
+
+        command_file(resolved.training.command, base)
     warn_hardware(resolved)
     return resolved
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from rich.text import Text
 from dlinfra.cli.console import out, table_box
 from dlinfra.deploy import Outcome, Snapshot
 from dlinfra.runs.compare import COLUMNS
+from dlinfra.runs.records import Metrics
 from dlinfra.runs.startup import describe
 from dlinfra.spec.catalog import InstanceType, catalog
 
@@ -55,7 +57,7 @@ def _node_cells(name: str, st: dict[str, Any] | None, now: float) -> dict[str, s
     if st is None:
         return dict(zip(NODE_COLUMNS, (name, "booting", *("-",) * 6), strict=True))
     total = st.get("total_steps")
-    step = f"{st.get('step', 0)}/{total}" if total else "-"
+    step = f"{st.get('step', 0)}/{total}" if total else (str(st["step"]) if st.get("step") else "-")
     state = st.get("state", "?")
     if st.get("process") in ("stopped", "zombie", "gone") and state not in ("done", "failed", "stopped"):
         state += f" (process {st['process']})"  # what the beacon sees, not what the trainer last said
@@ -106,8 +108,11 @@ def nodes_table(nodes: dict[str, dict[str, Any] | None], width: int, title: str 
 def progress_line(snap: Snapshot) -> str:
     """One line for logs and CI, where a live table cannot redraw."""
     up = sum(1 for s in snap.nodes.values() if s is not None)
-    trainer = next((s for s in snap.nodes.values() if s and s.total_steps), None)
-    step = f"step {trainer.step}/{trainer.total_steps}" if trainer else "starting"
+    trainer = next((s for s in snap.nodes.values() if s and (s.total_steps or s.step)), None)
+    if trainer is None:
+        step = "starting"
+    else:  # a script reports steps without a total (or nothing: then its nodes' states say it runs)
+        step = f"step {trainer.step}" + (f"/{trainer.total_steps}" if trainer.total_steps else "")
     loss = f" loss {trainer.loss:.4f}" if trainer and trainer.loss is not None else ""
     return f"[{snap.elapsed:5.0f}s] nodes up {up}/{len(snap.nodes)} · {step}{loss}"
 
@@ -161,6 +166,8 @@ def result_table(outcome: Outcome) -> Table:
     )
     table.add_column("metric")
     table.add_column("value", justify="right", overflow="fold")
+    if m is not None and m.mode == "script":
+        return _script_result(table, outcome, m)
     rows = [
         ("strategy", m.strategy if m else "-"),
         ("workers / ps", f"{m.workers} / {m.ps}" if m else "- / -"),
@@ -178,6 +185,24 @@ def result_table(outcome: Outcome) -> Table:
     ]
     for key, value in rows:
         table.add_row(key, str(value))
+    return table
+
+
+def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:
+    """A script run: what it reported, under its own names; what it did not report is said so."""
+    steps = str(m.steps) if m.steps is not None else "unknown (the script reported none: dlinfra.report)"
+    rows = [
+        ("command", shlex.join(m.command or [])),
+        ("strategy", m.strategy),
+        ("workers / ps", f"{m.workers} / {m.ps}"),
+        ("steps", steps),
+        *((name, f"{value:.6g}") for name, value in sorted(m.scalars.items())),
+        ("script time", f"{m.train_seconds:.1f} s"),
+        ("total time", f"{outcome.wall_seconds:.1f} s"),
+        ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
     return table
 
 

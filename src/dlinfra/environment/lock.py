@@ -8,6 +8,7 @@ a baked image, a cached local venv and a node compare locks by that digest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -25,6 +26,10 @@ from dlinfra.errors import DlinfraError, SpecError, mask
 
 Flavor = Literal["cpu", "gpu"]
 EXTRAS: dict[Flavor, str] = {"cpu": "train,aws", "gpu": "train-gpu,aws"}
+# A script that pins its own TensorFlow (an Estimator program on 2.15, say) gets no TensorFlow of
+# dlinfra's: its beacon and agent import none, so the script's pin is the only one in the lock.
+SCRIPT_EXTRAS = "script,aws"
+TENSORFLOW_NAMES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tf-nightly")
 FIELD = "training.requirements"
 PYPI = "https://pypi.org/simple"
 RESOLVE_TIMEOUT = 600.0
@@ -149,13 +154,38 @@ def uv_environ(index: Index, scratch: Path) -> dict[str, str]:
     return env
 
 
-def resolve(dlinfra: str, requirements: list[str], flavor: Flavor, target: Platform, index: Index) -> Lock:
+def pins_tensorflow(requirements: list[str]) -> bool:
+    """Whether the requirements name a TensorFlow build of their own."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for text in requirements:
+        with contextlib.suppress(InvalidRequirement):
+            if normalize(Requirement(text).name) in TENSORFLOW_NAMES:
+                return True
+    return False
+
+
+def extras(flavor: Flavor, requirements: list[str], script: bool) -> str:
+    """dlinfra's extras in the lock: its TensorFlow build, unless a script brings its own."""
+    return SCRIPT_EXTRAS if script and pins_tensorflow(requirements) else EXTRAS[flavor]
+
+
+def resolve(
+    dlinfra: str,
+    requirements: list[str],
+    flavor: Flavor,
+    target: Platform,
+    index: Index,
+    script: bool = False,
+) -> Lock:
     """The lock of one flavor. `dlinfra` is the run's wheel (a path) or a release pin (`==X`).
-    A conflict, or a requirement no index holds, is a SpecError (exit 2) naming the field."""
+    `script`: the nodes run the user's command (see extras). A conflict, or a requirement no index
+    holds, is a SpecError (exit 2) naming the field."""
+    wanted = extras(flavor, requirements, script)
     if dlinfra.endswith(".whl"):
-        top = f"dlinfra[{EXTRAS[flavor]}] @ {Path(dlinfra).absolute().as_uri()}"
+        top = f"dlinfra[{wanted}] @ {Path(dlinfra).absolute().as_uri()}"
     else:
-        top = f"dlinfra[{EXTRAS[flavor]}]=={dlinfra.removeprefix('==') or __version__}"
+        top = f"dlinfra[{wanted}]=={dlinfra.removeprefix('==') or __version__}"
     with tempfile.TemporaryDirectory(prefix="dlinfra-lock-") as tmp:
         scratch = Path(tmp)
         (scratch / "requirements.in").write_text("\n".join([top, *requirements]) + "\n", encoding="utf-8")

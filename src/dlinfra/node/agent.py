@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dlinfra.contract import EXIT_DONE, EXIT_FAILED, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
+from dlinfra.contract import EXIT_DONE, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
 from dlinfra.environment.installed import check
 from dlinfra.errors import DlinfraError
 from dlinfra.node import devices, serving, spot
 from dlinfra.node.beacon import port_open
-from dlinfra.node.status import NodeStatus
+from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import backoff_seconds, is_transient
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import RunStore
@@ -54,14 +54,18 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         status.stop(state=marker.marker.lower())
         return EXIT_DONE
     if status.restarts > cfg.max_restarts:
-        return _give_up(cfg, store, status, f"restarted {status.restarts} times (max_restarts)", "")
+        return give_up(cfg, store, status, f"restarted {status.restarts} times (max_restarts)", "")
     _start_watchdog(cfg, store, status)
     if delay := backoff_seconds(status.restarts):
         status.update(state=f"restarting in {delay:.0f}s")
         time.sleep(delay)
     try:
         if cfg.lock_sha256 and (problem := _off_lock(cfg, status)):
-            return _give_up(cfg, store, status, problem, "", verdict="environment")
+            return give_up(cfg, store, status, problem, "", verdict="environment")
+        if cfg.training.command:  # the user's own program: no TensorFlow of ours in this process
+            from dlinfra.node import script
+
+            return script.run(cfg, store, status, work, log_file)
         serves = cfg.strategy == "parameter_server" and cfg.role != "chief"
         if serves and cfg.gpus == 0:  # nothing to check on a CPU node that only serves: see serving
             return _serve(cfg, store, status, devices.inter_op_threads(), lean=True)
@@ -72,7 +76,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         pools = f", inter-op threads {threads}" if threads else ""
         print(f"devices: {', '.join(found.names)} (CUDA_VISIBLE_DEVICES={visible!r}{pools})", flush=True)
         if problem := devices.shortfall(cfg, found, visible):
-            return _give_up(cfg, store, status, problem, "", verdict="devices")
+            return give_up(cfg, store, status, problem, "", verdict="devices")
         if serves:
             return _serve(cfg, store, status, threads, lean=False)
         return _train(cfg, store, status, work)
@@ -84,7 +88,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
             print("a peer was lost: exiting for a restart from the latest checkpoint", flush=True)
             status.stop(state="lost peer", error=error[:500])
             return EXIT_RETRY
-        return _give_up(cfg, store, status, error, trace)
+        return give_up(cfg, store, status, error, trace)
 
 
 def _off_lock(cfg: NodeConfig, status: NodeStatus) -> str | None:
@@ -95,15 +99,6 @@ def _off_lock(cfg: NodeConfig, status: NodeStatus) -> str | None:
     if problem is None:
         print(f"environment: the run's lock {cfg.lock_sha256[:12]}, {len(packages)} packages", flush=True)
     return problem
-
-
-def _give_up(
-    cfg: NodeConfig, store: RunStore, status: NodeStatus, error: str, trace: str, verdict: str = "failed"
-) -> int:
-    print(f"node {cfg.name} failed: {error}", file=sys.stderr, flush=True)
-    status.stop(state="failed", error=error)
-    store.write_marker("FAILED", node=cfg.name, verdict=verdict, error=error, traceback=trace[-4000:])
-    return EXIT_FAILED
 
 
 # ---------------------------------------------------------------- ps and workers of the ps strategy

@@ -88,7 +88,7 @@ class Beacon:
             # Its own process group: a signal meant for the trainer (a debugger's SIGSTOP) leaves the
             # beacon running to report it.
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
 
     def watch(self, trainer: subprocess.Popen[bytes]) -> int:
@@ -98,10 +98,12 @@ class Beacon:
             leaving = self.spot is not None and self.spot.leaving.is_set()
             if leaving and code is not None and fields is not None:
                 fields["state"] = "interrupted"
-            self.publish(trainer.pid, fields, gone=code is not None)
+            # the process that trains: the trainer, or in script mode the user's script it runs
+            pid = int((fields or {}).get("pid") or trainer.pid)
+            self.publish(pid, fields, gone=code is not None)
             if code is not None:
                 return self.spot.finish() if self.spot is not None and leaving else _end_like(code)
-            self.answer_stack_requests(trainer.pid)
+            self.answer_stack_requests(pid)
             if self._past_max_runtime(fields):
                 self.store.write_marker(
                     "STOPPED", node=self.cfg.name, reason="max_runtime (trainer unresponsive)"
@@ -219,7 +221,7 @@ def _end_like(code: int) -> int:
     return 128 - code  # not reached for fatal signals
 
 
-def _die_with_parent() -> Any:
+def die_with_parent() -> Any:
     """In the trainer, before exec: if the beacon dies (SIGKILL at teardown), the trainer dies too."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

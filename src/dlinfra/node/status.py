@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from dlinfra.contract import EXIT_FAILED, NodeConfig
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
 
@@ -100,3 +102,12 @@ class NodeStatus:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.fields), encoding="utf-8")
         tmp.replace(self.path)
+
+
+def give_up(
+    cfg: NodeConfig, store: RunStore, status: NodeStatus, error: str, trace: str, verdict: str = "failed"
+) -> int:
+    print(f"node {cfg.name} failed: {error}", file=sys.stderr, flush=True)
+    status.stop(state="failed", error=error)
+    store.write_marker("FAILED", node=cfg.name, verdict=verdict, error=error, traceback=trace[-4000:])
+    return EXIT_FAILED

@@ -1,9 +1,10 @@
 """Code bundles: the user's training code, packed so that the same files always give the same bytes.
 
-The directory holding the entrypoint file is packed into a tar.gz with sorted entries and zeroed
-times, owners and modes (so its sha256 names the code, not the checkout); it goes to the run's store
-(see layout) and every node, on any target, runs the code from there. A rerun
-copies the bundle of the original run, so it runs the original code even after the files changed.
+The directory holding the entrypoint file (script mode: the experiment file's directory) is packed
+into a tar.gz with sorted entries and zeroed times, owners and modes (so its sha256 names the code,
+not the checkout); it goes to the run's store (see layout) and every node, on any target, runs the
+code from there. A rerun copies the bundle of the original run, so it runs the original code even
+after the files changed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from dlinfra.errors import SpecError, StoreError
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import BundlePin
+from dlinfra.spec.model import TrainingSpec
 
 MAX_BUNDLE_BYTES = 50 * 1024 * 1024
 SKIPPED_DIRS = {"__pycache__", "node_modules", "venv"}
@@ -64,11 +66,39 @@ def entrypoint_file(entrypoint: str, base: Path) -> Path:
     return path
 
 
-def pack_entrypoint(entrypoint: str, base: Path) -> Bundle:
+def pack_entrypoint(entrypoint: str, base: Path, leave_out: Path | None = None) -> Bundle:
     """Bundle the directory of 'file.py:function' (a path relative to `base`, the spec's directory)."""
     path = entrypoint_file(entrypoint, base)
-    archive, listed = pack(path.parent)
+    archive, listed = pack(path.parent, leave_out=leave_out)
     return Bundle(archive, f"{path.name}:{entrypoint.rpartition(':')[2]}", listed)
+
+
+def pack_code(training: TrainingSpec, base: Path, leave_out: Path) -> Bundle | None:
+    """The run's code: the entrypoint's directory, or in script mode (`training.command`) the
+    experiment file's directory `base`, which the command runs from. `leave_out`: dlinfra's own runs
+    (DLINFRA_HOME), never code though it may lie below it."""
+    if training.entrypoint:
+        return pack_entrypoint(training.entrypoint, base, leave_out)
+    if training.command:
+        archive, listed = pack(base, "training.command", leave_out)
+        return Bundle(archive, "", listed)
+    return None
+
+
+def command_file(command: list[str], base: Path) -> Path | None:
+    """The script a `python FILE ...` command runs, when it names one, checked before anything starts
+    (a missing file is a typo that would otherwise fail on every node)."""
+    if len(command) < 2 or not Path(command[0]).name.startswith("python") or not command[1].endswith(".py"):
+        return None
+    path = (base / command[1]).resolve()
+    if not path.is_file():
+        raise SpecError(
+            [
+                f"training.command: {command[1]} is not a file in {base}, the directory the command runs "
+                "from. Fix: give the script's path relative to the experiment file"
+            ]
+        )
+    return path
 
 
 def _ignored(root: Path) -> tuple[list[str], list[str]]:
@@ -83,10 +113,13 @@ def _ignored(root: Path) -> tuple[list[str], list[str]]:
     return out, back
 
 
-def _files(root: Path) -> list[Path]:
+def _files(root: Path, leave_out: Path | None) -> list[Path]:
     out, back = _ignored(root)
+    root, skipped = root.resolve(), leave_out.resolve() if leave_out else None
     found = []
     for path in sorted(root.rglob("*")):
+        if skipped is not None and path.is_relative_to(skipped):
+            continue
         rel = path.relative_to(root)
         parts = rel.parts
         if any(p.startswith(".") or p in SKIPPED_DIRS for p in parts) or path.name.endswith(SKIPPED_SUFFIXES):
@@ -100,24 +133,27 @@ def _files(root: Path) -> list[Path]:
     return found
 
 
-def pack(root: Path) -> tuple[bytes, tuple[str, ...]]:
+def pack(
+    root: Path, field: str = "training.entrypoint", leave_out: Path | None = None
+) -> tuple[bytes, tuple[str, ...]]:
     """A reproducible tar.gz of `root` (hidden paths, caches and virtualenvs left out), and what it
     holds as relative paths: one walk, so what is listed for review is exactly what is packed."""
     raw = io.BytesIO()
     listed = []
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         total = 0
-        for path in _files(root):
+        for path in _files(root, leave_out):
             data = path.read_bytes()
             total += len(data)
             if total > MAX_BUNDLE_BYTES:
                 raise SpecError(
                     [
-                        f"training.entrypoint: {root} holds over {MAX_BUNDLE_BYTES // 2**20} MB of files. "
-                        "Fix: keep the training code in its own directory; read data through training.dataset"
+                        f"{field}: {root} holds over {MAX_BUNDLE_BYTES // 2**20} MB of files. Fix: keep the "
+                        f"training code in its own directory, or leave files out with {IGNORE_FILE}; read "
+                        "data from the store or DLINFRA_DATA_DIR"
                     ]
                 )
-            listed.append(path.relative_to(root).as_posix())
+            listed.append(path.relative_to(root.resolve()).as_posix())
             info = tarfile.TarInfo(listed[-1])
             info.size, info.mtime, info.mode = len(data), 0, 0o644
             tar.addfile(info, io.BytesIO(data))
@@ -137,6 +173,12 @@ def file_sha256(path: Path) -> str:
 
 def materialize(store: RunStore, sha256: str, entrypoint: str, work: Path) -> str:
     """Unpack the bundle into the node's work dir; the entrypoint as a path a node can import."""
+    file_name, _, func = entrypoint.rpartition(":")
+    return f"{unpack(store, sha256, work) / file_name}:{func}"
+
+
+def unpack(store: RunStore, sha256: str, work: Path) -> Path:
+    """The bundle's files in the node's work dir (unpacked once per node and bundle)."""
     target = work / f"code-{sha256[:12]}"
     if not target.exists():
         partial = work / f".code-{sha256[:12]}.partial"
@@ -155,5 +197,4 @@ def materialize(store: RunStore, sha256: str, entrypoint: str, work: Path) -> st
             shutil.rmtree(partial, ignore_errors=True)
             raise
         partial.replace(target)
-    file_name, _, func = entrypoint.rpartition(":")
-    return f"{target / file_name}:{func}"
+    return target

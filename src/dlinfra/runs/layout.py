@@ -48,6 +48,7 @@ MANIFEST = "manifest.json"
 METRICS = "metrics.json"
 CHECKPOINTS = "checkpoints"
 LATEST_CHECKPOINT = f"{CHECKPOINTS}/latest.json"
+SCRIPT_CHECKPOINTS = f"{CHECKPOINTS}/files"  # script mode: every node's checkpoint directory, merged
 MODEL = "model"
 TENSORBOARD = "tensorboard"
 STACKS_REQUEST = "debug/request.json"
@@ -176,6 +177,22 @@ class RunStore:
 
     def tensorboard_uri(self) -> str:
         return self.store.uri(TENSORBOARD)
+
+    # ---------------------------------------------------------------- script mode: synced directories
+
+    def put_synced(self, prefix: str, rel: str, path: Path) -> None:
+        tags = CHECKPOINT_TAGS if prefix == SCRIPT_CHECKPOINTS else None
+        self.store.put_file(f"{prefix}/{rel}", path, tags=tags)
+
+    def synced(self, prefix: str) -> list[str]:
+        """The files under `prefix`, relative to it."""
+        return [key[len(prefix) + 1 :] for key in self.store.list_keys(prefix + "/")]
+
+    def get_synced(self, prefix: str, rel: str, path: Path) -> bool:
+        return self.store.get_file(f"{prefix}/{rel}", path)
+
+    def synced_uri(self, prefix: str) -> str:
+        return self.store.uri(prefix)
 
     # ---------------------------------------------------------------- stack dumps of a live run
 

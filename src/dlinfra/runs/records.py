@@ -125,13 +125,17 @@ class MeanSd(BaseModel):
 class Metrics(Record):
     """What the chief measured and left."""
 
-    eval_accuracy: float
-    steps: int
-    total_steps: int
+    # program: dlinfra's loop trained a Program; script: the user's command ran (training.command)
+    mode: Literal["program", "script"] = "program"
+    command: list[str] | None = None
+    eval_accuracy: float | None = None  # a script's only when it reported one (eval_accuracy)
+    steps: int | None = None  # a script's last reported step (None: it reported none)
+    total_steps: int | None = None
+    scalars: dict[str, float] = Field(default_factory=dict)  # a script's last reported scalars
     strategy: str
     workers: int
     ps: int
-    batch_size: int  # per replica
+    batch_size: int | None = None  # per replica
     replicas: int | None = None  # model copies computing gradients (every GPU, or one per CPU worker)
     global_batch: int | None = None  # examples behind one optimizer update
     learning_rate: float | None = None  # as used

@@ -65,8 +65,9 @@ def load_origin(
     code = None
     if pin := manifest.bundle:
         code = Bundle(run.store().bundle(pin.sha256), pin.entrypoint)
-    elif spec.training.entrypoint:
-        raise SpecError([f"rerun {run_id}: the run used training.entrypoint but recorded no code bundle"])
+    elif spec.training.entrypoint or spec.training.command:
+        field = "entrypoint" if spec.training.entrypoint else "command"
+        raise SpecError([f"rerun {run_id}: the run used training.{field} but recorded no code bundle"])
     wheel = _original_wheel(run, manifest.wheel) if manifest.wheel else None
     pins = {"rerun_of": run.id, "unpinned": gaps, "git": manifest.git, "spec_path": manifest.spec_path}
     # the images the original booted: its target boots them again (see the target's plan)

@@ -224,7 +224,16 @@ class TrainingSpec(StrictModel):
     model: ModelSpec = ModelSpec()
     dataset: DatasetSpec = DatasetSpec()
     entrypoint: str | None = Field(
-        None, description="User code 'path/to/file.py:function' returning a dlinfra.training.UserProgram."
+        None,
+        description="User code 'path/to/file.py:function' returning a dlinfra.training.program.Program, "
+        "trained by dlinfra's loop. One of entrypoint or command.",
+    )
+    command: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Script mode: the program every node runs as it is, e.g. [python, train.py, --epochs, "
+        "'3'], from the experiment file's directory, with TF_CONFIG and the DLINFRA_* variables set "
+        "(README: Bring your own script). One of entrypoint or command.",
     )
     requirements: list[str] = Field(
         default_factory=list,
@@ -270,6 +279,35 @@ class TrainingSpec(StrictModel):
         if problems:
             raise ValueError(f"{'; '.join(problems)}. Fix: {REQUIREMENT_FIX}")
         return v
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command_words(cls, v: Any) -> Any:
+        """YAML reads `--epochs, 3` as a number: numbers are taken as the words they were written as."""
+        if isinstance(v, str):
+            raise ValueError(
+                f"must be a list of words, not one string (got {shown(v)}). Fix: command: "
+                f"{v.split()!r}, as the script's argv"
+            )
+        if isinstance(v, list):
+            return [str(a) if isinstance(a, int | float) and not isinstance(a, bool) else a for a in v]
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command_form(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v[0].strip() or any("\0" in arg for arg in v)):
+            raise ValueError(f"needs a program to run first, e.g. [python, train.py] (got {shown(v)})")
+        return v
+
+    @model_validator(mode="after")
+    def _one_program(self) -> TrainingSpec:
+        if self.entrypoint and self.command:
+            raise ValueError(
+                "entrypoint and command are both set: give one. Fix: entrypoint for a Program that "
+                "dlinfra's loop trains, command to run your own training script as it is"
+            )
+        return self
 
     @field_validator("entrypoint")
     @classmethod

@@ -1,0 +1,411 @@
+"""Script mode: a node runs the user's own training program (`training.command`) as it is.
+
+The node agent (`dlinfra node train`, started and watched by the beacon as always) restores the
+run's checkpoint files, starts the command from the code bundle with TF_CONFIG and the DLINFRA_*
+variables, and stays beside it: it reads the script's progress reports (dlinfra.report), keeps the
+checkpoint and TensorBoard directories synced to the store, and ends the node the way the script
+ended. The agent imports no TensorFlow, so the script's environment may hold whichever TensorFlow its
+requirements pin.
+
+The node that owns the result (the chief; worker 0 without one) decides the run: its exit 0, with a
+model in DLINFRA_MODEL_DIR, is DONE; any node's failure is FAILED with its exit code and last lines.
+The other nodes stop once the run has ended (a ps serves until then).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
+from dlinfra.node.beacon import die_with_parent, port_open
+from dlinfra.node.status import NodeStatus, give_up
+from dlinfra.node.supervision import CLEAN_STOP_SIGNALS, TRANSIENT_TF_ERRORS
+from dlinfra.progress import PROGRESS_FILE, read_report
+from dlinfra.runs import bundle
+from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, TENSORBOARD, RunStore
+from dlinfra.runs.records import Metrics
+
+MODEL_DIR = "DLINFRA_MODEL_DIR"
+CHECKPOINT_DIR = "DLINFRA_CHECKPOINT_DIR"
+TENSORBOARD_DIR = "DLINFRA_TENSORBOARD_DIR"
+DATA_DIR = "DLINFRA_DATA_DIR"
+RUN_ID = "DLINFRA_RUN_ID"
+NODE = "DLINFRA_NODE"
+GPUS = "DLINFRA_GPUS"
+POLL_SECONDS = 0.5
+MARKER_SECONDS = 1.0  # how often a node looks for the run's end in the store
+SYNC_SECONDS = 10.0
+STOP_GRACE = 30.0  # after the run ended elsewhere: SIGTERM, then this long before SIGKILL
+# Without reports, the script's CPU time stands in for progress: a script waiting forever (on a peer
+# that never comes, on a lock) uses next to none; one that trains uses a core.
+BUSY_CPU_SECONDS = 0.5
+BUSY_WINDOW = 10.0
+TAIL_LINES = 40
+TAIL_BYTES = 4000
+
+
+@dataclass(frozen=True)
+class ScriptDirs:
+    """The node's local directories a script is given (the model's is emptied each life)."""
+
+    model: Path
+    checkpoint: Path
+    tensorboard: Path
+    data: Path
+    progress: Path
+
+    @classmethod
+    def under(cls, work: Path) -> ScriptDirs:
+        dirs = cls(
+            work / "model", work / "checkpoints", work / "tensorboard", work / "data", work / "progress.json"
+        )
+        shutil.rmtree(dirs.model, ignore_errors=True)
+        dirs.progress.unlink(missing_ok=True)
+        for path in (dirs.model, dirs.checkpoint, dirs.tensorboard, dirs.data):
+            path.mkdir(parents=True, exist_ok=True)
+        return dirs
+
+    def environ(self, cfg: NodeConfig) -> dict[str, str]:
+        return {
+            MODEL_DIR: str(self.model),
+            CHECKPOINT_DIR: str(self.checkpoint),
+            TENSORBOARD_DIR: str(self.tensorboard),
+            DATA_DIR: str(self.data),
+            PROGRESS_FILE: str(self.progress),
+            RUN_ID: cfg.run_id,
+            NODE: cfg.name,
+            GPUS: str(cfg.gpus),
+        }
+
+
+class DirectorySync:
+    """Mirrors a local directory into a store prefix: each file whose size or mtime changed since it
+    was last sent, TensorFlow's `checkpoint` state files last (they name the newest checkpoint, whose
+    files are then already there). Every node sends into the same prefix: under parameter servers each
+    ps writes its own shards of a checkpoint, and a restore reads the union."""
+
+    def __init__(self, store: RunStore, local: Path, prefix: str):
+        self.store, self.local, self.prefix = store, local, prefix
+        self.sent: dict[str, tuple[int, int]] = {}
+        self.files = 0
+
+    def push(self) -> int:
+        changed = []
+        for path in sorted(self.local.rglob("*")):
+            if not path.is_file() or "_temp" in path.relative_to(self.local).as_posix():
+                continue  # TensorFlow's half-written shards live under *_temp/ until renamed
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            rel = path.relative_to(self.local).as_posix()
+            if self.sent.get(rel) != (stat.st_size, stat.st_mtime_ns):
+                changed.append((rel, path, (stat.st_size, stat.st_mtime_ns)))
+        changed.sort(key=lambda item: Path(item[0]).name == "checkpoint")
+        for rel, path, seen in changed:
+            try:
+                self.store.put_synced(self.prefix, rel, path)
+            except FileNotFoundError:  # deleted meanwhile (a checkpoint manager's max_to_keep)
+                continue
+            self.sent[rel] = seen
+        self.files = len(self.sent)
+        return len(changed)
+
+    def pull(self) -> int:
+        """Every file of the prefix into the local directory (a restarted node's restore)."""
+        got = 0
+        for rel in self.store.synced(self.prefix):
+            path = self.local / rel
+            if self.store.get_synced(self.prefix, rel, path):
+                stat = path.stat()
+                self.sent[rel] = (stat.st_size, stat.st_mtime_ns)
+                got += 1
+        self.files = len(self.sent)
+        return got
+
+
+@dataclass
+class ScriptProgress:
+    """What the script reported (dlinfra.report), turned into status fields and the run's series."""
+
+    status: NodeStatus
+    path: Path
+    step: int | None = None
+    scalars: dict[str, float | None] = field(default_factory=dict)
+    first_step_at: float | None = None
+    series: list[tuple[float, int, float]] = field(default_factory=list)
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    _cpu: tuple[float, float] | None = None  # (when, CPU seconds) of the last busy check
+
+    def read(self) -> None:
+        found = read_report(self.path)
+        if found is None or (found["step"] == self.step and found.get("scalars") == self.scalars):
+            return
+        self.step, self.scalars = found["step"], dict(found.get("scalars") or {})
+        at = float(found.get("time") or time.time())
+        if self.first_step_at is None:
+            self.first_step_at = at
+            self.status.mark("first step", at=at)
+        loss, rate = self.scalars.get("loss"), self.scalars.get("examples_per_sec")
+        if loss is not None and (not self.losses or self.losses[-1][0] != self.step):
+            self.losses.append((self.step, loss))
+        if rate is not None:
+            self.series.append((at, self.step, rate))
+        self.status.update(step=self.step, loss=loss, examples_per_sec=rate)
+
+    def busy(self, pid: int) -> None:
+        """A script that reports nothing: its CPU use marks progress for the stall verdict."""
+        if self.step is not None:
+            return
+        now, cpu = time.time(), cpu_seconds(pid)
+        if cpu is None:
+            return
+        if self._cpu is None:
+            self._cpu = (now, cpu)
+        elif now - self._cpu[0] >= BUSY_WINDOW:
+            if cpu - self._cpu[1] >= BUSY_CPU_SECONDS:
+                self.status.update(progress_at=now)
+            self._cpu = (now, cpu)
+
+
+def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_file: Path | None) -> int:
+    """One life of a script-mode node: the exit code tells its beacon what to do next."""
+    command = cfg.training.command or []
+    assert cfg.bundle is not None
+    code = bundle.unpack(store, cfg.bundle, work)
+    dirs = ScriptDirs.under(work)
+    checkpoints = DirectorySync(store, dirs.checkpoint, SCRIPT_CHECKPOINTS)
+    tensorboard = DirectorySync(store, dirs.tensorboard, TENSORBOARD)
+    if restored := checkpoints.pull():
+        print(f"restored {restored} checkpoint files from the store into {dirs.checkpoint}", flush=True)
+        status.update(resumed_from=status.fields.get("step"))
+    stopping: list[int] = []
+    for sig in CLEAN_STOP_SIGNALS:  # the beacon signals the whole group: the script gets it too
+        signal.signal(sig, lambda signum, frame: stopping.append(signum))
+    variables = dirs.environ(cfg)
+    argv = expand(command, variables)
+    print(f"running {shlex.join(argv)} in {code}", flush=True)
+    try:
+        script = subprocess.Popen(
+            argv,
+            cwd=code,
+            env=script_environ(variables),
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,  # the max_runtime watchdog ends this agent: the script too
+        )
+    except OSError as exc:
+        return give_up(
+            cfg,
+            store,
+            status,
+            f"training.command could not start on {cfg.name}: {command[0]!r}: {exc.strerror}. Fix: name a "
+            "program the run's environment has (python, or a script in the bundle made executable)",
+            "",
+            verdict="command",
+        )
+    status.mark("program")
+    status.update(state="running", pid=script.pid)
+    progress = ScriptProgress(status, dirs.progress)
+    owner = cfg.is_chief
+    # whose checkpoint files a restore needs: the owner's, and each ps's shards of the variables
+    # (other workers' are TensorFlow's per-worker temporary copies)
+    holds = owner or cfg.role == "ps"
+    alone_check = owner and sum(len(a) for a in cfg.peers.values()) > 1
+    served = not alone_check
+    started = time.time()
+    synced = marker_read = 0.0
+    while True:
+        try:
+            exit_code = script.wait(POLL_SECONDS)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        progress.read()
+        progress.busy(script.pid)
+        served = served or port_open(cfg.address)
+        now = time.monotonic()
+        if now - synced > SYNC_SECONDS:
+            _push(checkpoints if holds else None, tensorboard if owner else None)
+            synced = now
+        if not stopping and now - marker_read > MARKER_SECONDS:
+            marker_read = now
+            if (marker := store.marker()) is not None:  # the run ended elsewhere: this node is done
+                _stop(script)
+                status.stop(state=marker.marker.lower())
+                return EXIT_DONE
+    took = time.time() - started
+    status.update(pid=os.getpid())
+    progress.read()
+    _push(checkpoints if holds else None, tensorboard if owner else None)
+    if stopping:  # told to stop (a spot notice, teardown): end as the trainer would have
+        status.stop(state="stopped")
+        _die_by(stopping[0])
+    if exit_code < 0:  # killed (kill -9, the OOM killer): a crash its supervisor restarts
+        print(f"the script was killed by signal {-exit_code}: exiting for a restart", flush=True)
+        status.stop(state="script killed", error=f"killed by signal {-exit_code}")
+        return EXIT_RETRY
+    tail = log_tail(log_file)
+    if exit_code != 0:
+        if any(name in line for line in tail[-TAIL_LINES:] for name in TRANSIENT_TF_ERRORS):
+            print("the script lost a peer (TensorFlow's UnavailableError and kin): exiting for a restart")
+            status.stop(state="lost peer", error=_last_error(tail))
+            return EXIT_RETRY
+        return give_up(
+            cfg,
+            store,
+            status,
+            f"the script exited with code {exit_code} on {cfg.name}: {_last_error(tail)}",
+            _tail_text(tail),
+            verdict="script",
+        )
+    if not owner:
+        status.stop(state="done", step=progress.step or 0)
+        return EXIT_DONE
+    if not served:
+        return give_up(
+            cfg,
+            store,
+            status,
+            f"the script on {cfg.name} exited 0 without ever serving on its TF_CONFIG address "
+            f"{cfg.address}: it ignored TF_CONFIG and trained alone, as every node did. Fix: build the "
+            "strategy from TF_CONFIG, e.g. tf.distribute.MultiWorkerMirroredStrategy() or "
+            "ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())",
+            "",
+            verdict="alone",
+        )
+    if not any(p.is_file() for p in dirs.model.rglob("*")):
+        return give_up(
+            cfg,
+            store,
+            status,
+            f"the script on {cfg.name} exited 0 but wrote no model into {MODEL_DIR} ({dirs.model}). Fix: "
+            f"save it there, e.g. model.save(os.path.join(os.environ['{MODEL_DIR}'], 'model.keras')) or "
+            f"tf.saved_model.save(model, os.environ['{MODEL_DIR}'])",
+            "",
+            verdict="no model",
+        )
+    return _finish(cfg, store, status, dirs, progress, checkpoints, took)
+
+
+def _finish(
+    cfg: NodeConfig,
+    store: RunStore,
+    status: NodeStatus,
+    dirs: ScriptDirs,
+    progress: ScriptProgress,
+    checkpoints: DirectorySync,
+    took: float,
+) -> int:
+    status.update(state="exporting")
+    model_uri = store.put_model(dirs.model)
+    scalars = {k: v for k, v in progress.scalars.items() if v is not None}
+    metrics = Metrics(
+        mode="script",
+        command=cfg.training.command,
+        eval_accuracy=scalars.get("eval_accuracy"),
+        steps=progress.step,
+        scalars=scalars,
+        strategy=cfg.strategy,
+        workers=cfg.num_workers,
+        ps=len(cfg.peers.get("ps", [])),
+        train_seconds=took,
+        first_step_at=progress.first_step_at,
+        finished_at=time.time(),
+        examples_per_sec_series=progress.series,
+        loss_series=progress.losses,
+        final_loss=scalars.get("loss"),
+        model_uri=model_uri,
+        checkpoint=store.synced_uri(SCRIPT_CHECKPOINTS) if checkpoints.files else None,
+    )
+    store.put_metrics(metrics)
+    store.write_marker("DONE", node=cfg.name, step=progress.step, eval_accuracy=metrics.eval_accuracy)
+    status.stop(state="done", step=progress.step or 0)
+    print(f"done: the script exited 0, model at {model_uri}", flush=True)
+    return EXIT_DONE
+
+
+def script_environ(variables: dict[str, str]) -> dict[str, str]:
+    """The script's environment: the node's, the DLINFRA_* variables, and the run's environment first
+    on PATH, so `python` (and any console script its packages install) is the locked one."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    return dict(os.environ, **variables, PATH=f"{bin_dir}{os.pathsep}{path}" if path else bin_dir)
+
+
+def expand(command: list[str], variables: dict[str, str]) -> list[str]:
+    """`$DLINFRA_MODEL_DIR` or `${DLINFRA_MODEL_DIR}` in a word of the command becomes its value, as a
+    shell would expand it (the command runs without one), so a script takes its paths as flags."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return variables.get(name, match.group(0))
+
+    return [re.sub(r"\$\{(DLINFRA_[A-Z_]+)\}|\$(DLINFRA_[A-Z_]+)", value, word) for word in command]
+
+
+def _push(*syncs: DirectorySync | None) -> None:
+    try:
+        for sync in syncs:
+            if sync is not None:
+                sync.push()
+    except Exception as exc:  # a store outage must not end the script; the next sync retries
+        print(f"could not sync to the store: {exc}", file=sys.stderr, flush=True)
+
+
+def _stop(script: subprocess.Popen[bytes]) -> None:
+    script.terminate()
+    try:
+        script.wait(STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        script.kill()
+        script.wait()
+
+
+def _die_by(signum: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    time.sleep(1)
+    os._exit(128 + signum)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU time of a process so far (its reaped children's included)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def log_tail(log_file: Path | None) -> list[str]:
+    """The node log's last lines (the script writes to the same log as its agent)."""
+    if log_file is None or not log_file.is_file():
+        return []
+    with open(log_file, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - 64 * 1024))
+        return fh.read().decode(errors="replace").splitlines()[-TAIL_LINES * 4 :]
+
+
+def _last_error(tail: list[str]) -> str:
+    """The line a user wants first: the exception a traceback ends with, else the last line."""
+    lines = [line.strip() for line in tail if line.strip()]
+    for line in reversed(lines):
+        if ("Error" in line or "Exception" in line) and ":" in line and not line.startswith("File "):
+            return line[:500]
+    return lines[-1][:500] if lines else "it printed nothing"
+
+
+def _tail_text(tail: list[str]) -> str:
+    return "\n".join(tail[-TAIL_LINES:])[-TAIL_BYTES:]
