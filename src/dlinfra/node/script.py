@@ -213,7 +213,8 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
             verdict="command",
         )
     status.mark("program")
-    status.update(state="running", pid=script.pid)
+    # The stall clock starts with the script; its reports (or, without them, its CPU use) move it on.
+    status.update(state="running", pid=script.pid, progress_at=time.time())
     progress = ScriptProgress(status, dirs.progress)
     owner = cfg.is_chief
     # whose checkpoint files a restore needs: the owner's, and each ps's shards of the variables

@@ -1,0 +1,52 @@
+"""A script for script mode's failure modes, told by --mode what to do wrong. It imports no
+TensorFlow (each case ends in seconds) and reads only what any script may: TF_CONFIG, the DLINFRA_*
+variables."""
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", required=True, choices=["exit-on-worker-1", "hang", "alone", "no-model"])
+args = parser.parse_args()
+node = os.environ["DLINFRA_NODE"]
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
+me = config["cluster"][task["type"]][task["index"]]
+
+
+def serve_like_tensorflow():
+    """Listen on this node's TF_CONFIG address, as a TensorFlow server would."""
+    host, _, port = me.rpartition(":")
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, int(port)))
+    server.listen()
+    return server
+
+
+def hang_forever():
+    while True:
+        time.sleep(3600)
+
+
+if args.mode == "exit-on-worker-1":
+    server = serve_like_tensorflow()
+    if node == "worker-1":
+        time.sleep(2)
+        print("ValueError: worker 1 found a label of 11 in a 10-class problem", file=sys.stderr)
+        sys.exit(3)
+    hang_forever()
+elif args.mode == "hang":
+    server = serve_like_tensorflow()
+    hang_forever()  # waits for a peer that never comes, before its first step
+elif args.mode == "alone":  # trains on its own copy of the data, never looking at TF_CONFIG
+    time.sleep(1)
+    with open(os.path.join(os.environ["DLINFRA_MODEL_DIR"], "model.txt"), "w") as out:
+        out.write("a model trained alone\n")
+elif args.mode == "no-model":
+    server = serve_like_tensorflow()
+    time.sleep(1)
