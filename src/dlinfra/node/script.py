@@ -27,6 +27,7 @@ from pathlib import Path
 
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
 from dlinfra.node.beacon import die_with_parent, port_open
+from dlinfra.node.spot import holds_state
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import CLEAN_STOP_SIGNALS, TRANSIENT_TF_ERRORS
 from dlinfra.progress import PROGRESS_FILE, read_report
@@ -65,8 +66,15 @@ class ScriptDirs:
 
     @classmethod
     def under(cls, work: Path) -> ScriptDirs:
+        # One checkpoint path for every node of the run, as a shared filesystem would give: TensorFlow's
+        # programs pass one path to every task (a ps writes its shards of a save under the path the
+        # chief names). Nodes sharing a machine (local) share the directory itself.
         dirs = cls(
-            work / "model", work / "checkpoints", work / "tensorboard", work / "data", work / "progress.json"
+            work / "model",
+            work.parent / "checkpoints",
+            work / "tensorboard",
+            work / "data",
+            work / "progress.json",
         )
         shutil.rmtree(dirs.model, ignore_errors=True)
         dirs.progress.unlink(missing_ok=True)
@@ -88,48 +96,66 @@ class ScriptDirs:
 
 
 class DirectorySync:
-    """Mirrors a local directory into a store prefix: each file whose size or mtime changed since it
-    was last sent, TensorFlow's `checkpoint` state files last (they name the newest checkpoint, whose
-    files are then already there). Every node sends into the same prefix: under parameter servers each
-    ps writes its own shards of a checkpoint, and a restore reads the union."""
+    """Mirrors a local directory into a store prefix, as a shared filesystem would hold it.
+
+    A file is sent once it has settled (the same size and mtime at two looks in a row: a checkpoint
+    being written is not sent half way, nor sent again at every poll), and TensorFlow's `checkpoint`
+    state files go last, only when nothing else is still changing: they name the newest checkpoint,
+    whose files are then in the store already. A restore that reads the store thus finds a whole
+    checkpoint, the newest one sent. Every node that holds state sends into the same prefix: under
+    parameter servers each ps writes its own shards of a checkpoint, and a restore reads the union."""
 
     def __init__(self, store: RunStore, local: Path, prefix: str):
         self.store, self.local, self.prefix = store, local, prefix
         self.sent: dict[str, tuple[int, int]] = {}
-        self.files = 0
+        self.seen: dict[str, tuple[int, int]] = {}
 
-    def push(self) -> int:
-        changed = []
+    @property
+    def files(self) -> int:
+        return len(self.sent)
+
+    def push(self, *, final: bool = False) -> int:
+        """Send what changed and settled (`final`: the writer has exited, everything has settled)."""
+        ready, unsettled = [], False
         for path in sorted(self.local.rglob("*")):
-            if not path.is_file() or "_temp" in path.relative_to(self.local).as_posix():
+            rel = path.relative_to(self.local).as_posix()
+            if "_temp" in rel or not path.is_file():
                 continue  # TensorFlow's half-written shards live under *_temp/ until renamed
             try:
                 stat = path.stat()
             except FileNotFoundError:
                 continue
-            rel = path.relative_to(self.local).as_posix()
-            if self.sent.get(rel) != (stat.st_size, stat.st_mtime_ns):
-                changed.append((rel, path, (stat.st_size, stat.st_mtime_ns)))
-        changed.sort(key=lambda item: Path(item[0]).name == "checkpoint")
-        for rel, path, seen in changed:
+            now = (stat.st_size, stat.st_mtime_ns)
+            settled = final or self.seen.get(rel) == now
+            self.seen[rel] = now
+            if self.sent.get(rel) != now:
+                unsettled = unsettled or not settled
+                if settled:
+                    ready.append((rel, path, now))
+        state = [item for item in ready if Path(item[0]).name == "checkpoint"]
+        ready = [item for item in ready if Path(item[0]).name != "checkpoint"]
+        sent = 0
+        for rel, path, now in ready + ([] if unsettled else state):
             try:
                 self.store.put_synced(self.prefix, rel, path)
             except FileNotFoundError:  # deleted meanwhile (a checkpoint manager's max_to_keep)
                 continue
-            self.sent[rel] = seen
-        self.files = len(self.sent)
-        return len(changed)
+            self.sent[rel] = now
+            sent += 1
+        return sent
 
     def pull(self) -> int:
-        """Every file of the prefix into the local directory (a restarted node's restore)."""
+        """Every file of the prefix into the local directory (a restarted node's restore), each
+        written whole under its name (a process reading the directory never sees half a file)."""
         got = 0
         for rel in self.store.synced(self.prefix):
             path = self.local / rel
-            if self.store.get_synced(self.prefix, rel, path):
+            partial = path.with_name(f".{path.name}.pulling")
+            if self.store.get_synced(self.prefix, rel, partial):
+                partial.replace(path)
                 stat = path.stat()
-                self.sent[rel] = (stat.st_size, stat.st_mtime_ns)
+                self.sent[rel] = self.seen[rel] = (stat.st_size, stat.st_mtime_ns)
                 got += 1
-        self.files = len(self.sent)
         return got
 
 
@@ -185,7 +211,10 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     dirs = ScriptDirs.under(work)
     checkpoints = DirectorySync(store, dirs.checkpoint, SCRIPT_CHECKPOINTS)
     tensorboard = DirectorySync(store, dirs.tensorboard, TENSORBOARD)
-    if restored := checkpoints.pull():
+    # The nodes that hold state send their checkpoint files (the owner's, each ps's shards; other
+    # workers' are TensorFlow's temporary copies); those that restore from them read them back.
+    sends = cfg.is_chief or cfg.role == "ps"
+    if holds_state(cfg) and (restored := checkpoints.pull()):
         print(f"restored {restored} checkpoint files from the store into {dirs.checkpoint}", flush=True)
         status.update(resumed_from=status.fields.get("step"))
     stopping: list[int] = []
@@ -217,9 +246,6 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     status.update(state="running", pid=script.pid, progress_at=time.time())
     progress = ScriptProgress(status, dirs.progress)
     owner = cfg.is_chief
-    # whose checkpoint files a restore needs: the owner's, and each ps's shards of the variables
-    # (other workers' are TensorFlow's per-worker temporary copies)
-    holds = owner or cfg.role == "ps"
     alone_check = owner and sum(len(a) for a in cfg.peers.values()) > 1
     served = not alone_check
     started = time.time()
@@ -234,8 +260,10 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
         progress.busy(script.pid)
         served = served or port_open(cfg.address)
         now = time.monotonic()
-        if now - synced > SYNC_SECONDS:
-            _push(checkpoints if holds else None, tensorboard if owner else None)
+        if sends:  # looked at every poll, sent once settled: a restart finds the newest checkpoint
+            _push(checkpoints)
+        if owner and now - synced > SYNC_SECONDS:
+            _push(tensorboard)
             synced = now
         if not stopping and now - marker_read > MARKER_SECONDS:
             marker_read = now
@@ -246,7 +274,7 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     took = time.time() - started
     status.update(pid=os.getpid())
     progress.read()
-    _push(checkpoints if holds else None, tensorboard if owner else None)
+    _push(checkpoints if sends else None, tensorboard if owner else None, final=True)
     if stopping:  # told to stop (a spot notice, teardown): end as the trainer would have
         status.stop(state="stopped")
         _die_by(stopping[0])
@@ -353,11 +381,11 @@ def expand(command: list[str], variables: dict[str, str]) -> list[str]:
     return [re.sub(r"\$\{(DLINFRA_[A-Z_]+)\}|\$(DLINFRA_[A-Z_]+)", value, word) for word in command]
 
 
-def _push(*syncs: DirectorySync | None) -> None:
+def _push(*syncs: DirectorySync | None, final: bool = False) -> None:
     try:
         for sync in syncs:
             if sync is not None:
-                sync.push()
+                sync.push(final=final)
     except Exception as exc:  # a store outage must not end the script; the next sync retries
         print(f"could not sync to the store: {exc}", file=sys.stderr, flush=True)
 

@@ -129,8 +129,7 @@ while epoch.numpy() < args.epochs:
             )
     train_loss = total_loss / num_batches
     print(
-        "Epoch: %d, accuracy: %f, train_loss: %f."
-        % (epoch.numpy(), train_accuracy.result(), train_loss),
+        "Epoch: %d, accuracy: %f, train_loss: %f." % (epoch.numpy(), train_accuracy.result(), train_loss),
         flush=True,
     )
     train_accuracy.reset_state()

@@ -40,7 +40,9 @@ label_vocab = ["yes", "no"]
 
 with strategy.scope():
     feature_lookup_layer = tf.keras.layers.StringLookup(vocabulary=feature_vocab, mask_token=None)
-    label_lookup_layer = tf.keras.layers.StringLookup(vocabulary=label_vocab, num_oov_indices=0, mask_token=None)
+    label_lookup_layer = tf.keras.layers.StringLookup(
+        vocabulary=label_vocab, num_oov_indices=0, mask_token=None
+    )
 
 
 def feature_and_label_gen(num_examples=200):
@@ -74,7 +76,9 @@ def dataset_fn(_):
 
 with strategy.scope():
     model_input = tf.keras.layers.Input(shape=(3,), dtype="int64", name="features")
-    emb_layer = tf.keras.layers.Embedding(input_dim=len(feature_lookup_layer.get_vocabulary()), output_dim=16384)
+    emb_layer = tf.keras.layers.Embedding(
+        input_dim=len(feature_lookup_layer.get_vocabulary()), output_dim=16384
+    )
     emb_output = tf.keras.layers.GlobalAveragePooling1D()(emb_layer(model_input))
     dense_output = tf.keras.layers.Dense(
         units=1, activation="sigmoid", kernel_regularizer=tf.keras.regularizers.L2(1e-4)

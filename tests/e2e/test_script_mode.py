@@ -1,0 +1,187 @@
+"""Script mode (`training.command`): programs written by others, run as they are on a local cluster,
+and the ways a script goes wrong, each with a verdict a user understands and nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from support import alive_node_pids
+
+from .conftest import Deployed, deploy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
+
+
+def _project(tmp: Path, script: str, spec: str) -> Path:
+    """A user's project: their script as train.py beside the experiment file."""
+    project = tmp / "project"
+    project.mkdir()
+    shutil.copy(SCRIPTS / script, project / "train.py")
+    (project / "experiment.yaml").write_text(spec)
+    return project
+
+
+def _digits(project: Path) -> None:
+    """Where the guide downloads MNIST, small real data of the same kind beside the script."""
+    d = load_digits()
+    np.savez(
+        project / "digits.npz",
+        x_train=d.images[:1400],
+        y_train=d.target[:1400],
+        x_test=d.images[1400:],
+        y_test=d.target[1400:],
+    )
+
+
+def _deploy(tmp: Path, project: Path, *args: str) -> Deployed:
+    return deploy(tmp, str(project / "experiment.yaml"), *args)
+
+
+def _failed(run: Deployed) -> dict[str, object]:
+    assert run.result.returncode == 1, run.result.stdout + run.result.stderr
+    assert alive_node_pids(run.run_id) == [], "a failed script run leaves nothing running"
+    return json.loads((run.store / "FAILED").read_text())
+
+
+def _in_plain_tensorflow(code: str, *args: str) -> str:
+    """Run `code` in a fresh process with TensorFlow and no dlinfra: what a user does with the run's
+    model. Its last printed word."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, numpy as np, tensorflow as tf\n" + code, *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()[-1]
+
+
+def _accuracy_on_held_out_digits(model_path: Path, project: Path) -> float:
+    code = (
+        "m = tf.keras.models.load_model(sys.argv[1])\n"
+        "d = np.load(sys.argv[2])\n"
+        "p = m.predict(d['x_test'].astype('float32') / 16.0, verbose=0).argmax(-1)\n"
+        "print((p == d['y_test']).mean())\n"
+    )
+    return float(_in_plain_tensorflow(code, str(model_path), str(project / "digits.npz")))
+
+
+def test_the_mwms_custom_loop_guide_trains_unchanged_and_its_model_loads_in_plain_tensorflow(
+    tmp_path: Path,
+) -> None:
+    project = _project(
+        tmp_path,
+        "mwms_custom_loop.py",
+        "name: guide-mwms\nstrategy: multi_worker_mirrored\ntraining:\n"
+        "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
+        "            --model_dir, '${DLINFRA_MODEL_DIR}', --epochs, 3, --report]\n",
+    )
+    _digits(project)
+    run = _deploy(tmp_path, project, "--workers", "2")
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    metrics = run.metrics
+    assert metrics["mode"] == "script" and metrics["workers"] == 2
+    assert metrics["steps"] == 60  # 3 epochs of 20 steps, as the script reported them
+    assert set(metrics["scalars"]) == {"loss", "train_accuracy"}
+    assert metrics["eval_accuracy"] is None, "the script reported no eval accuracy: none is made up"
+    table = run.result.stdout
+    assert "train_accuracy" in table and "eval accuracy" not in table
+    # the guide's chief checkpoint, synced from the checkpoint directory
+    stored = {p.name for p in (run.store / "checkpoints" / "files").iterdir()}
+    assert {"checkpoint", "ckpt-3.index"} <= stored, stored
+    assert not any("workertemp" in name for name in stored), "only the chief's checkpoint is the run's"
+    assert _accuracy_on_held_out_digits(run.store / "model" / "model.keras", project) > 0.7
+    assert alive_node_pids(run.run_id) == []
+    bundle = run.manifest["bundle"]
+    assert sorted(bundle["files"]) == ["digits.npz", "experiment.yaml", "train.py"], "home is never packed"
+
+
+def test_the_parameter_server_guide_trains_unchanged_with_its_coordinator(tmp_path: Path) -> None:
+    """One ps: Keras 3's layers cannot train sharded variables (`ShardedVariable` has no `handle`),
+    so the guide's partitioner shards over one ps here."""
+    project = _project(
+        tmp_path,
+        "ps_coordinator.py",
+        "name: guide-ps\nstrategy: parameter_server\ncluster: {ps: {count: 1}}\n"
+        "training:\n  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR]\n",
+    )
+    run = _deploy(tmp_path, project, "--workers", "2")
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    assert run.metrics["steps"] is None and run.metrics["scalars"] == {}
+    assert "unknown (the script reported none" in run.result.stdout
+    chief_log = (run.run_dir / "logs" / "chief-0.log").read_text()
+    accuracy = [float(a) for a in re.findall(r"Finished epoch \d+, accuracy is (\d+\.\d+)", chief_log)]
+    assert len(accuracy) == 4 and accuracy[-1] > 0.8, chief_log[-3000:]
+    # the guide's label is "yes" (id 0) when "avenger" (id 1; 0 is out of vocabulary) is a feature
+    code = (
+        "m = tf.keras.models.load_model(sys.argv[1])\n"
+        "p = m.predict({'features': np.array([[1, 2, 3], [4, 5, 6]])}, verbose=0)[:, 0]\n"
+        "print(int(p[0] < 0.5 < p[1]))\n"
+    )
+    assert _in_plain_tensorflow(code, str(run.store / "model" / "model.keras")) == "1"
+    for node in ("ps-0", "worker-0", "worker-1"):  # they served until the chief was done
+        assert json.loads((run.store / "status" / f"{node}.json").read_text())["state"] == "done"
+    assert alive_node_pids(run.run_id) == []
+
+
+def _misbehaving(tmp: Path, mode: str, extra: str = "", workers: int = 2) -> Deployed:
+    project = _project(
+        tmp,
+        "misbehaving.py",
+        f"name: {mode}\nstrategy: multi_worker_mirrored\n{extra}"
+        f"training:\n  command: [python, train.py, --mode, {mode}]\n",
+    )
+    return _deploy(tmp, project, "--workers", str(workers))
+
+
+def test_a_script_that_exits_non_zero_on_one_worker_fails_the_run_naming_it(tmp_path: Path) -> None:
+    run = _misbehaving(tmp_path, "exit-on-worker-1")
+    failed = _failed(run)
+    assert failed["node"] == "worker-1" and failed["verdict"] == "script"
+    assert "exited with code 3" in str(failed["error"])
+    assert "label of 11" in str(failed["error"]), "the script's own last error line is named"
+    assert len(json.dumps(failed)) < 8000
+    assert "worker-1" in run.result.stderr and "code 3" in run.result.stderr
+
+
+def test_a_script_that_hangs_before_its_first_step_is_stalled_with_where_it_waits(tmp_path: Path) -> None:
+    run = _misbehaving(tmp_path, "hang", "cluster: {stall_timeout: 20}\n")
+    failed = _failed(run)
+    assert failed["verdict"] == "stalled", failed
+    dump = (run.store / "debug" / "worker-0.stacks.txt").read_text()
+    assert re.search(r"hang_forever \(\S*train\.py:\d+\)", dump), dump
+
+
+def test_a_script_that_ignores_tf_config_and_trains_alone_is_refused(tmp_path: Path) -> None:
+    failed = _failed(_misbehaving(tmp_path, "alone"))
+    assert failed["verdict"] == "alone" and failed["node"] == "worker-0"
+    assert "ignored TF_CONFIG" in str(failed["error"])
+
+
+def test_a_script_that_writes_no_model_fails_naming_the_directory(tmp_path: Path) -> None:
+    failed = _failed(_misbehaving(tmp_path, "no-model"))
+    assert failed["verdict"] == "no model"
+    assert "DLINFRA_MODEL_DIR" in str(failed["error"])
+
+
+def test_a_command_that_does_not_exist_fails_on_the_node_naming_it(tmp_path: Path) -> None:
+    project = _project(
+        tmp_path,
+        "misbehaving.py",
+        "name: no-such\nstrategy: multi_worker_mirrored\ntraining:\n  command: [trian-typo, --epochs, 3]\n",
+    )
+    failed = _failed(_deploy(tmp_path, project, "--workers", "2"))
+    assert failed["verdict"] == "command"
+    assert "'trian-typo'" in str(failed["error"]) and "No such file" in str(failed["error"])

@@ -1,0 +1,145 @@
+"""Script mode's node side without a cluster: the report API, the command's variables, the synced
+directories, what the bundle and the lock hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlinfra.environment.lock import EXTRAS, SCRIPT_EXTRAS, extras
+from dlinfra.node.script import DirectorySync, expand, script_environ
+from dlinfra.progress import PROGRESS_FILE, read_report
+from dlinfra.runs.bundle import pack_code
+from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
+from dlinfra.runs.store import Store
+from dlinfra.spec.model import TrainingSpec
+
+
+def _script(code: str, env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_report_keeps_the_newest_report_and_writes_it_at_exit(tmp_path: Path) -> None:
+    path = tmp_path / "progress.json"
+    # a burst of 1000 reports inside the half-second interval: the first is written at once, the
+    # last at exit, none of those between (they would cost a file write per step)
+    _script(
+        "import dlinfra\nfor s in range(1, 1001): dlinfra.report(s, loss=1.0 / s, accuracy=0.5)\n",
+        {PROGRESS_FILE: str(path)},
+    )
+    found = read_report(path)
+    assert found is not None
+    assert found["step"] == 1000 and found["scalars"] == {"loss": 0.001, "accuracy": 0.5}
+
+
+def test_report_is_a_no_op_outside_dlinfra(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != PROGRESS_FILE}
+    done = subprocess.run(
+        [sys.executable, "-c", "import dlinfra; dlinfra.report(3, loss=float('nan'))"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_non_finite_scalar_is_reported_as_null(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    _script("import dlinfra; dlinfra.report(7, loss=float('nan'))", {PROGRESS_FILE: str(path)})
+    assert json.loads(path.read_text())["scalars"] == {"loss": None}
+
+
+def test_the_command_expands_dlinfra_variables_only() -> None:
+    variables = {"DLINFRA_MODEL_DIR": "/w/model", "DLINFRA_RUN_ID": "r-1"}
+    argv = [
+        "python",
+        "t.py",
+        "--model_dir",
+        "$DLINFRA_MODEL_DIR",
+        "--tag=${DLINFRA_RUN_ID}/x",
+        "$HOME",
+        "$DLINFRA_X",
+    ]
+    assert expand(argv, variables) == [
+        "python", "t.py", "--model_dir", "/w/model", "--tag=r-1/x", "$HOME", "$DLINFRA_X"
+    ]  # fmt: skip
+
+
+def test_the_runs_environment_comes_first_on_the_scripts_path() -> None:
+    env = script_environ({"DLINFRA_NODE": "worker-0"})
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert env["DLINFRA_NODE"] == "worker-0"
+
+
+def test_directory_sync_sends_changed_files_and_the_checkpoint_state_last(tmp_path: Path) -> None:
+    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    local = tmp_path / "ckpt"
+    (local / "ckpt-1_temp").mkdir(parents=True)
+    (local / "ckpt-1_temp" / "part-0").write_text("half written")
+    (local / "ckpt-1.index").write_text("index")
+    (local / "ckpt-1.data-00000-of-00001").write_text("data")
+    (local / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"')
+    sent: list[str] = []
+    put = store.put_synced
+    store.put_synced = lambda prefix, rel, path: (sent.append(rel), put(prefix, rel, path))  # type: ignore[method-assign]
+    sync = DirectorySync(store, local, SCRIPT_CHECKPOINTS)
+    assert sync.push() == 0, "first look: nothing has settled yet"
+    assert sync.push() == 3
+    assert sent[-1] == "checkpoint" and "ckpt-1_temp/part-0" not in sent
+    assert sync.push() == 0, "nothing changed: nothing sent again"
+    # a new checkpoint half written: its data settled, its index still changing. The state file,
+    # which names it, waits for the index
+    (local / "ckpt-2.data-00000-of-00001").write_text("data 2")
+    (local / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"')
+    sync.push()
+    (local / "ckpt-2.index").write_text("index 2")
+    sent.clear()
+    assert sync.push() == 1 and sent == ["ckpt-2.data-00000-of-00001"]
+    assert sync.push() == 2 and sent[-1] == "checkpoint", "the index settled, then the state went"
+    (local / "ckpt-1.index").write_text("index, rewritten")
+    assert sync.push(final=True) == 1, "the writer is gone: no need to wait for it to settle"
+    restored = DirectorySync(store, tmp_path / "restored", SCRIPT_CHECKPOINTS)
+    assert restored.pull() == 5
+    assert (tmp_path / "restored" / "ckpt-1.index").read_text() == "index, rewritten"
+    assert (tmp_path / "restored" / "checkpoint").read_text() == 'model_checkpoint_path: "ckpt-2"'
+    assert not list((tmp_path / "restored").glob(".*")), "no partial file is left"
+
+
+def test_a_script_bundle_is_the_experiment_directory_without_dlinfra_home(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "data.py").write_text("x = 1\n")
+    home = tmp_path / "runs-home"
+    (home / "runs" / "old" / "store").mkdir(parents=True)
+    (home / "runs" / "old" / "store" / "model.keras").write_bytes(b"\0" * 1000)
+    bundle = pack_code(TrainingSpec(command=["python", "train.py"]), tmp_path, home)
+    assert bundle is not None
+    assert bundle.files == ("lib/data.py", "train.py")
+    assert bundle.entrypoint == ""
+
+
+@pytest.mark.parametrize(
+    ("requirements", "script", "wanted"),
+    [
+        ([], False, EXTRAS["cpu"]),
+        ([], True, EXTRAS["cpu"]),  # a script without its own TensorFlow gets dlinfra's
+        (["tensorflow-cpu==2.15.1"], True, SCRIPT_EXTRAS),
+        (["TensorFlow[and-cuda]>=2.16"], True, SCRIPT_EXTRAS),
+        (["tensorflow-cpu==2.15.1"], False, EXTRAS["cpu"]),  # a Program trains on dlinfra's loop
+        (["tensorflow-datasets"], True, EXTRAS["cpu"]),
+    ],
+)
+def test_a_script_that_pins_tensorflow_gets_no_tensorflow_of_dlinfras(
+    requirements: list[str], script: bool, wanted: str
+) -> None:
+    assert extras("cpu", requirements, script) == wanted
