@@ -143,3 +143,54 @@ def test_a_script_that_pins_tensorflow_gets_no_tensorflow_of_dlinfras(
     requirements: list[str], script: bool, wanted: str
 ) -> None:
     assert extras("cpu", requirements, script) == wanted
+
+
+def test_tensorboard_scalars_are_read_without_tensorflow_as_they_are_appended(tmp_path: Path) -> None:
+    """Event files written by real TensorFlow: TF2 summaries (scalar tensors), a TF1 simple_value, an
+    image (not a scalar: ignored), in the root and a subdirectory (Keras' train/ and validation/)."""
+    from dlinfra.node.events import EventScalars
+
+    writer = (
+        "import sys, numpy as np, tensorflow as tf\n"
+        "root = sys.argv[1]\n"
+        "w = tf.summary.create_file_writer(root)\n"
+        "v = tf.summary.create_file_writer(root + '/validation')\n"
+        "with w.as_default():\n"
+        "    for step in range(1, 31):\n"
+        "        tf.summary.scalar('loss', 1.0 / step, step=step)\n"
+        "    tf.summary.image('sample', np.zeros((1, 4, 4, 1), 'float32'), step=30)\n"
+        "with v.as_default():\n"
+        "    tf.summary.scalar('epoch_accuracy', tf.constant(0.75, tf.float64), step=3)\n"
+        "w.flush(); v.flush()\n"
+        "with tf.Graph().as_default():\n"
+        "    w1 = tf.compat.v1.summary.FileWriter(root + '/v1')\n"
+        "    value = tf.compat.v1.Summary.Value(tag='mae', simple_value=2.5)\n"
+        "    w1.add_summary(tf.compat.v1.Summary(value=[value]), 7)\n"
+        "    w1.flush()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", writer, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    events = EventScalars(tmp_path)
+    assert events.read()
+    assert events.step == 30
+    assert events.values == pytest.approx({"loss": 1 / 30, "validation/epoch_accuracy": 0.75, "v1/mae": 2.5})
+    assert not events.read(), "nothing new appended: nothing new read"
+    # a record half written (a writer mid-flush) is left for the next read
+    log = next(tmp_path.glob("events.out.tfevents.*"))
+    whole = log.read_bytes()
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    partial = cut / log.name
+    partial.write_bytes(whole[: len(whole) - 7])
+    events = EventScalars(cut)
+    events.read()
+    assert events.step is not None and events.step < 31
+    partial.write_bytes(whole)
+    events.read()
+    assert events.values["loss"] == pytest.approx(1 / 30) and "sample" not in events.values

@@ -7,17 +7,22 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from support import alive_node_pids
+from dlinfra.node.status import read_state, state_file
+from support import alive_node_pids, aws_client, run_cli
 
-from .conftest import Deployed, deploy
+from .conftest import Deployed, Live, aws_emulation, deploy, start_deploy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
@@ -185,3 +190,98 @@ def test_a_command_that_does_not_exist_fails_on_the_node_naming_it(tmp_path: Pat
     failed = _failed(_deploy(tmp_path, project, "--workers", "2"))
     assert failed["verdict"] == "command"
     assert "'trian-typo'" in str(failed["error"]) and "No such file" in str(failed["error"])
+
+
+def _script_pid_at(
+    live: Live, node: str, reached: Callable[[dict[str, Any]], bool], timeout: float = 300
+) -> int:
+    """The pid of `node`'s script (its agent's state file names it) once `reached` holds of that state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert live.proc.poll() is None, live.proc.communicate()
+        state = read_state(state_file(live.run_dir / "work" / node))
+        if state is not None and state.get("state") == "running" and reached(state):
+            return int(state["pid"])
+        time.sleep(0.1)
+    raise AssertionError(f"{node} did not get there in {timeout:.0f}s")
+
+
+def test_kill_9_of_a_ps_guide_worker_mid_run_still_ends_done(tmp_path: Path) -> None:
+    project = _project(
+        tmp_path,
+        "ps_coordinator.py",
+        "name: guide-ps-kill\nstrategy: parameter_server\ncluster: {ps: {count: 1}}\n"
+        "training:\n  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR, --epochs, 12]\n",
+    )
+    live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
+    chief_log = live.log("chief-0")
+    pid = _script_pid_at(
+        live, "worker-1", lambda s: chief_log.exists() and "Finished epoch 2," in chief_log.read_text()
+    )
+    os.kill(pid, signal.SIGKILL)
+    done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert live.status("worker-1")["restarts"] == 1
+    log = chief_log.read_text()
+    assert "Finished epoch 11," in log, log[-3000:]
+    assert (live.store / "model" / "model.keras").is_file()
+    assert alive_node_pids(str(live.run_dir)) == []
+
+
+def test_kill_9_of_an_mwms_guide_worker_restarts_the_run_from_the_scripts_checkpoint(tmp_path: Path) -> None:
+    project = _project(
+        tmp_path,
+        "mwms_custom_loop.py",
+        "name: guide-mwms-kill\nstrategy: multi_worker_mirrored\ntraining:\n"
+        "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
+        "            --model_dir, $DLINFRA_MODEL_DIR, --epochs, 6, --steps_per_epoch, 30, --report]\n",
+    )
+    _digits(project)
+    live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
+    # past the first epoch's checkpoint (step 30), which the chief's agent sends once it settles
+    _script_pid_at(live, "worker-0", lambda s: s.get("step", 0) >= 45)
+    os.kill(_script_pid_at(live, "worker-1", lambda s: True), signal.SIGKILL)
+    done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = live.log("worker-0").read_text()
+    restored = re.findall(r"restored \S+ckpt-(\d+) at epoch (\d+)", log)
+    assert restored and int(restored[-1][1]) >= 1, log[-4000:]
+    assert live.metrics["steps"] == 180, "the script's own count, reported after the restart"
+    assert live.status("worker-1")["restarts"] >= 1
+    assert _accuracy_on_held_out_digits(live.store / "model" / "model.keras", project) > 0.7
+
+
+@pytest.mark.terraform
+def test_the_mwms_guide_runs_unchanged_on_emulated_aws_instances_with_its_results_in_s3(
+    tmp_path: Path, moto_endpoint: str, tf_cli_config: Path
+) -> None:
+    """The aws target against the emulator: each instance boots from its user-data (the command
+    travels in its node config), and the model and the script's checkpoint land in S3."""
+    project = _project(
+        tmp_path,
+        "mwms_custom_loop.py",
+        "name: guide-aws\nstrategy: multi_worker_mirrored\ntraining:\n"
+        "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
+        "            --model_dir, $DLINFRA_MODEL_DIR, --report]\n",
+    )
+    _digits(project)
+    bucket = "dlinfra-scripts"
+    aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "home", bucket)
+    result = run_cli(
+        "deploy", str(project / "experiment.yaml"), "--target", "aws", "--workers", "2", "--yes",
+        "--emulate-instances", *aws["args"], env=aws["env"], cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [run_dir] = (tmp_path / "home" / "runs").iterdir()
+    s3, prefix = aws_client(moto_endpoint, "s3"), f"runs/{run_dir.name}/"
+    keys = {
+        o["Key"][len(prefix) :]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for o in page.get("Contents", [])
+    }
+    assert {"DONE", "metrics.json", "model/model.keras", "checkpoints/files/checkpoint"} <= keys, keys
+    metrics = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "metrics.json")["Body"].read())
+    assert metrics["mode"] == "script" and metrics["steps"] == 60
+    model = tmp_path / "model.keras"
+    model.write_bytes(s3.get_object(Bucket=bucket, Key=prefix + "model/model.keras")["Body"].read())
+    assert _accuracy_on_held_out_digits(model, project) > 0.7

@@ -190,7 +190,10 @@ def result_table(outcome: Outcome) -> Table:
 
 def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:
     """A script run: what it reported, under its own names; what it did not report is said so."""
-    steps = str(m.steps) if m.steps is not None else "unknown (the script reported none: dlinfra.report)"
+    if m.steps is None:
+        steps = "unknown (the script reported none: dlinfra.report)"
+    else:
+        steps = f"{m.steps}" + (" (from its TensorBoard scalars)" if m.progress == "tensorboard" else "")
     rows = [
         ("command", shlex.join(m.command or [])),
         ("strategy", m.strategy),

@@ -24,9 +24,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
 from dlinfra.node.beacon import die_with_parent, port_open
+from dlinfra.node.events import EventScalars
 from dlinfra.node.spot import holds_state
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import CLEAN_STOP_SIGNALS, TRANSIENT_TF_ERRORS
@@ -165,6 +167,8 @@ class ScriptProgress:
 
     status: NodeStatus
     path: Path
+    events: EventScalars | None = None  # the owner's TensorBoard directory, read without reports
+    source: Literal["report", "tensorboard"] | None = None
     step: int | None = None
     scalars: dict[str, float | None] = field(default_factory=dict)
     first_step_at: float | None = None
@@ -174,6 +178,11 @@ class ScriptProgress:
 
     def read(self) -> None:
         found = read_report(self.path)
+        if found is not None:
+            self.source = "report"
+        elif self.source != "report" and self.events is not None and self.events.read():
+            self.source = "tensorboard"  # without reports: the scalars it writes for TensorBoard
+            found = {"step": self.events.step, "scalars": self.events.values, "time": time.time()}
         if found is None or (found["step"] == self.step and found.get("scalars") == self.scalars):
             return
         self.step, self.scalars = found["step"], dict(found.get("scalars") or {})
@@ -244,8 +253,8 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     status.mark("program")
     # The stall clock starts with the script; its reports (or, without them, its CPU use) move it on.
     status.update(state="running", pid=script.pid, progress_at=time.time())
-    progress = ScriptProgress(status, dirs.progress)
     owner = cfg.is_chief
+    progress = ScriptProgress(status, dirs.progress, EventScalars(dirs.tensorboard) if owner else None)
     alone_check = owner and sum(len(a) for a in cfg.peers.values()) > 1
     served = not alone_check
     started = time.time()
@@ -340,6 +349,7 @@ def _finish(
     metrics = Metrics(
         mode="script",
         command=cfg.training.command,
+        progress=progress.source,
         eval_accuracy=scalars.get("eval_accuracy"),
         steps=progress.step,
         scalars=scalars,

@@ -128,6 +128,9 @@ class Metrics(Record):
     # program: dlinfra's loop trained a Program; script: the user's command ran (training.command)
     mode: Literal["program", "script"] = "program"
     command: list[str] | None = None
+    # where a script's steps and scalars came from: its dlinfra.report calls, else the scalars it wrote
+    # for TensorBoard; None: neither (its progress is unknown)
+    progress: Literal["report", "tensorboard"] | None = None
     eval_accuracy: float | None = None  # a script's only when it reported one (eval_accuracy)
     steps: int | None = None  # a script's last reported step (None: it reported none)
     total_steps: int | None = None

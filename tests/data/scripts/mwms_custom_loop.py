@@ -1,8 +1,10 @@
 """TensorFlow's guide "Custom training loop with Keras and MultiWorkerMirroredStrategy", as a user
 would run it by hand: the cluster from TF_CONFIG, per-worker checkpoints (the chief's in
 --checkpoint_dir, the others' in temporary directories), a restore from the latest checkpoint, and
-the model saved at the end. Its only change from the guide: it reads a local .npz instead of
-downloading MNIST. It knows nothing of dlinfra except that it may call dlinfra.report, if there."""
+the model saved at the end. Its changes from the guide: it reads a local .npz instead of downloading
+MNIST, and it divides by max(num_batches, 1): the guide saves its checkpoint before it moves on to the
+next epoch, so resumed from it, its first epoch runs no batch and divides by zero. It knows nothing of
+dlinfra except that it calls dlinfra.report when asked to (--report)."""
 
 import argparse
 import json
@@ -127,7 +129,7 @@ while epoch.numpy() < args.epochs:
                 loss=total_loss / num_batches,
                 train_accuracy=train_accuracy.result(),
             )
-    train_loss = total_loss / num_batches
+    train_loss = total_loss / max(num_batches, 1)
     print(
         "Epoch: %d, accuracy: %f, train_loss: %f." % (epoch.numpy(), train_accuracy.result(), train_loss),
         flush=True,
