@@ -141,6 +141,39 @@ def test_the_parameter_server_guide_trains_unchanged_with_its_coordinator(tmp_pa
     assert alive_node_pids(run.run_id) == []
 
 
+def test_an_estimator_program_runs_unchanged_on_its_own_tensorflow_2_15(tmp_path: Path) -> None:
+    """The workload this project was first described with: a `train_and_evaluate` Estimator cluster
+    (chief, workers, a ps). tf.estimator shipped last with TensorFlow 2.15: the run's lock holds the
+    script's pin and no TensorFlow of dlinfra's, and the nodes' agents import none."""
+    project = _project(
+        tmp_path,
+        "estimator_train_and_evaluate.py",
+        "name: estimator\nstrategy: parameter_server\ntraining:\n"
+        "  requirements: [tensorflow-cpu==2.15.1]\n"
+        "  command: [python, train.py, --data, digits.npz, --model_dir, $DLINFRA_CHECKPOINT_DIR,\n"
+        "            --export_dir, $DLINFRA_MODEL_DIR]\n",
+    )
+    _digits(project)
+    run = _deploy(tmp_path, project, "--workers", "2")
+    assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
+    packages = run.manifest["environment"]["cpu"]["packages"]
+    assert packages["tensorflow-cpu"] == "2.15.1" and packages["keras"].startswith("2.15.")
+    assert "scikit-learn" not in packages, "nothing of dlinfra's train extra"
+    chief_log = (run.run_dir / "logs" / "chief-0.log").read_text()
+    accuracy = float(re.search(r"'accuracy': ([\d.]+)", chief_log).group(1))  # type: ignore[union-attr]
+    assert accuracy > 0.8, chief_log[-3000:]
+    [export] = [p.parent for p in (run.store / "model").rglob("saved_model.pb")]
+    code = (
+        "m = tf.saved_model.load(sys.argv[1])\n"
+        "d = np.load(sys.argv[2])\n"
+        "x = tf.constant(d['x_test'].reshape(-1, 64).astype('float32') / 16.0)\n"
+        "ids = m.signatures['predict'](pixels=x)['class_ids'].numpy()[:, 0]\n"
+        "print((ids == d['y_test']).mean())\n"
+    )
+    assert float(_in_plain_tensorflow(code, str(export), str(project / "digits.npz"))) > 0.8
+    assert alive_node_pids(run.run_id) == []
+
+
 def _misbehaving(tmp: Path, mode: str, extra: str = "", workers: int = 2) -> Deployed:
     project = _project(
         tmp,
