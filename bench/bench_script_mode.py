@@ -106,7 +106,8 @@ def script_mode(workers: int, calls: int, scratch: Path) -> tuple[dict[str, floa
     [run_dir] = (scratch / "home" / "runs").iterdir()
     python = re.search(r"environment \(cpu\): .*: (\S+)", done.stdout + done.stderr)
     assert python, done.stdout
-    return _result((run_dir / "logs" / "chief-0.log").read_text(errors="replace"), wall), python.group(1)
+    python_bin = str(Path(python.group(1)) / "bin" / "python")
+    return _result((run_dir / "logs" / "chief-0.log").read_text(errors="replace"), wall), python_bin
 
 
 def _result(log: str, wall: float) -> dict[str, float]:

@@ -317,3 +317,17 @@ def test_where_the_many_ps_hold_no_worker_the_single_ps_shape_comes_alone() -> N
     assert re.search(
         r"It holds at most [\d,]+ workers with 1 ps\. Fix: fewer nodes \(--workers \d+ --ps 1\),", message
     ), message
+
+
+def test_a_script_cluster_weighs_every_node_as_a_trainer_beside_its_agent() -> None:
+    """Script mode: a ps or a ps worker runs the user's program (all of TensorFlow), not the lean
+    server, and each node has an agent of its own: 60 workers fit this machine as a Program run, not
+    as a script run."""
+    program = spec(60, 1, "parameter_server")
+    script = program.model_copy(
+        update={"training": program.training.model_copy(update={"command": ["python", "train.py"]})}
+    )
+    check(program, THIS_ONE)
+    with pytest.raises(DlinfraError, match="cannot hold 62 local nodes"):
+        check(script, THIS_ONE)
+    assert Shape.of(script).script and not Shape.of(program).script

@@ -375,6 +375,11 @@ def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]
         for r in rows[1:]
         if r["packages_vs_first"]
     ]
+    packages += [
+        Text(f"{r['label']} reported: " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(r["scalars"].items())))
+        for r in rows
+        if r.get("scalars")
+    ]
     if _width([[c, *(row[i] for row in cells)] for i, c in enumerate(COLUMNS)]) <= width:
         return [_table(list(COLUMNS), cells), *packages, note]
     metrics = list(COLUMNS[1:])

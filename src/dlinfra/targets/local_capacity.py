@@ -82,13 +82,16 @@ class Shape:
     workers: int
     ps: int
     workers_load_all: bool = False  # parameter_server workers with GPUs load all of TensorFlow
+    # script mode (training.command): every node runs the user's program, all of TensorFlow loaded
+    # on a ps too, beside the node's agent (a process of its own, the size of a beacon)
+    script: bool = False
 
     @classmethod
     def of(cls, spec: Spec) -> Shape:
         roles = spec.roles()
         ps = roles["ps"].count if "ps" in roles else 0
         gpus = spec.cluster.workers.gpus not in (0, "auto")
-        return cls(spec.strategy, roles["worker"].count, ps, gpus)
+        return cls(spec.strategy, roles["worker"].count, ps, gpus, spec.training.command is not None)
 
     @property
     def mirrored(self) -> bool:
@@ -99,16 +102,17 @@ class Shape:
         return self.workers if self.mirrored else 1 + self.workers + self.ps
 
     def sized(self, workers: int, ps: int) -> Shape:
-        return Shape(self.strategy, workers, ps, self.workers_load_all)
+        return Shape(self.strategy, workers, ps, self.workers_load_all, self.script)
 
     def processes(self) -> list[tuple[Footprint, int, int]]:
         """(footprint, how many, peers each talks to) for every process the cluster starts."""
         w, p = self.workers, self.ps
-        common = [(BEACON, self.nodes, 0), (HOLDER, 1, 0)]
+        common = [(BEACON, self.nodes * (2 if self.script else 1), 0), (HOLDER, 1, 0)]
         if self.mirrored:  # worker 0 leads the collectives; the rest pass tensors round a ring
             return [(MIRRORED_TRAINER, 1, w - 1), (MIRRORED_TRAINER, w - 1, min(w - 1, 2)), *common]
-        worker = MIRRORED_TRAINER if self.workers_load_all else SERVING
-        return [(PS_CHIEF, 1, w + p), (worker, w, p + 1), (SERVING, p, w + 1), *common]
+        worker = MIRRORED_TRAINER if self.workers_load_all or self.script else SERVING
+        ps = MIRRORED_TRAINER if self.script else SERVING
+        return [(PS_CHIEF, 1, w + p), (worker, w, p + 1), (ps, p, w + 1), *common]
 
     def counts(self) -> str:
         workers = f"{self.workers:,} worker{'s' if self.workers != 1 else ''}"
