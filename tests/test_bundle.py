@@ -124,3 +124,30 @@ def test_validate_refuses_a_missing_or_outside_entrypoint(cli: Cli, tmp_path: Pa
         result = cli("validate", str(spec))
         assert result.returncode == 2, result.stdout + result.stderr
         assert "training.entrypoint: " in result.stderr and message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "refused"),
+    [
+        ("import tensorflow as tf\nstrategy = tf.distribute.MultiWorkerMirroredStrategy()\n", True),
+        ("def main():\n    pass\n", True),
+        ("def build(training):\n    return None\n", False),
+        ("from pkg.programs import build\n", False),
+        ("build = make_builder()\n", False),
+        ("from pkg import *\n", False),
+        ("try:\n    from fast import build\nexcept ImportError:\n    from slow import build\n", False),
+    ],
+)
+def test_an_entrypoint_file_must_bind_its_function_read_not_run(
+    tmp_path: Path, source: str, refused: bool
+) -> None:
+    """A whole training script named as an entrypoint would train on import on every node and then
+    fail for want of the function: it is refused before anything runs, pointing at script mode."""
+    (tmp_path / "train.py").write_text(source)
+    if not refused:
+        pack_entrypoint("train.py:build", tmp_path)
+        return
+    with pytest.raises(SpecError) as caught:
+        pack_entrypoint("train.py:build", tmp_path)
+    assert "defines no 'build'" in str(caught.value)
+    assert "training.command: [python, train.py]" in str(caught.value)

@@ -113,14 +113,31 @@ def test_the_mwms_custom_loop_guide_trains_unchanged_and_its_model_loads_in_plai
     assert sorted(bundle["files"]) == ["digits.npz", "experiment.yaml", "train.py"], "home is never packed"
 
 
-def test_the_parameter_server_guide_trains_unchanged_with_its_coordinator(tmp_path: Path) -> None:
-    """One ps: Keras 3's layers cannot train sharded variables (`ShardedVariable` has no `handle`),
-    so the guide's partitioner shards over one ps here."""
+# tf-keras: what TensorFlow's guides were written for. `tensorflow` (not -cpu) is what tf-keras
+# requires, and since 2.16 it brings no tensorboard of its own
+TF_KERAS = "  requirements: [tensorflow==2.21.*, tf-keras==2.21.*, tensorboard==2.21.*]\n"
+LEGACY = "env, TF_USE_LEGACY_KERAS=1, "
+
+
+@pytest.mark.parametrize(
+    ("keras", "ps"),
+    [
+        # Keras 3's layers cannot train a ShardedVariable (no `handle`): one ps, where the guide's
+        # partitioner makes no shards
+        ("keras 3", 1),
+        ("tf-keras", 2),  # the embedding sharded over both parameter servers
+    ],
+)
+def test_the_parameter_server_guide_trains_unchanged_with_its_coordinator(
+    tmp_path: Path, keras: str, ps: int
+) -> None:
+    legacy = keras == "tf-keras"
     project = _project(
         tmp_path,
         "ps_coordinator.py",
-        "name: guide-ps\nstrategy: parameter_server\ncluster: {ps: {count: 1}}\n"
-        "training:\n  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR]\n",
+        f"name: guide-ps\nstrategy: parameter_server\ncluster: {{ps: {{count: {ps}}}}}\ntraining:\n"
+        + (TF_KERAS if legacy else "")
+        + f"  command: [{LEGACY if legacy else ''}python, train.py, --model_dir, $DLINFRA_MODEL_DIR]\n",
     )
     run = _deploy(tmp_path, project, "--workers", "2")
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
@@ -130,14 +147,48 @@ def test_the_parameter_server_guide_trains_unchanged_with_its_coordinator(tmp_pa
     accuracy = [float(a) for a in re.findall(r"Finished epoch \d+, accuracy is (\d+\.\d+)", chief_log)]
     assert len(accuracy) == 4 and accuracy[-1] > 0.8, chief_log[-3000:]
     # the guide's label is "yes" (id 0) when "avenger" (id 1; 0 is out of vocabulary) is a feature
-    code = (
-        "m = tf.keras.models.load_model(sys.argv[1])\n"
-        "p = m.predict({'features': np.array([[1, 2, 3], [4, 5, 6]])}, verbose=0)[:, 0]\n"
-        "print(int(p[0] < 0.5 < p[1]))\n"
-    )
-    assert _in_plain_tensorflow(code, str(run.store / "model" / "model.keras")) == "1"
-    for node in ("ps-0", "worker-0", "worker-1"):  # they served until the chief was done
+    features = "{'features': np.array([[1, 2, 3], [4, 5, 6]])}"
+    if legacy:
+        code = "f = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+        code += f"[p] = f(**{features}).values()\n"
+        model = run.store / "model" / "saved_model"
+    else:
+        code = f"p = tf.keras.models.load_model(sys.argv[1]).predict({features}, verbose=0)\n"
+        model = run.store / "model" / "model.keras"
+    code += "p = np.asarray(p)[:, 0]\nprint(int(p[0] < 0.5 < p[1]))\n"
+    assert _in_plain_tensorflow(code, str(model)) == "1"
+    for node in ("worker-0", "worker-1", *(f"ps-{i}" for i in range(ps))):  # served until the chief was done
         assert json.loads((run.store / "status" / f"{node}.json").read_text())["state"] == "done"
+    assert alive_node_pids(run.run_id) == []
+
+
+def test_the_keras_fit_guide_trains_unchanged_with_its_progress_read_from_tensorboard(tmp_path: Path) -> None:
+    project = _project(
+        tmp_path,
+        "mwms_keras_fit.py",
+        "name: guide-fit\nstrategy: multi_worker_mirrored\ntraining:\n"
+        + TF_KERAS
+        + f"  command: [{LEGACY}python, train.py, --data, digits.npz,\n"
+        "            --backup_dir, $DLINFRA_CHECKPOINT_DIR, --tensorboard_dir, $DLINFRA_TENSORBOARD_DIR,\n"
+        "            --model_dir, $DLINFRA_MODEL_DIR]\n",
+    )
+    _digits(project)
+    run = _deploy(tmp_path, project, "--workers", "2")
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    metrics = run.metrics
+    assert metrics["progress"] == "tensorboard" and metrics["steps"] == 2, "Keras logs epochs 0, 1, 2"
+    assert metrics["scalars"]["train/epoch_accuracy"] > 0.7
+    assert "(from its TensorBoard scalars)" in run.result.stdout
+    assert any((run.store / "tensorboard" / "train").glob("events.out.tfevents.*"))
+    code = (
+        "f = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+        "d = np.load(sys.argv[2])\n"
+        "[name] = f.structured_input_signature[1]\n"
+        "[out] = f(**{name: tf.constant(d['x_test'].astype('float32') / 16.0)}).values()\n"
+        "print((out.numpy().argmax(-1) == d['y_test']).mean())\n"
+    )
+    model = str(run.store / "model" / "saved_model")
+    assert float(_in_plain_tensorflow(code, model, str(project / "digits.npz"))) > 0.7
     assert alive_node_pids(run.run_id) == []
 
 

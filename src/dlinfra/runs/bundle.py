@@ -9,6 +9,7 @@ after the files changed.
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import gzip
 import hashlib
@@ -63,7 +64,36 @@ def entrypoint_file(entrypoint: str, base: Path) -> Path:
                 "packed and uploaded. Fix: keep the training code next to (or below) the experiment file"
             ]
         )
+    _defines(path, file_name, entrypoint.rpartition(":")[2])
     return path
+
+
+def _defines(path: Path, file_name: str, name: str) -> None:
+    """The entrypoint's file binds `name` at its top level (read, never run: a whole training script
+    named as an entrypoint would train on import, then fail for want of the function)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError) as exc:
+        raise SpecError([f"training.entrypoint: {file_name} is not valid Python: {exc}"]) from None
+    bound: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif not isinstance(node, ast.Expr):
+            return  # conditional definitions (if/try/with): too dynamic to judge, the node will tell
+    if name not in bound and "*" not in bound:
+        raise SpecError(
+            [
+                f"training.entrypoint: {file_name} defines no {name!r} at its top level. Fix: name the "
+                f"function that returns the Program, or, for a whole training script that reads TF_CONFIG "
+                f"itself, run it as it is: training.command: [python, {file_name}]"
+            ]
+        )
 
 
 def pack_entrypoint(entrypoint: str, base: Path, leave_out: Path | None = None) -> Bundle:

@@ -248,7 +248,10 @@ class TrainingSpec(StrictModel):
     )
     steps: int = Field(600, ge=1, le=MAX_COUNT, description="Total optimizer steps (global).")
     learning_rate: float = Field(0.003, gt=0, le=10)
-    optimizer: Literal["adam", "sgd", "rmsprop", "adagrad"] = "adam"
+    optimizer: Literal["adam", "sgd", "rmsprop", "adagrad"] = Field(
+        "adam",
+        description="Keras optimizer at learning_rate, its defaults otherwise; sgd is SGD with momentum 0.9.",
+    )
     seed: int = Field(
         42, ge=0, le=2**31 - 1, description="Seed of every random stream (NumPy takes 32 bits)."
     )

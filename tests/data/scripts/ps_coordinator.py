@@ -3,7 +3,8 @@ loop, as a user runs it on a real cluster: TF_CONFIG names the cluster, workers 
 start a tf.distribute.Server and join it, the chief coordinates. StringLookup and Embedding features,
 a variable partitioner over the parameter servers, a ClusterCoordinator scheduling steps. Changed from
 the guide only where Keras 3 differs (no legacy optimizer, no TF op on a symbolic tensor) and to save
-the model at the end into --model_dir."""
+the model at the end into --model_dir (with tf-keras as a SavedModel: its .keras file keeps the
+embedding's shards, which a single process cannot load)."""
 
 import argparse
 import os
@@ -93,7 +94,7 @@ def step_fn(iterator):
     def replica_fn(batch_data, labels):
         with tf.GradientTape() as tape:
             pred = model(batch_data, training=True)
-            per_example_loss = tf.keras.losses.BinaryCrossentropy(reduction=None)(labels, pred)
+            per_example_loss = tf.keras.losses.BinaryCrossentropy(reduction="none")(labels, pred)
             loss = tf.nn.compute_average_loss(per_example_loss)
             model_losses = model.losses
             if model_losses:
@@ -129,4 +130,7 @@ for i in range(args.epochs):
 
 loss = coordinator.schedule(step_fn, args=(per_worker_iterator,))
 print("Final loss is %f" % loss.fetch(), flush=True)
-model.save(os.path.join(args.model_dir, "model.keras"))
+if os.environ.get("TF_USE_LEGACY_KERAS") == "1":  # tf-keras: a SavedModel holds each sharded variable whole
+    model.save(os.path.join(args.model_dir, "saved_model"))
+else:
+    model.save(os.path.join(args.model_dir, "model.keras"))
