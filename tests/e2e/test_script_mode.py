@@ -225,6 +225,31 @@ def test_an_estimator_program_runs_unchanged_on_its_own_tensorflow_2_15(tmp_path
     assert alive_node_pids(run.run_id) == []
 
 
+def test_a_typical_keras_regression_runs_on_one_node_with_its_own_metric(tmp_path: Path) -> None:
+    """A one-machine program (no strategy) on a one-node cluster: its MAE, from the scalars Keras
+    writes for TensorBoard, names the result; no accuracy is made up for it."""
+    project = _project(
+        tmp_path,
+        "keras_regression.py",
+        "name: regression\nstrategy: multi_worker_mirrored\ncluster: {workers: {count: 1}}\ntraining:\n"
+        "  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR, --tensorboard_dir,\n"
+        "            $DLINFRA_TENSORBOARD_DIR]\n",
+    )
+    run = _deploy(tmp_path, project)
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    scalars = run.metrics["scalars"]
+    assert run.metrics["progress"] == "tensorboard" and run.metrics["eval_accuracy"] is None
+    assert scalars["validation/epoch_mae"] < 55, scalars  # predicting the mean: 66
+    assert "validation/epoch_mae" in run.result.stdout and "accuracy" not in run.result.stdout
+    code = (
+        "from sklearn.datasets import load_diabetes\n"
+        "x, y = load_diabetes(return_X_y=True)\n"
+        "p = tf.keras.models.load_model(sys.argv[1]).predict(x.astype('float32'), verbose=0)[:, 0]\n"
+        "print(np.abs(p - y).mean())\n"
+    )
+    assert float(_in_plain_tensorflow(code, str(run.store / "model" / "model.keras"))) < 55
+
+
 def _misbehaving(tmp: Path, mode: str, extra: str = "", workers: int = 2) -> Deployed:
     project = _project(
         tmp,
