@@ -5,7 +5,8 @@ program measures its own examples/s after a warm-up, so startup is not in that f
 from the command to the result is shown beside it, and the program's own startup too.
 
 By hand, the program runs in the very environment dlinfra made for the run (its python), on this
-machine's loopback; dlinfra's run is a local deploy (its own network namespace).
+machine's loopback; dlinfra's run is a local deploy, in its own network namespace (the default) and
+on this machine's network (`cluster.local_network: host`).
 
     python bench/bench_script_mode.py [--reps 3] [--workers 2] [--calls 60]
 """
@@ -75,12 +76,13 @@ def by_hand(python: str, workers: int, calls: int, scratch: Path) -> dict[str, f
     return _result((scratch / "chief-0.log").read_text(errors="replace"), wall)
 
 
-def script_mode(workers: int, calls: int, scratch: Path) -> tuple[dict[str, float], str]:
+def script_mode(workers: int, calls: int, scratch: Path, network: str) -> tuple[dict[str, float], str]:
     project = scratch / "project"
     project.mkdir()
     shutil.copy(PROGRAM, project / "train.py")
     (project / "experiment.yaml").write_text(
-        "name: bench-script\nstrategy: parameter_server\ncluster: {ps: {count: 1}}\ntraining:\n"
+        "name: bench-script\nstrategy: parameter_server\n"
+        f"cluster: {{ps: {{count: 1}}, local_network: {network}}}\ntraining:\n"
         f"  command: [python, train.py, --calls, '{calls}', --model_dir, $DLINFRA_MODEL_DIR]\n"
     )
     env = dict(os.environ, DLINFRA_HOME=str(scratch / "home"))
@@ -123,22 +125,23 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--calls", type=int, default=60)
     args = parser.parse_args()
-    results: dict[str, list[dict[str, float]]] = {"by hand": [], "script mode": []}
+    modes = ["script mode", "by hand", "script mode, host network"]
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     python = None
     with tempfile.TemporaryDirectory(prefix="bench-script-") as tmp:
         for rep in range(args.reps):
             # script mode first in the first rep: it makes (or finds) the environment by hand runs in
-            order = ["script mode", "by hand"] if rep % 2 == 0 else ["by hand", "script mode"]
-            for mode in order:
-                scratch = Path(tmp) / f"{rep}-{mode.replace(' ', '-')}"
+            for mode in modes if rep % 2 == 0 else modes[::-1]:
+                scratch = Path(tmp) / f"{rep}-{mode.replace(' ', '-').replace(',', '')}"
                 scratch.mkdir()
-                if mode == "script mode":
-                    found, python = script_mode(args.workers, args.calls, scratch)
+                if mode.startswith("script mode"):
+                    network = "host" if "host" in mode else "private"
+                    found, python = script_mode(args.workers, args.calls, scratch, network)
                 else:
                     assert python is not None
                     found = by_hand(python, args.workers, args.calls, scratch)
                 results[mode].append(found)
-                print(f"rep {rep + 1} {mode:11s}: {found['examples_per_sec']:8.0f} examples/s, "
+                print(f"rep {rep + 1} {mode:25s}: {found['examples_per_sec']:8.0f} examples/s, "
                       f"wall {found['wall']:.1f} s", flush=True)  # fmt: skip
     print(f"\n1 chief + {args.workers} workers + 1 ps, {args.calls} calls of 10 steps of 64 examples\n")
     print("| started | examples/s (mean ± sd) | wall s, command to result (mean) |")
@@ -148,10 +151,10 @@ def main() -> None:
         sd = statistics.stdev(rates) if len(rates) > 1 else 0.0
         wall = statistics.mean(f["wall"] for f in found)
         print(f"| {mode} | {statistics.mean(rates):.0f} ± {sd:.0f} | {wall:.1f} |")
-    ratio = statistics.mean(f["examples_per_sec"] for f in results["script mode"]) / statistics.mean(
-        f["examples_per_sec"] for f in results["by hand"]
-    )
-    print(f"\nscript mode / by hand, examples/s: {ratio:.3f}")
+    hand = statistics.mean(f["examples_per_sec"] for f in results["by hand"])
+    for mode in (m for m in modes if m != "by hand"):
+        ratio = statistics.mean(f["examples_per_sec"] for f in results[mode]) / hand
+        print(f"{mode} / by hand, examples/s: {ratio:.3f}")
 
 
 if __name__ == "__main__":

@@ -194,3 +194,23 @@ def test_tensorboard_scalars_are_read_without_tensorflow_as_they_are_appended(tm
     partial.write_bytes(whole)
     events.read()
     assert events.values["loss"] == pytest.approx(1 / 30) and "sample" not in events.values
+
+
+def test_the_log_tail_is_this_lifes_and_names_the_error_a_traceback_ends_with(tmp_path: Path) -> None:
+    from dlinfra.node.script import RUNNING, _last_error, log_tail
+
+    log = tmp_path / "worker-1.log"
+    log.write_text(
+        f"{RUNNING}python train.py in /w\n"
+        "tensorflow.python.framework.errors_impl.UnavailableError: a peer went away\n"
+        "launcher: worker-1 exited with code 75: restarting it\n"
+        f"{RUNNING}python train.py in /w\n"
+        "Traceback (most recent call last):\n"
+        '  File "train.py", line 3, in <module>\n'
+        "ValueError: label 11 is not below 10\n"
+        "some cleanup output\n"
+    )
+    tail = log_tail(log)
+    assert tail[0] == "Traceback (most recent call last):", "the earlier life's lost peer is not this one's"
+    assert _last_error(tail) == "ValueError: label 11 is not below 10"
+    assert log_tail(None) == [] and _last_error([]) == "it printed nothing"

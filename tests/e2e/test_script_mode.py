@@ -83,33 +83,56 @@ def _accuracy_on_held_out_digits(model_path: Path, project: Path) -> float:
     return float(_in_plain_tensorflow(code, str(model_path), str(project / "digits.npz")))
 
 
-def test_the_mwms_custom_loop_guide_trains_unchanged_and_its_model_loads_in_plain_tensorflow(
+def _script_pid_at(
+    live: Live, node: str, reached: Callable[[dict[str, Any]], bool], timeout: float = 300
+) -> int:
+    """The pid of `node`'s script (its agent's state file names it) once `reached` holds of that state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert live.proc.poll() is None, live.proc.communicate()
+        state = read_state(state_file(live.run_dir / "work" / node))
+        if state is not None and state.get("state") == "running" and reached(state):
+            return int(state["pid"])
+        time.sleep(0.1)
+    raise AssertionError(f"{node} did not get there in {timeout:.0f}s")
+
+
+def test_the_mwms_custom_loop_guide_runs_unchanged_and_resumes_from_its_checkpoint_after_kill_9(
     tmp_path: Path,
 ) -> None:
+    """TensorFlow's custom-loop MWMS guide, reporting its steps; worker 1's script killed with kill -9
+    mid-run: the cluster restarts together and the guide resumes from its own checkpoint, synced
+    through the store. The model it leaves loads in plain TensorFlow and predicts held-out digits."""
     project = _project(
         tmp_path,
         "mwms_custom_loop.py",
         "name: guide-mwms\nstrategy: multi_worker_mirrored\ntraining:\n"
         "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
-        "            --model_dir, '${DLINFRA_MODEL_DIR}', --epochs, 3, --report]\n",
+        "            --model_dir, '${DLINFRA_MODEL_DIR}', --epochs, 6, --steps_per_epoch, 30, --report]\n",
     )
     _digits(project)
-    run = _deploy(tmp_path, project, "--workers", "2")
-    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
-    metrics = run.metrics
+    live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
+    # past the first epoch's checkpoint (step 30), which the chief's agent sends once it settles
+    _script_pid_at(live, "worker-0", lambda s: s.get("step", 0) >= 45)
+    os.kill(_script_pid_at(live, "worker-1", lambda s: True), signal.SIGKILL)
+    done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = live.log("worker-0").read_text()
+    second_life = log[log.index("life 2") :]
+    assert re.search(r"restored \S+/ckpt-\d+ at epoch \d+", second_life), log[-4000:]
+    assert live.status("worker-1")["restarts"] >= 1
+    metrics = live.metrics
     assert metrics["mode"] == "script" and metrics["workers"] == 2
-    assert metrics["steps"] == 60  # 3 epochs of 20 steps, as the script reported them
+    assert metrics["steps"] == 180, "6 epochs of 30 steps, the script's own count after its restore"
     assert set(metrics["scalars"]) == {"loss", "train_accuracy"}
     assert metrics["eval_accuracy"] is None, "the script reported no eval accuracy: none is made up"
-    table = run.result.stdout
-    assert "train_accuracy" in table and "eval accuracy" not in table
-    # the guide's chief checkpoint, synced from the checkpoint directory
-    stored = {p.name for p in (run.store / "checkpoints" / "files").iterdir()}
-    assert {"checkpoint", "ckpt-3.index"} <= stored, stored
+    assert "train_accuracy" in done.stdout and "eval accuracy" not in done.stdout
+    stored = {p.name for p in (live.store / "checkpoints" / "files").iterdir()}
+    assert "checkpoint" in stored and any(re.fullmatch(r"ckpt-\d+\.index", n) for n in stored), stored
     assert not any("workertemp" in name for name in stored), "only the chief's checkpoint is the run's"
-    assert _accuracy_on_held_out_digits(run.store / "model" / "model.keras", project) > 0.7
-    assert alive_node_pids(run.run_id) == []
-    bundle = run.manifest["bundle"]
+    assert _accuracy_on_held_out_digits(live.store / "model" / "model.keras", project) > 0.7
+    assert alive_node_pids(str(live.run_dir)) == []
+    bundle = json.loads((live.run_dir / "manifest.json").read_text())["bundle"]
     assert sorted(bundle["files"]) == ["digits.npz", "experiment.yaml", "train.py"], "home is never packed"
 
 
@@ -128,38 +151,50 @@ LEGACY = "env, TF_USE_LEGACY_KERAS=1, "
         ("tf-keras", 2),  # the embedding sharded over both parameter servers
     ],
 )
-def test_the_parameter_server_guide_trains_unchanged_with_its_coordinator(
+def test_the_parameter_server_guide_runs_unchanged_and_a_worker_killed_mid_run_rejoins(
     tmp_path: Path, keras: str, ps: int
 ) -> None:
+    """TensorFlow's parameter-server guide (coordinator, partitioner, StringLookup and Embedding);
+    worker 1's script killed with kill -9 after epoch 2 of 12: its node restarts, the coordinator
+    re-runs what it had in flight, and the run ends DONE with a model that predicts the guide's rule."""
     legacy = keras == "tf-keras"
     project = _project(
         tmp_path,
         "ps_coordinator.py",
         f"name: guide-ps\nstrategy: parameter_server\ncluster: {{ps: {{count: {ps}}}}}\ntraining:\n"
         + (TF_KERAS if legacy else "")
-        + f"  command: [{LEGACY if legacy else ''}python, train.py, --model_dir, $DLINFRA_MODEL_DIR]\n",
+        + f"  command: [{LEGACY if legacy else ''}python, train.py, --model_dir, $DLINFRA_MODEL_DIR,\n"
+        "            --epochs, 12]\n",
     )
-    run = _deploy(tmp_path, project, "--workers", "2")
-    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
-    assert run.metrics["steps"] is None and run.metrics["scalars"] == {}
-    assert "unknown (the script reported none" in run.result.stdout
-    chief_log = (run.run_dir / "logs" / "chief-0.log").read_text()
-    accuracy = [float(a) for a in re.findall(r"Finished epoch \d+, accuracy is (\d+\.\d+)", chief_log)]
-    assert len(accuracy) == 4 and accuracy[-1] > 0.8, chief_log[-3000:]
+    live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
+    chief_log = live.log("chief-0")
+    pid = _script_pid_at(
+        live, "worker-1", lambda s: chief_log.exists() and "Finished epoch 2," in chief_log.read_text()
+    )
+    os.kill(pid, signal.SIGKILL)
+    done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert live.status("worker-1")["restarts"] == 1
+    metrics = live.metrics
+    assert metrics["steps"] is None and metrics["scalars"] == {}
+    assert "unknown (the script reported none" in done.stdout
+    log = chief_log.read_text()
+    accuracy = [float(a) for a in re.findall(r"Finished epoch \d+, accuracy is (\d+\.\d+)", log)]
+    assert len(accuracy) == 12 and accuracy[-1] > 0.8, log[-3000:]
     # the guide's label is "yes" (id 0) when "avenger" (id 1; 0 is out of vocabulary) is a feature
     features = "{'features': np.array([[1, 2, 3], [4, 5, 6]])}"
     if legacy:
         code = "f = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
         code += f"[p] = f(**{features}).values()\n"
-        model = run.store / "model" / "saved_model"
+        model = live.store / "model" / "saved_model"
     else:
         code = f"p = tf.keras.models.load_model(sys.argv[1]).predict({features}, verbose=0)\n"
-        model = run.store / "model" / "model.keras"
+        model = live.store / "model" / "model.keras"
     code += "p = np.asarray(p)[:, 0]\nprint(int(p[0] < 0.5 < p[1]))\n"
     assert _in_plain_tensorflow(code, str(model)) == "1"
     for node in ("worker-0", "worker-1", *(f"ps-{i}" for i in range(ps))):  # served until the chief was done
-        assert json.loads((run.store / "status" / f"{node}.json").read_text())["state"] == "done"
-    assert alive_node_pids(run.run_id) == []
+        assert live.status(node)["state"] == "done"
+    assert alive_node_pids(str(live.run_dir)) == []
 
 
 def test_the_keras_fit_guide_trains_unchanged_with_its_progress_read_from_tensorboard(tmp_path: Path) -> None:
@@ -299,65 +334,6 @@ def test_a_command_that_does_not_exist_fails_on_the_node_naming_it(tmp_path: Pat
     failed = _failed(_deploy(tmp_path, project, "--workers", "2"))
     assert failed["verdict"] == "command"
     assert "'trian-typo'" in str(failed["error"]) and "No such file" in str(failed["error"])
-
-
-def _script_pid_at(
-    live: Live, node: str, reached: Callable[[dict[str, Any]], bool], timeout: float = 300
-) -> int:
-    """The pid of `node`'s script (its agent's state file names it) once `reached` holds of that state."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert live.proc.poll() is None, live.proc.communicate()
-        state = read_state(state_file(live.run_dir / "work" / node))
-        if state is not None and state.get("state") == "running" and reached(state):
-            return int(state["pid"])
-        time.sleep(0.1)
-    raise AssertionError(f"{node} did not get there in {timeout:.0f}s")
-
-
-def test_kill_9_of_a_ps_guide_worker_mid_run_still_ends_done(tmp_path: Path) -> None:
-    project = _project(
-        tmp_path,
-        "ps_coordinator.py",
-        "name: guide-ps-kill\nstrategy: parameter_server\ncluster: {ps: {count: 1}}\n"
-        "training:\n  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR, --epochs, 12]\n",
-    )
-    live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
-    chief_log = live.log("chief-0")
-    pid = _script_pid_at(
-        live, "worker-1", lambda s: chief_log.exists() and "Finished epoch 2," in chief_log.read_text()
-    )
-    os.kill(pid, signal.SIGKILL)
-    done = live.finish()
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert live.status("worker-1")["restarts"] == 1
-    log = chief_log.read_text()
-    assert "Finished epoch 11," in log, log[-3000:]
-    assert (live.store / "model" / "model.keras").is_file()
-    assert alive_node_pids(str(live.run_dir)) == []
-
-
-def test_kill_9_of_an_mwms_guide_worker_restarts_the_run_from_the_scripts_checkpoint(tmp_path: Path) -> None:
-    project = _project(
-        tmp_path,
-        "mwms_custom_loop.py",
-        "name: guide-mwms-kill\nstrategy: multi_worker_mirrored\ntraining:\n"
-        "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
-        "            --model_dir, $DLINFRA_MODEL_DIR, --epochs, 6, --steps_per_epoch, 30, --report]\n",
-    )
-    _digits(project)
-    live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
-    # past the first epoch's checkpoint (step 30), which the chief's agent sends once it settles
-    _script_pid_at(live, "worker-0", lambda s: s.get("step", 0) >= 45)
-    os.kill(_script_pid_at(live, "worker-1", lambda s: True), signal.SIGKILL)
-    done = live.finish()
-    assert done.returncode == 0, done.stdout + done.stderr
-    log = live.log("worker-0").read_text()
-    restored = re.findall(r"restored \S+ckpt-(\d+) at epoch (\d+)", log)
-    assert restored and int(restored[-1][1]) >= 1, log[-4000:]
-    assert live.metrics["steps"] == 180, "the script's own count, reported after the restart"
-    assert live.status("worker-1")["restarts"] >= 1
-    assert _accuracy_on_held_out_digits(live.store / "model" / "model.keras", project) > 0.7
 
 
 @pytest.mark.terraform

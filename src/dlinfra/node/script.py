@@ -53,6 +53,7 @@ STOP_GRACE = 30.0  # after the run ended elsewhere: SIGTERM, then this long befo
 BUSY_CPU_SECONDS = 0.5
 BUSY_WINDOW = 10.0
 TAIL_LINES = 40
+RUNNING = "running "  # the agent's line before its script starts: where this life's log begins
 TAIL_BYTES = 4000
 
 
@@ -231,7 +232,7 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
     variables = dirs.environ(cfg)
     argv = expand(command, variables)
-    print(f"running {shlex.join(argv)} in {code}", flush=True)
+    print(f"{RUNNING}{shlex.join(argv)} in {code}", flush=True)
     try:
         script = subprocess.Popen(
             argv,
@@ -272,7 +273,7 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
         if sends:  # looked at every poll, sent once settled: a restart finds the newest checkpoint
             _push(checkpoints)
         if owner and now - synced > SYNC_SECONDS:
-            _push(tensorboard)
+            _push(tensorboard, final=True)  # event files only grow: what is there is worth sending
             synced = now
         if not stopping and now - marker_read > MARKER_SECONDS:
             marker_read = now
@@ -287,6 +288,22 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     if stopping:  # told to stop (a spot notice, teardown): end as the trainer would have
         status.stop(state="stopped")
         _die_by(stopping[0])
+    if exit_code == 0 and owner and not served:
+        return _alone(cfg, store, status)
+    if exit_code == 0 and owner:
+        return _finish(cfg, store, status, dirs, progress, checkpoints, took)
+    return _ended(cfg, store, status, exit_code, progress, log_file)
+
+
+def _ended(
+    cfg: NodeConfig,
+    store: RunStore,
+    status: NodeStatus,
+    exit_code: int,
+    progress: ScriptProgress,
+    log_file: Path | None,
+) -> int:
+    """A script that ended other than as the owner's success: done, restarted or failed."""
     if exit_code < 0:  # killed (kill -9, the OOM killer): a crash its supervisor restarts
         print(f"the script was killed by signal {-exit_code}: exiting for a restart", flush=True)
         status.stop(state="script killed", error=f"killed by signal {-exit_code}")
@@ -294,7 +311,10 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     tail = log_tail(log_file)
     if exit_code != 0:
         if any(name in line for line in tail[-TAIL_LINES:] for name in TRANSIENT_TF_ERRORS):
-            print("the script lost a peer (TensorFlow's UnavailableError and kin): exiting for a restart")
+            print(
+                "the script lost a peer (TensorFlow's UnavailableError and kin): exiting for a restart",
+                flush=True,
+            )
             status.stop(state="lost peer", error=_last_error(tail))
             return EXIT_RETRY
         return give_up(
@@ -305,33 +325,22 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
             _tail_text(tail),
             verdict="script",
         )
-    if not owner:
-        status.stop(state="done", step=progress.step or 0)
-        return EXIT_DONE
-    if not served:
-        return give_up(
-            cfg,
-            store,
-            status,
-            f"the script on {cfg.name} exited 0 without ever serving on its TF_CONFIG address "
-            f"{cfg.address}: it ignored TF_CONFIG and trained alone, as every node did. Fix: build the "
-            "strategy from TF_CONFIG, e.g. tf.distribute.MultiWorkerMirroredStrategy() or "
-            "ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())",
-            "",
-            verdict="alone",
-        )
-    if not any(p.is_file() for p in dirs.model.rglob("*")):
-        return give_up(
-            cfg,
-            store,
-            status,
-            f"the script on {cfg.name} exited 0 but wrote no model into {MODEL_DIR} ({dirs.model}). Fix: "
-            f"save it there, e.g. model.save(os.path.join(os.environ['{MODEL_DIR}'], 'model.keras')) or "
-            f"tf.saved_model.save(model, os.environ['{MODEL_DIR}'])",
-            "",
-            verdict="no model",
-        )
-    return _finish(cfg, store, status, dirs, progress, checkpoints, took)
+    status.stop(state="done", step=progress.step or 0)
+    return EXIT_DONE
+
+
+def _alone(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int:
+    return give_up(
+        cfg,
+        store,
+        status,
+        f"the script on {cfg.name} exited 0 without ever serving on its TF_CONFIG address "
+        f"{cfg.address}: it ignored TF_CONFIG and trained alone, as every node did. Fix: build the "
+        "strategy from TF_CONFIG, e.g. tf.distribute.MultiWorkerMirroredStrategy() or "
+        "ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())",
+        "",
+        verdict="alone",
+    )
 
 
 def _finish(
@@ -343,6 +352,18 @@ def _finish(
     checkpoints: DirectorySync,
     took: float,
 ) -> int:
+    """The owner's script exited 0: its model, metrics and the DONE marker, or why there are none."""
+    if not any(p.is_file() for p in dirs.model.rglob("*")):
+        return give_up(
+            cfg,
+            store,
+            status,
+            f"the script on {cfg.name} exited 0 but wrote no model into {MODEL_DIR} ({dirs.model}). Fix: "
+            f"save it there, e.g. model.save(os.path.join(os.environ['{MODEL_DIR}'], 'model.keras')) or "
+            f"tf.saved_model.save(model, os.environ['{MODEL_DIR}'])",
+            "",
+            verdict="no model",
+        )
     status.update(state="exporting")
     model_uri = store.put_model(dirs.model)
     scalars = {k: v for k, v in progress.scalars.items() if v is not None}
@@ -429,12 +450,15 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def log_tail(log_file: Path | None) -> list[str]:
-    """The node log's last lines (the script writes to the same log as its agent)."""
+    """This life's last lines of the node's log (the script writes to the same log as its agent;
+    an earlier life's lines, before the agent's `running` line, are not this script's)."""
     if log_file is None or not log_file.is_file():
         return []
     with open(log_file, "rb") as fh:
         fh.seek(max(0, fh.seek(0, os.SEEK_END) - 64 * 1024))
-        return fh.read().decode(errors="replace").splitlines()[-TAIL_LINES * 4 :]
+        lines = fh.read().decode(errors="replace").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(RUNNING)]
+    return lines[starts[-1] + 1 if starts else 0 :][-TAIL_LINES * 4 :]
 
 
 def _last_error(tail: list[str]) -> str:
