@@ -9,6 +9,7 @@ machine's loopback; dlinfra's run is a local deploy, in its own network namespac
 on this machine's network (`cluster.local_network: host`).
 
     python bench/bench_script_mode.py [--reps 3] [--workers 2] [--calls 60]
+    python bench/bench_script_mode.py --startup-only [--reps 3]   # Program against script: first step
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "bench" / "programs" / "ps_throughput.py"
@@ -112,6 +115,38 @@ def script_mode(workers: int, calls: int, scratch: Path, network: str) -> tuple[
     return _result((run_dir / "logs" / "chief-0.log").read_text(errors="replace"), wall), python_bin
 
 
+def startup(kind: str, scratch: Path) -> float:
+    """Seconds from `dlinfra deploy` to the first step, as its result table says: the built-in
+    digits Program, or TensorFlow's MWMS custom-loop guide in script mode (its first report), both
+    multi_worker_mirrored on 2 workers."""
+    project = scratch / "project"
+    project.mkdir()
+    body = "name: bench-startup\nstrategy: multi_worker_mirrored\ntraining:\n"
+    if kind == "script":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        np.savez(project / "digits.npz", x_train=d.images, y_train=d.target)
+        shutil.copy(ROOT / "tests" / "data" / "scripts" / "mwms_custom_loop.py", project / "train.py")
+        body += (
+            "  command: [python, train.py, --data, digits.npz, --model_dir, $DLINFRA_MODEL_DIR, --report]\n"
+        )
+    else:
+        body += "  steps: 60\n"
+    (project / "experiment.yaml").write_text(body)
+    done = subprocess.run(
+        [sys.executable, "-m", "dlinfra", "deploy", str(project / "experiment.yaml"), "--workers", "2"],
+        env=dict(os.environ, DLINFRA_HOME=str(scratch / "home")),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    found = re.search(r"command to first step\s*\|\s*([\d.]+) s", done.stdout)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"deploy failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return float(found.group(1))
+
+
 def _result(log: str, wall: float) -> dict[str, float]:
     found = re.findall(r"^RESULT (.*)$", log, flags=re.M)
     if not found:
@@ -124,7 +159,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--calls", type=int, default=60)
+    parser.add_argument("--startup-only", action="store_true", help="only the time to the first step")
     args = parser.parse_args()
+    if args.startup_only:
+        return startup_table(args.reps)
     modes = ["script mode", "by hand", "script mode, host network"]
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     python = None
@@ -155,6 +193,22 @@ def main() -> None:
     for mode in (m for m in modes if m != "by hand"):
         ratio = statistics.mean(f["examples_per_sec"] for f in results[mode]) / hand
         print(f"{mode} / by hand, examples/s: {ratio:.3f}")
+
+
+def startup_table(reps: int) -> None:
+    seconds: dict[str, list[float]] = {"program": [], "script": []}
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+        for rep in range(reps):
+            for kind in ("program", "script") if rep % 2 == 0 else ("script", "program"):
+                scratch = Path(tmp) / f"{rep}-{kind}"
+                scratch.mkdir()
+                seconds[kind].append(startup(kind, scratch))
+                print(f"rep {rep + 1} {kind}: {seconds[kind][-1]:.1f} s to the first step", flush=True)
+    print("\n| multi_worker_mirrored, 2 workers | command to first step, s (mean ± sd) |")
+    print("|---|---|")
+    for kind, found in seconds.items():
+        sd = statistics.stdev(found) if len(found) > 1 else 0.0
+        print(f"| {kind} | {statistics.mean(found):.1f} ± {sd:.1f} |")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,48 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from dlinfra.node.status import read_state, state_file
 from support import alive_node_pids, aws_client, run_cli
 
-from .conftest import Deployed, Live, aws_emulation, deploy, start_deploy
+from .conftest import Live, aws_emulation, start_deploy
+from .script_projects import deploy_project, digits_beside, user_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
-
-
-def _project(tmp: Path, script: str, spec: str) -> Path:
-    """A user's project: their script as train.py beside the experiment file."""
-    project = tmp / "project"
-    project.mkdir()
-    shutil.copy(SCRIPTS / script, project / "train.py")
-    (project / "experiment.yaml").write_text(spec)
-    return project
-
-
-def _digits(project: Path) -> None:
-    """Where the guide downloads MNIST, small real data of the same kind beside the script."""
-    d = load_digits()
-    np.savez(
-        project / "digits.npz",
-        x_train=d.images[:1400],
-        y_train=d.target[:1400],
-        x_test=d.images[1400:],
-        y_test=d.target[1400:],
-    )
-
-
-def _deploy(tmp: Path, project: Path, *args: str) -> Deployed:
-    return deploy(tmp, str(project / "experiment.yaml"), *args)
-
-
-def _failed(run: Deployed) -> dict[str, object]:
-    assert run.result.returncode == 1, run.result.stdout + run.result.stderr
-    assert alive_node_pids(run.run_id) == [], "a failed script run leaves nothing running"
-    return json.loads((run.store / "FAILED").read_text())
 
 
 def _in_plain_tensorflow(code: str, *args: str) -> str:
@@ -103,14 +69,14 @@ def test_the_mwms_custom_loop_guide_runs_unchanged_and_resumes_from_its_checkpoi
     """TensorFlow's custom-loop MWMS guide, reporting its steps; worker 1's script killed with kill -9
     mid-run: the cluster restarts together and the guide resumes from its own checkpoint, synced
     through the store. The model it leaves loads in plain TensorFlow and predicts held-out digits."""
-    project = _project(
+    project = user_project(
         tmp_path,
         "mwms_custom_loop.py",
         "name: guide-mwms\nstrategy: multi_worker_mirrored\ntraining:\n"
         "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
         "            --model_dir, '${DLINFRA_MODEL_DIR}', --epochs, 6, --steps_per_epoch, 30, --report]\n",
     )
-    _digits(project)
+    digits_beside(project)
     live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
     # past the first epoch's checkpoint (step 30), which the chief's agent sends once it settles
     _script_pid_at(live, "worker-0", lambda s: s.get("step", 0) >= 45)
@@ -158,7 +124,7 @@ def test_the_parameter_server_guide_runs_unchanged_and_a_worker_killed_mid_run_r
     worker 1's script killed with kill -9 after epoch 2 of 12: its node restarts, the coordinator
     re-runs what it had in flight, and the run ends DONE with a model that predicts the guide's rule."""
     legacy = keras == "tf-keras"
-    project = _project(
+    project = user_project(
         tmp_path,
         "ps_coordinator.py",
         f"name: guide-ps\nstrategy: parameter_server\ncluster: {{ps: {{count: {ps}}}}}\ntraining:\n"
@@ -198,7 +164,7 @@ def test_the_parameter_server_guide_runs_unchanged_and_a_worker_killed_mid_run_r
 
 
 def test_the_keras_fit_guide_trains_unchanged_with_its_progress_read_from_tensorboard(tmp_path: Path) -> None:
-    project = _project(
+    project = user_project(
         tmp_path,
         "mwms_keras_fit.py",
         "name: guide-fit\nstrategy: multi_worker_mirrored\ntraining:\n"
@@ -207,8 +173,8 @@ def test_the_keras_fit_guide_trains_unchanged_with_its_progress_read_from_tensor
         "            --backup_dir, $DLINFRA_CHECKPOINT_DIR, --tensorboard_dir, $DLINFRA_TENSORBOARD_DIR,\n"
         "            --model_dir, $DLINFRA_MODEL_DIR]\n",
     )
-    _digits(project)
-    run = _deploy(tmp_path, project, "--workers", "2")
+    digits_beside(project)
+    run = deploy_project(tmp_path, project, "--workers", "2")
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     metrics = run.metrics
     assert metrics["progress"] == "tensorboard" and metrics["steps"] == 2, "Keras logs epochs 0, 1, 2"
@@ -231,7 +197,7 @@ def test_an_estimator_program_runs_unchanged_on_its_own_tensorflow_2_15(tmp_path
     """The workload this project was first described with: a `train_and_evaluate` Estimator cluster
     (chief, workers, a ps). tf.estimator shipped last with TensorFlow 2.15: the run's lock holds the
     script's pin and no TensorFlow of dlinfra's, and the nodes' agents import none."""
-    project = _project(
+    project = user_project(
         tmp_path,
         "estimator_train_and_evaluate.py",
         "name: estimator\nstrategy: parameter_server\ntraining:\n"
@@ -239,8 +205,8 @@ def test_an_estimator_program_runs_unchanged_on_its_own_tensorflow_2_15(tmp_path
         "  command: [python, train.py, --data, digits.npz, --model_dir, $DLINFRA_CHECKPOINT_DIR,\n"
         "            --export_dir, $DLINFRA_MODEL_DIR]\n",
     )
-    _digits(project)
-    run = _deploy(tmp_path, project, "--workers", "2")
+    digits_beside(project)
+    run = deploy_project(tmp_path, project, "--workers", "2")
     assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
     packages = run.manifest["environment"]["cpu"]["packages"]
     assert packages["tensorflow-cpu"] == "2.15.1" and packages["keras"].startswith("2.15.")
@@ -263,14 +229,14 @@ def test_an_estimator_program_runs_unchanged_on_its_own_tensorflow_2_15(tmp_path
 def test_a_typical_keras_regression_runs_on_one_node_with_its_own_metric(tmp_path: Path) -> None:
     """A one-machine program (no strategy) on a one-node cluster: its MAE, from the scalars Keras
     writes for TensorBoard, names the result; no accuracy is made up for it."""
-    project = _project(
+    project = user_project(
         tmp_path,
         "keras_regression.py",
         "name: regression\nstrategy: multi_worker_mirrored\ncluster: {workers: {count: 1}}\ntraining:\n"
         "  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR, --tensorboard_dir,\n"
         "            $DLINFRA_TENSORBOARD_DIR]\n",
     )
-    run = _deploy(tmp_path, project)
+    run = deploy_project(tmp_path, project)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     scalars = run.metrics["scalars"]
     assert run.metrics["progress"] == "tensorboard" and run.metrics["eval_accuracy"] is None
@@ -285,71 +251,20 @@ def test_a_typical_keras_regression_runs_on_one_node_with_its_own_metric(tmp_pat
     assert float(_in_plain_tensorflow(code, str(run.store / "model" / "model.keras"))) < 55
 
 
-def _misbehaving(tmp: Path, mode: str, extra: str = "", workers: int = 2) -> Deployed:
-    project = _project(
-        tmp,
-        "misbehaving.py",
-        f"name: {mode}\nstrategy: multi_worker_mirrored\n{extra}"
-        f"training:\n  command: [python, train.py, --mode, {mode}]\n",
-    )
-    return _deploy(tmp, project, "--workers", str(workers))
-
-
-def test_a_script_that_exits_non_zero_on_one_worker_fails_the_run_naming_it(tmp_path: Path) -> None:
-    run = _misbehaving(tmp_path, "exit-on-worker-1")
-    failed = _failed(run)
-    assert failed["node"] == "worker-1" and failed["verdict"] == "script"
-    assert "exited with code 3" in str(failed["error"])
-    assert "label of 11" in str(failed["error"]), "the script's own last error line is named"
-    assert len(json.dumps(failed)) < 8000
-    assert "worker-1" in run.result.stderr and "code 3" in run.result.stderr
-
-
-def test_a_script_that_hangs_before_its_first_step_is_stalled_with_where_it_waits(tmp_path: Path) -> None:
-    run = _misbehaving(tmp_path, "hang", "cluster: {stall_timeout: 20}\n")
-    failed = _failed(run)
-    assert failed["verdict"] == "stalled", failed
-    dump = (run.store / "debug" / "worker-0.stacks.txt").read_text()
-    assert re.search(r"hang_forever \(\S*train\.py:\d+\)", dump), dump
-
-
-def test_a_script_that_ignores_tf_config_and_trains_alone_is_refused(tmp_path: Path) -> None:
-    failed = _failed(_misbehaving(tmp_path, "alone"))
-    assert failed["verdict"] == "alone" and failed["node"] == "worker-0"
-    assert "ignored TF_CONFIG" in str(failed["error"])
-
-
-def test_a_script_that_writes_no_model_fails_naming_the_directory(tmp_path: Path) -> None:
-    failed = _failed(_misbehaving(tmp_path, "no-model"))
-    assert failed["verdict"] == "no model"
-    assert "DLINFRA_MODEL_DIR" in str(failed["error"])
-
-
-def test_a_command_that_does_not_exist_fails_on_the_node_naming_it(tmp_path: Path) -> None:
-    project = _project(
-        tmp_path,
-        "misbehaving.py",
-        "name: no-such\nstrategy: multi_worker_mirrored\ntraining:\n  command: [trian-typo, --epochs, 3]\n",
-    )
-    failed = _failed(_deploy(tmp_path, project, "--workers", "2"))
-    assert failed["verdict"] == "command"
-    assert "'trian-typo'" in str(failed["error"]) and "No such file" in str(failed["error"])
-
-
 @pytest.mark.terraform
 def test_the_mwms_guide_runs_unchanged_on_emulated_aws_instances_with_its_results_in_s3(
     tmp_path: Path, moto_endpoint: str, tf_cli_config: Path
 ) -> None:
     """The aws target against the emulator: each instance boots from its user-data (the command
     travels in its node config), and the model and the script's checkpoint land in S3."""
-    project = _project(
+    project = user_project(
         tmp_path,
         "mwms_custom_loop.py",
         "name: guide-aws\nstrategy: multi_worker_mirrored\ntraining:\n"
         "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
         "            --model_dir, $DLINFRA_MODEL_DIR, --report]\n",
     )
-    _digits(project)
+    digits_beside(project)
     bucket = "dlinfra-scripts"
     aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "home", bucket)
     result = run_cli(

@@ -99,7 +99,8 @@ def _recipe(
         )
     spec = load_checked(spec_path, overrides)
     index = Index.of(spec.aws.pip_index_url, spec.aws.pip_extra_ca, os.environ)
-    lock = resolve(str(wheel), spec.training.requirements, flavor, platform(spec), index)  # type: ignore[arg-type]
+    script = spec.training.command is not None  # the same lock its runs resolve (prepare.Environment)
+    lock = resolve(str(wheel), spec.training.requirements, flavor, platform(spec), index, script)  # type: ignore[arg-type]
     _log(f"lock {lock.sha256[:12]}: {len(lock.pins())} packages for {lock.platform} ({index.shown()})")
     return Recipe(flavor, wheel, lock)  # type: ignore[arg-type]
 

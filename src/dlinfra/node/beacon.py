@@ -222,6 +222,7 @@ def _end_like(code: int) -> int:
 
 
 def die_with_parent() -> Any:
-    """In the trainer, before exec: if the beacon dies (SIGKILL at teardown), the trainer dies too."""
+    """In a child, before exec: if its parent dies (the beacon killed at teardown, the agent by its
+    max_runtime watchdog), the child (the trainer, a script) dies too."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -1,0 +1,47 @@
+"""A user's script-mode project for the e2e tests: their script beside the experiment file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_digits
+
+from support import alive_node_pids
+
+from .conftest import Deployed, deploy
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
+
+
+def user_project(tmp: Path, script: str, spec: str) -> Path:
+    """A user's project: their script as train.py beside the experiment file."""
+    project = tmp / "project"
+    project.mkdir()
+    shutil.copy(SCRIPTS / script, project / "train.py")
+    (project / "experiment.yaml").write_text(spec)
+    return project
+
+
+def digits_beside(project: Path) -> None:
+    """Where the guide downloads MNIST, small real data of the same kind beside the script."""
+    d = load_digits()
+    np.savez(
+        project / "digits.npz",
+        x_train=d.images[:1400],
+        y_train=d.target[:1400],
+        x_test=d.images[1400:],
+        y_test=d.target[1400:],
+    )
+
+
+def deploy_project(tmp: Path, project: Path, *args: str) -> Deployed:
+    return deploy(tmp, str(project / "experiment.yaml"), *args)
+
+
+def failed_marker(run: Deployed) -> dict[str, object]:
+    assert run.result.returncode == 1, run.result.stdout + run.result.stderr
+    assert alive_node_pids(run.run_id) == [], "a failed script run leaves nothing running"
+    return json.loads((run.store / "FAILED").read_text())
