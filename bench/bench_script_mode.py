@@ -128,8 +128,11 @@ def startup(kind: str, scratch: Path) -> float:
         d = load_digits()
         np.savez(project / "digits.npz", x_train=d.images, y_train=d.target)
         shutil.copy(ROOT / "tests" / "data" / "scripts" / "mwms_custom_loop.py", project / "train.py")
+        # its checkpoints where dlinfra keeps them: the guide's default, /tmp/ckpt, outlives a run, and
+        # the next run on this machine resumes from it and trains nothing
         body += (
-            "  command: [python, train.py, --data, digits.npz, --model_dir, $DLINFRA_MODEL_DIR, --report]\n"
+            "  command: [python, train.py, --data, digits.npz, --model_dir, $DLINFRA_MODEL_DIR,\n"
+            "            --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR, --report]\n"
         )
     else:
         body += "  steps: 60\n"
