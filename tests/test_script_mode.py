@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from dlinfra.environment.lock import EXTRAS, SCRIPT_EXTRAS, extras
-from dlinfra.node.script import DirectorySync, expand, script_environ
+from dlinfra.node.directory_sync import DirectorySync
+from dlinfra.node.script import expand, script_environ
 from dlinfra.progress import PROGRESS_FILE, read_report
 from dlinfra.runs.bundle import pack_code
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore

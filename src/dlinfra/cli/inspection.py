@@ -122,11 +122,11 @@ def compare(
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif markdown:
-        from dlinfra.cli.views import compare_markdown
+        from dlinfra.cli.compare_view import compare_markdown
 
         sys.stdout.write(compare_markdown(rows))
     else:
-        from dlinfra.cli.views import compare_view
+        from dlinfra.cli.compare_view import compare_view
 
         for part in compare_view(rows, out.width):
             out.print(part)

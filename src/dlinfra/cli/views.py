@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import shlex
-import textwrap
 import time
 from typing import Any
 
 from rich import box
 from rich.cells import cell_len
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
@@ -17,10 +16,9 @@ from rich.text import Text
 
 from dlinfra.cli.console import out, table_box
 from dlinfra.deploy import Outcome, Snapshot
-from dlinfra.runs.compare import COLUMNS
 from dlinfra.runs.records import Metrics
 from dlinfra.runs.startup import describe
-from dlinfra.spec.catalog import InstanceType, catalog
+from dlinfra.spec.catalog import InstanceType
 
 
 def _num(value: Any, fmt: str = "{:.0f}") -> str:
@@ -326,91 +324,3 @@ def instances_table(kinds: list[InstanceType], region: str, note: str) -> Table:
             _num(k.price(region), "{:.4f}"),
         )
     return table
-
-
-# ---------------------------------------------------------------- compare
-
-
-def compare_cells(r: dict[str, Any]) -> list[str]:
-    """One run as the table's text cells, in COLUMNS order."""
-    return [
-        r["run"],
-        str(r["status"]),
-        r["target"],
-        r["roles"],
-        r["strategy"],
-        _mean_sd(r["global_steps_per_sec"], "{:.1f}"),
-        _mean_sd(r["examples_per_sec"], "{:.0f}"),
-        _num(r["train_seconds"], "{:.1f}"),
-        _num(r["wall_seconds"], "{:.0f}"),
-        _num(r["eval_accuracy"], "{:.4f}"),
-        _cost(r),
-    ]
-
-
-def _cost(r: dict[str, Any]) -> str:
-    """Dollars, and where spot ran, the on-demand and spot node-hours behind them."""
-    cell = _num(r["cost_usd"], "{:.4f}")
-    if not r.get("spot_hours"):
-        return cell
-    cell = "?" if r["cost_usd"] is None else cell  # never a guessed spot price
-    note = "" if r.get("spot_price") else ", no spot price"
-    return f"{cell} (on-demand {r['on_demand_hours']:.2f} h, spot {r['spot_hours']:.2f} h{note})"
-
-
-def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]:
-    """Runs as rows when that fits the screen; else the runs as columns under short labels (a metric
-    a row, as many runs a table as fit), with a legend of the whole ids. No cell is ever cut."""
-    # wrapped here: the console prints it soft-wrapped, and a pipe at 80 columns must get 80
-    note = Text(
-        textwrap.fill(
-            f"cost $: instance-hours x on-demand prices of {catalog().prices_as_of} (spot hours x the "
-            "spec's dated cluster.workers.spot.price_per_hour), NAT gateway included; local runs cost 0",
-            width=width,
-        )
-    )
-    cells = [compare_cells(r) for r in rows]
-    packages = [
-        Text(f"packages, {r['label']} against {rows[0]['label']}: {', '.join(r['packages_vs_first'])}")
-        for r in rows[1:]
-        if r["packages_vs_first"]
-    ]
-    packages += [
-        Text(f"{r['label']} reported: " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(r["scalars"].items())))
-        for r in rows
-        if r.get("scalars")
-    ]
-    if _width([[c, *(row[i] for row in cells)] for i, c in enumerate(COLUMNS)]) <= width:
-        return [_table(list(COLUMNS), cells), *packages, note]
-    metrics = list(COLUMNS[1:])
-    per_run = [[r["label"], *cell[1:]] for r, cell in zip(rows, cells, strict=True)]
-    for run in per_run:
-        run[COLUMNS.index("roles")] = run[COLUMNS.index("roles")].replace(", ", "\n")
-    parts: list[RenderableType] = []
-    group: list[list[str]] = []
-    for run in per_run:
-        if group and _width([["", *metrics], *group, run]) > width:
-            parts.append(_transposed(metrics, group))
-            group = []
-        group.append(run)
-    parts.append(_transposed(metrics, group))
-    legend = [f"{r['label']} = {r['run']}" for r in rows if r["label"] != r["run"]]
-    legend = [line if cell_len(line) <= width else line.replace(" = ", " =\n    ") for line in legend]
-    return [*parts, *(Text(line) for line in legend), *packages, note]
-
-
-def _transposed(metrics: list[str], runs: list[list[str]]) -> Table:
-    return _table(
-        ["", *(run[0] for run in runs)], [[m, *(run[1 + i] for run in runs)] for i, m in enumerate(metrics)]
-    )
-
-
-def compare_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(compare_cells(r)) + " |" for r in rows]
-    lines.append(
-        f"\nCost: instance-hours x on-demand prices of {catalog().prices_as_of} (spot hours x the spec's "
-        "dated cluster.workers.spot.price_per_hour), NAT gateway included "
-        "(`dlinfra instances`; src/dlinfra/spec/instance_types.json)."
-    )
-    return "\n".join(lines) + "\n"

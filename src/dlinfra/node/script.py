@@ -22,17 +22,18 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
 from dlinfra.node.beacon import die_with_parent, port_open
+from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.events import EventScalars
+from dlinfra.node.script_progress import ScriptProgress
 from dlinfra.node.spot import holds_state
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import CLEAN_STOP_SIGNALS, TRANSIENT_TF_ERRORS
-from dlinfra.progress import PROGRESS_FILE, read_report
+from dlinfra.progress import PROGRESS_FILE
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, TENSORBOARD, RunStore
 from dlinfra.runs.records import Metrics
@@ -48,10 +49,6 @@ POLL_SECONDS = 0.5
 MARKER_SECONDS = 1.0  # how often a node looks for the run's end in the store
 SYNC_SECONDS = 10.0
 STOP_GRACE = 30.0  # after the run ended elsewhere: SIGTERM, then this long before SIGKILL
-# Without reports, the script's CPU time stands in for progress: a script waiting forever (on a peer
-# that never comes, on a lock) uses next to none; one that trains uses a core.
-BUSY_CPU_SECONDS = 0.5
-BUSY_WINDOW = 10.0
 TAIL_LINES = 40
 RUNNING = "running "  # the agent's line before its script starts: where this life's log begins
 TAIL_BYTES = 4000
@@ -96,121 +93,6 @@ class ScriptDirs:
             NODE: cfg.name,
             GPUS: str(cfg.gpus),
         }
-
-
-class DirectorySync:
-    """Mirrors a local directory into a store prefix, as a shared filesystem would hold it.
-
-    A file is sent once it has settled (the same size and mtime at two looks in a row: a checkpoint
-    being written is not sent half way, nor sent again at every poll), and TensorFlow's `checkpoint`
-    state files go last, only when nothing else is still changing: they name the newest checkpoint,
-    whose files are then in the store already. A restore that reads the store thus finds a whole
-    checkpoint, the newest one sent. Every node that holds state sends into the same prefix: under
-    parameter servers each ps writes its own shards of a checkpoint, and a restore reads the union."""
-
-    def __init__(self, store: RunStore, local: Path, prefix: str):
-        self.store, self.local, self.prefix = store, local, prefix
-        self.sent: dict[str, tuple[int, int]] = {}
-        self.seen: dict[str, tuple[int, int]] = {}
-
-    @property
-    def files(self) -> int:
-        return len(self.sent)
-
-    def push(self, *, final: bool = False) -> int:
-        """Send what changed and settled (`final`: the writer has exited, everything has settled)."""
-        ready, unsettled = [], False
-        for path in sorted(self.local.rglob("*")):
-            rel = path.relative_to(self.local).as_posix()
-            if "_temp" in rel or not path.is_file():
-                continue  # TensorFlow's half-written shards live under *_temp/ until renamed
-            try:
-                stat = path.stat()
-            except FileNotFoundError:
-                continue
-            now = (stat.st_size, stat.st_mtime_ns)
-            settled = final or self.seen.get(rel) == now
-            self.seen[rel] = now
-            if self.sent.get(rel) != now:
-                unsettled = unsettled or not settled
-                if settled:
-                    ready.append((rel, path, now))
-        state = [item for item in ready if Path(item[0]).name == "checkpoint"]
-        ready = [item for item in ready if Path(item[0]).name != "checkpoint"]
-        sent = 0
-        for rel, path, now in ready + ([] if unsettled else state):
-            try:
-                self.store.put_synced(self.prefix, rel, path)
-            except FileNotFoundError:  # deleted meanwhile (a checkpoint manager's max_to_keep)
-                continue
-            self.sent[rel] = now
-            sent += 1
-        return sent
-
-    def pull(self) -> int:
-        """Every file of the prefix into the local directory (a restarted node's restore), each
-        written whole under its name (a process reading the directory never sees half a file)."""
-        got = 0
-        for rel in self.store.synced(self.prefix):
-            path = self.local / rel
-            partial = path.with_name(f".{path.name}.pulling")
-            if self.store.get_synced(self.prefix, rel, partial):
-                partial.replace(path)
-                stat = path.stat()
-                self.sent[rel] = self.seen[rel] = (stat.st_size, stat.st_mtime_ns)
-                got += 1
-        return got
-
-
-@dataclass
-class ScriptProgress:
-    """What the script reported (dlinfra.report), turned into status fields and the run's series."""
-
-    status: NodeStatus
-    path: Path
-    events: EventScalars | None = None  # the owner's TensorBoard directory, read without reports
-    source: Literal["report", "tensorboard"] | None = None
-    step: int | None = None
-    scalars: dict[str, float | None] = field(default_factory=dict)
-    first_step_at: float | None = None
-    series: list[tuple[float, int, float]] = field(default_factory=list)
-    losses: list[tuple[int, float]] = field(default_factory=list)
-    _cpu: tuple[float, float] | None = None  # (when, CPU seconds) of the last busy check
-
-    def read(self) -> None:
-        found = read_report(self.path)
-        if found is not None:
-            self.source = "report"
-        elif self.source != "report" and self.events is not None and self.events.read():
-            self.source = "tensorboard"  # without reports: the scalars it writes for TensorBoard
-            found = {"step": self.events.step, "scalars": self.events.values, "time": time.time()}
-        if found is None or (found["step"] == self.step and found.get("scalars") == self.scalars):
-            return
-        self.step, self.scalars = found["step"], dict(found.get("scalars") or {})
-        at = float(found.get("time") or time.time())
-        if self.first_step_at is None:
-            self.first_step_at = at
-            self.status.mark("first step", at=at)
-        loss, rate = self.scalars.get("loss"), self.scalars.get("examples_per_sec")
-        if loss is not None and (not self.losses or self.losses[-1][0] != self.step):
-            self.losses.append((self.step, loss))
-        if rate is not None:
-            self.series.append((at, self.step, rate))
-        self.status.update(step=self.step, loss=loss, examples_per_sec=rate)
-
-    def busy(self, pid: int) -> None:
-        """A script that reports nothing: its CPU use marks progress for the stall verdict."""
-        if self.step is not None:
-            return
-        now, cpu = time.time(), cpu_seconds(pid)
-        if cpu is None:
-            return
-        if self._cpu is None:
-            self._cpu = (now, cpu)
-        elif now - self._cpu[0] >= BUSY_WINDOW:
-            if cpu - self._cpu[1] >= BUSY_CPU_SECONDS:
-                self.status.update(progress_at=now)
-            self._cpu = (now, cpu)
 
 
 def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_file: Path | None) -> int:
@@ -437,16 +319,6 @@ def _die_by(signum: int) -> None:
     os.kill(os.getpid(), signum)
     time.sleep(1)
     os._exit(128 + signum)
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User and system CPU time of a process so far (its reaped children's included)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def log_tail(log_file: Path | None) -> list[str]:
