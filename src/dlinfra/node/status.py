@@ -20,7 +20,7 @@ from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
 
 STATE_FILE = "state.json"
-MAX_ERROR = 1500  # characters of a failure's message kept in the FAILED marker
+MAX_ERROR = 1500  # characters of a failure's message kept from its start, and from its end
 # A trainer's way to its first step, in order: its process spawned (by the beacon), Python and dlinfra
 # imported, TensorFlow loaded, every peer answering, the model and data built, the first step done.
 SPAWNED_AT = "DLINFRA_SPAWNED_AT"  # set by the beacon: the trainer's process start, in epoch seconds
@@ -108,9 +108,9 @@ class NodeStatus:
 def give_up(
     cfg: NodeConfig, store: RunStore, status: NodeStatus, error: str, trace: str, verdict: str = "failed"
 ) -> int:
-    if len(error) > MAX_ERROR:  # one error, not 16 KB of a remote call's repeated text
-        error = f"{error[:MAX_ERROR]}… ({len(error)} characters; the node's log has them all)"
-    print(f"node {cfg.name} failed: {error}", file=sys.stderr, flush=True)
+    print(f"node {cfg.name} failed: {error}", file=sys.stderr, flush=True)  # whole, in the node's log
+    if len(error) > 2 * MAX_ERROR:  # the marker holds its start and its end (where TF puts the cause)
+        error = f"{error[:MAX_ERROR]} … ({len(error) - 2 * MAX_ERROR} characters cut) … {error[-MAX_ERROR:]}"
     status.stop(state="failed", error=error)
     store.write_marker("FAILED", node=cfg.name, verdict=verdict, error=error, traceback=trace[-4000:])
     return EXIT_FAILED
