@@ -215,3 +215,30 @@ def test_the_log_tail_is_this_lifes_and_names_the_error_a_traceback_ends_with(tm
     assert tail[0] == "Traceback (most recent call last):", "the earlier life's lost peer is not this one's"
     assert _last_error(tail) == "ValueError: label 11 is not below 10"
     assert log_tail(None) == [] and _last_error([]) == "it printed nothing"
+
+
+def test_a_long_failure_keeps_its_start_and_its_cause_in_the_marker(tmp_path: Path) -> None:
+    """16 KB of a remote call's repeated text: the marker keeps a few KB, the first and the last
+    (where TensorFlow puts the cause), and says how much it cut."""
+    from dlinfra.contract import NodeConfig, StoreConfig
+    from dlinfra.node.status import MAX_ERROR, NodeStatus, give_up
+
+    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    cfg = NodeConfig(
+        run_id="r",
+        role="worker",
+        index=1,
+        strategy="multi_worker_mirrored",
+        cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        store=StoreConfig(url=f"file://{tmp_path / 'store'}"),
+        training=TrainingSpec(),
+        startup_timeout=10,
+        heartbeat_interval=1,
+        max_runtime=60,
+    )
+    error = "InvalidArgumentError: " + "gRPC said it again. " * 800 + "ValueError: bad record at step 5"
+    give_up(cfg, store, NodeStatus(store, cfg.name, cfg.role, cfg.index, tmp_path), error, "")
+    marker = store.marker()
+    assert marker is not None and marker.node == "worker-1" and marker.error is not None
+    assert marker.error.startswith("InvalidArgumentError: ") and marker.error.endswith("bad record at step 5")
+    assert "characters cut" in marker.error and len(marker.error) < 2 * MAX_ERROR + 100
