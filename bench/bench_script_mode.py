@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,22 +29,16 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src")]
+
+from dlinfra.render.addresses import free_ports  # noqa: E402
+
 PROGRAM = ROOT / "bench" / "programs" / "ps_throughput.py"
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def by_hand(python: str, workers: int, calls: int, scratch: Path) -> dict[str, float]:
     roles = [("chief", 0)] + [("worker", i) for i in range(workers)] + [("ps", 0)]
-    ports = iter(free_ports(len(roles)))
+    ports = free_ports(len(roles))
     cluster: dict[str, list[str]] = {}
     for role, _ in roles:
         cluster.setdefault(role, []).append(f"127.0.0.1:{next(ports)}")

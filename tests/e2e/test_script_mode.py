@@ -242,6 +242,10 @@ def test_a_typical_keras_regression_runs_on_one_node_with_its_own_metric(tmp_pat
     assert run.metrics["progress"] == "tensorboard" and run.metrics["eval_accuracy"] is None
     assert scalars["validation/epoch_mae"] < 55, scalars  # predicting the mean: 66
     assert "validation/epoch_mae" in run.result.stdout and "accuracy" not in run.result.stdout
+    # the command, a value a user copies, on a line of its own, whole (a table cell would wrap it)
+    whole = "command: python train.py --model_dir '$DLINFRA_MODEL_DIR'"
+    whole += " --tensorboard_dir '$DLINFRA_TENSORBOARD_DIR'"
+    assert whole in run.result.stdout.splitlines(), run.result.stdout
     code = (
         "from sklearn.datasets import load_diabetes\n"
         "x, y = load_diabetes(return_X_y=True)\n"

@@ -193,7 +193,6 @@ def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:
     else:
         steps = f"{m.steps}" + (" (from its TensorBoard scalars)" if m.progress == "tensorboard" else "")
     rows = [
-        ("command", shlex.join(m.command or [])),
         ("strategy", m.strategy),
         ("workers / ps", f"{m.workers} / {m.ps}"),
         ("steps", steps),
@@ -208,10 +207,13 @@ def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:
 
 
 def result_view(outcome: Outcome) -> Group:
-    """The result table, then the model's URI on a line of its own: the line a user copies, which a
-    table cell would wrap or cut to fit the screen."""
+    """The result table, then the model's URI (and a script's command) on lines of their own: what a
+    user copies, which a table cell would wrap or cut to fit the screen."""
     model = outcome.metrics.model_uri if outcome.metrics else "-"
-    return Group(result_table(outcome), Text(f"model: {model}"))
+    lines = [Text(f"model: {model}")]
+    if outcome.metrics is not None and outcome.metrics.command:  # a script run: its command, whole
+        lines.insert(0, Text(f"command: {shlex.join(outcome.metrics.command)}"))
+    return Group(result_table(outcome), *lines)
 
 
 def print_failure(console: Console, outcome: Outcome) -> None:

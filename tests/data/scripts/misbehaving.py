@@ -49,4 +49,4 @@ elif args.mode == "alone":  # trains on its own copy of the data, never looking 
         out.write("a model trained alone\n")
 elif args.mode == "no-model":
     server = serve_like_tensorflow()
-    time.sleep(1)
+    time.sleep(5)  # serving as a training run would, long enough for its agent's look (every 0.5 s)
