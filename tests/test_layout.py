@@ -65,6 +65,7 @@ def test_a_record_of_another_layout_is_refused_by_name(tmp_path: Path, written: 
 def test_metrics_keep_their_series_out_of_the_manifest_summary() -> None:
     metrics = Metrics(
         eval_accuracy=0.9,
+        scalars={"eval_loss": 0.3, "eval_accuracy": 0.9},
         steps=10,
         total_steps=10,
         strategy="parameter_server",
@@ -78,6 +79,7 @@ def test_metrics_keep_their_series_out_of_the_manifest_summary() -> None:
     )
     assert metrics.summary() == {
         "eval_accuracy": 0.9,
+        "scalars": {"eval_loss": 0.3, "eval_accuracy": 0.9},
         "steps": 10,
         "train_seconds": 3.0,
         "model_uri": "file:///m",

@@ -31,7 +31,7 @@ program = builtin_program(training, work / "data")
 losses: list[float] = []
 hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps: losses.append(loss))
 outcome = loop.train_mirrored(cfg, program, hooks, loop.make_mirrored_strategy())
-accuracy, _ = export.export(outcome.model, program, work / "model")
+results, _ = export.export(outcome.model, program, outcome.objective, work / "model")
 json.dump(
     {
         "policy": keras.mixed_precision.global_policy().name,
@@ -39,7 +39,7 @@ json.dump(
         "variable_dtype": outcome.model.trainable_variables[0].dtype,
         "step": outcome.step,
         "losses": losses,
-        "accuracy": accuracy,
+        "accuracy": results["accuracy"],
     },
     sys.stdout,
 )

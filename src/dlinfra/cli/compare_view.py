@@ -60,7 +60,7 @@ def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]
         if r["packages_vs_first"]
     ]
     packages += [
-        Text(f"{r['label']} reported: " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(r["scalars"].items())))
+        Text(f"{r['label']} measured: " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(r["scalars"].items())))
         for r in rows
         if r.get("scalars")
     ]

@@ -170,7 +170,8 @@ def result_table(outcome: Outcome) -> Table:
         ("strategy", m.strategy if m else "-"),
         ("workers / ps", f"{m.workers} / {m.ps}" if m else "- / -"),
         ("replicas · global batch", f"{_num(m.replicas)} · {_num(m.global_batch)}" if m else "-"),
-        ("learning rate", f"{m.learning_rate:g}, scaling {m.lr_scaling}" if m and m.learning_rate else "-"),
+        *([("loss", m.loss), ("optimizer", m.optimizer or "-")] if m and m.loss else []),
+        ("learning rate", _learning_rate(m)),
         ("precision", ("mixed_float16" if m.mixed_precision else "float32") if m else "-"),
         ("steps", _num(m.steps if m else None)),
         ("global steps/s", _mean_sd(m.global_steps_per_sec if m else None)),
@@ -179,11 +180,27 @@ def result_table(outcome: Outcome) -> Table:
         ("total time", f"{outcome.wall_seconds:.1f} s"),
         ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
         ("startup (s after the command)", describe(outcome.startup) or "-"),
-        ("eval accuracy", _num(m.eval_accuracy if m else None, "{:.4f}")),
+        *_evaluation(m),
     ]
     for key, value in rows:
         table.add_row(key, str(value))
     return table
+
+
+def _learning_rate(m: Metrics | None) -> str:
+    if m is None:
+        return "-"
+    if m.learning_rate is None:
+        return "the optimizer's schedule" if m.optimizer else "-"
+    return f"{m.learning_rate:g}, scaling {m.lr_scaling}"
+
+
+def _evaluation(m: Metrics | None) -> list[tuple[str, str]]:
+    """The program's eval loss and metrics under the names it gave them; a run recorded before
+    programs named their metrics has its accuracy alone."""
+    if m is None or not m.scalars:
+        return [("eval accuracy", _num(m.eval_accuracy if m else None, "{:.4f}"))]
+    return [(name.replace("eval_", "eval ", 1), f"{value:.4f}") for name, value in m.scalars.items()]
 
 
 def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:

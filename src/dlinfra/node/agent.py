@@ -24,6 +24,7 @@ from dlinfra.node.supervision import backoff_seconds, is_transient
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import MeanSd, Metrics
+from dlinfra.training.objective import ProgramError, hint
 
 T = TypeVar("T")
 POLL_SECONDS = 1.0
@@ -80,10 +81,12 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         if serves:
             return _serve(cfg, store, status, threads, lean=False)
         return _train(cfg, store, status, work)
+    except ProgramError as exc:  # refused before it trained: the message names what to set
+        return give_up(cfg, store, status, f"the program: {exc}", "", verdict="program")
     except Exception as exc:
         trace = traceback.format_exc()
         print(trace, file=sys.stderr, flush=True)
-        error = f"{type(exc).__name__}: {exc}"
+        error = f"{type(exc).__name__}: {exc}{hint(str(exc))}"
         if is_transient(exc):
             print("a peer was lost: exiting for a restart from the latest checkpoint", flush=True)
             status.stop(state="lost peer", error=error[:500])
@@ -123,7 +126,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
 
 
 def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> int:
-    from dlinfra.training import export, loop
+    from dlinfra.training import export, loop, parameter_servers
     from dlinfra.training.data import S3Access
     from dlinfra.training.program import builtin_program, load_entrypoint
 
@@ -157,7 +160,7 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
     status.update(state="training")
     started = time.time()
     if strategy is None:
-        outcome = loop.train_parameter_server(cfg, program, hooks)
+        outcome = parameter_servers.train_parameter_server(cfg, program, hooks)
     else:
         outcome = loop.train_mirrored(cfg, program, hooks, strategy)
     train_seconds = time.time() - started
@@ -165,11 +168,15 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
         status.stop(state="done", step=outcome.step)
         return EXIT_DONE
     status.update(state="exporting", step=outcome.step)
-    accuracy, _ = export.export(outcome.model, program, work / "model")
-    progress.final(accuracy, outcome.step)
+    results, _ = export.export(outcome.model, program, outcome.objective, work / "model")
+    accuracy = export.accuracy_of(results)
+    progress.final(results, outcome.step)
     model_uri = store.put_model(work / "model")
     metrics = Metrics(
         eval_accuracy=accuracy,
+        scalars={f"eval_{name}": value for name, value in results.items()},
+        loss=outcome.objective.loss_name,
+        optimizer=outcome.optimizer,
         steps=outcome.step,
         total_steps=t.steps,
         strategy=cfg.strategy,
@@ -198,7 +205,8 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
     store.put_metrics(metrics)
     store.write_marker("DONE", node=cfg.name, step=outcome.step, eval_accuracy=accuracy)
     status.stop(state="done", step=outcome.step)
-    print(f"done: step {outcome.step}, eval accuracy {accuracy:.4f}, model at {model_uri}", flush=True)
+    measured = ", ".join(f"eval {name} {value:.4f}" for name, value in results.items())
+    print(f"done: step {outcome.step}, {measured}, model at {model_uri}", flush=True)
     return EXIT_DONE
 
 
@@ -242,9 +250,9 @@ class Progress:
             if now - self._synced > TENSORBOARD_SYNC_SECONDS:
                 self.sync()
 
-    def final(self, accuracy: float, step: int) -> None:
+    def final(self, results: dict[str, float], step: int) -> None:
         if self.writer is not None:
-            self._scalars(step, eval_accuracy=accuracy)
+            self._scalars(step, **{f"eval_{name}": value for name, value in results.items()})
             self.sync()
 
     def _scalars(self, step: int, **values: float) -> None:

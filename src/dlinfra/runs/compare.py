@@ -104,7 +104,7 @@ def row(run: Run) -> dict[str, Any]:
         "train_seconds": metrics.train_seconds if metrics else None,
         "wall_seconds": wall,
         "eval_accuracy": metrics.eval_accuracy if metrics else None,
-        "scalars": metrics.scalars if metrics else {},  # a script's own, under its names
+        "scalars": metrics.scalars if metrics else {},  # its eval metrics, or a script's, by name
         "cost_usd": cost_usd(spec, manifest.target, wall, manifest),
         **_spot_columns(spec, manifest, wall, typed),
         "price_table": catalog().prices_as_of,

@@ -131,10 +131,14 @@ class Metrics(Record):
     # where a script's steps and scalars came from: its dlinfra.report calls, else the scalars it wrote
     # for TensorBoard; None: neither (its progress is unknown)
     progress: Literal["report", "tensorboard"] | None = None
-    eval_accuracy: float | None = None  # a script's only when it reported one (eval_accuracy)
+    # where the program measured an accuracy (a script: where it reported one, eval_accuracy)
+    eval_accuracy: float | None = None
     steps: int | None = None  # a script's last reported step (None: it reported none)
     total_steps: int | None = None
-    scalars: dict[str, float] = Field(default_factory=dict)  # a script's last reported scalars
+    # by name: a program's eval loss and metrics (eval_loss, eval_mae...), a script's last reported scalars
+    scalars: dict[str, float] = Field(default_factory=dict)
+    loss: str | None = None  # a program's loss, as named (its own, its compile()'s, or the default)
+    optimizer: str | None = None  # a program's optimizer class, and where it came from
     strategy: str
     workers: int
     ps: int
@@ -167,6 +171,7 @@ class Metrics(Record):
         """What the manifest keeps of the metrics (the series stay in metrics.json)."""
         return {
             "eval_accuracy": self.eval_accuracy,
+            "scalars": self.scalars,
             "steps": self.steps,
             "train_seconds": self.train_seconds,
             "model_uri": self.model_uri,

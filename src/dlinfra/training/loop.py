@@ -1,4 +1,5 @@
-"""Custom training loops for both strategies, on Keras 3 layers and optimizers.
+"""Custom training loops, on Keras 3 layers and optimizers: what both strategies share, and the
+multi-worker mirrored loop (sync); the parameter-server loop is in training.parameter_servers.
 
 Why custom loops and not `model.fit`: Keras 3's `fit` fails under ParameterServerStrategy
 (keras#18624) and under MultiWorkerMirroredStrategy (keras#20585). tf-keras `fit` works but is
@@ -14,8 +15,6 @@ calls would drift.
 
 from __future__ import annotations
 
-import collections
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.contract import NodeConfig
-from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
+from dlinfra.training import fit_check, objective, sharding
+from dlinfra.training.objective import Objective
 from dlinfra.training.program import Program, Shard
 
 SHUFFLE_BUFFER = 4096
@@ -47,7 +47,7 @@ class Scale:
 
     replicas: int  # model copies computing gradients: one per GPU of every worker, or per CPU worker
     global_batch: int  # examples behind one optimizer update
-    learning_rate: float  # as used, after lr_scaling
+    learning_rate: float | None  # as used, after lr_scaling (None: a schedule of the program's)
     lr_scaling: str  # the rule, in words
 
 
@@ -56,6 +56,8 @@ class Outcome:
     model: Any
     step: int
     scale: Scale
+    objective: Objective
+    optimizer: str  # its class, and where it came from
     examples_per_sec: list[float] = field(default_factory=list)
     steps_per_sec: list[float] = field(default_factory=list)
     interval_seconds: list[float] = field(default_factory=list)  # the length of each rate's interval
@@ -72,10 +74,21 @@ def mirrored_scale(cfg: NodeConfig, replicas: int) -> Scale:
     return Scale(replicas, t.batch_size * replicas, t.learning_rate, "none (learning_rate as given)")
 
 
-def async_scale(cfg: NodeConfig) -> Scale:
-    """Async parameter servers: every update is one worker's batch, applied as it comes."""
-    t = cfg.training
-    return Scale(cfg.num_workers, t.batch_size, t.learning_rate, "none (async: one batch per update)")
+def choose_optimizer(cfg: NodeConfig, program: Program, model: Any, scale: Scale) -> tuple[Any, Scale, str]:
+    """The program's optimizer, built for the variables it updates; `scale` restated when the learning
+    rate is the program's own (the spec's and its scaling then do not apply)."""
+    made, source = objective.optimizer(program, model, lambda: make_optimizer(cfg, scale.learning_rate or 0))
+    made.build(sharding.trained(model.trainable_variables))  # slots must exist before remote steps
+    described = f"{type(made).__name__} ({source})"
+    if source == "training.optimizer":
+        return made, scale, described
+    import keras
+
+    schedule = isinstance(
+        getattr(made, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule
+    )
+    rate = None if schedule else float(keras.ops.convert_to_numpy(made.learning_rate))
+    return made, Scale(scale.replicas, scale.global_batch, rate, f"none ({source})"), described
 
 
 def make_optimizer(cfg: NodeConfig, learning_rate: float) -> Any:
@@ -103,7 +116,7 @@ def configure_keras(cfg: NodeConfig) -> None:
     keras.mixed_precision.set_global_policy("mixed_float16" if cfg.training.mixed_precision else "float32")
 
 
-def _batched(ds: Any, batch: int, shuffle_seed: int | None, skip_batches: int = 0) -> Any:
+def batched(ds: Any, batch: int, shuffle_seed: int | None, skip_batches: int = 0) -> Any:
     """Seeded input streams are a pure function of the seed, so skipping the batches already trained
     on restores the data position after a restart (cheap for these pipelines, no iterator state)."""
     import tensorflow as tf
@@ -117,7 +130,7 @@ def _batched(ds: Any, batch: int, shuffle_seed: int | None, skip_batches: int = 
     )
 
 
-class _Meter:
+class Meter:
     """Throughput between progress reports, with each interval's length: under parameter servers
     chunks can arrive in bunches, and a plain mean of the rates would count a 10 ms interval as much
     as a 500 ms one."""
@@ -141,169 +154,16 @@ class _Meter:
         return eps
 
 
-def _checkpoint(directory: Path, **objects: Any) -> Any:
+def checkpoint(directory: Path, **objects: Any) -> Any:
     import tensorflow as tf
 
     ckpt = tf.train.Checkpoint(**objects)
     return ckpt, tf.train.CheckpointManager(ckpt, str(directory), max_to_keep=2)
 
 
-def _chief_io() -> Any:
-    """Under parameter servers, each ps would write (and read) its own variables' shard at the
-    chief's path, on its own disk: right only when every task shares one filesystem (local
-    processes), wrong on machines. All checkpoint I/O goes through the chief's CPU instead."""
-    import tensorflow as tf
-
-    return tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
-
-
-def _restore(ckpt: Any, hooks: Hooks, options: Any = None) -> None:
+def restore(ckpt: Any, hooks: Hooks, options: Any = None) -> None:
     if hooks.restore_from is not None:
         ckpt.restore(str(hooks.restore_from), options=options).assert_existing_objects_matched()
-
-
-def _loss_fn() -> Any:
-    import keras
-
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-
-
-# ---------------------------------------------------------------- parameter server (async)
-
-
-def counted_steps(strategy: Any, model: Any, optimizer: Any, loss_fn: Any, applied: Any) -> Any:
-    """A worker's remote call: `n` steps from iterator `it`, then `applied` counts them; returns
-    [last loss, count after this call]."""
-    import tensorflow as tf
-
-    @tf.function
-    def train_steps(it: Any, n: Any) -> Any:
-        def replica_fn(x: Any, y: Any) -> Any:
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss
-
-        loss = tf.constant(0.0)
-        for _ in tf.range(n):
-            x, y = next(it)
-            loss = strategy.run(replica_fn, args=(x, y))
-        # A call counts once it has run all its steps (a call lost mid-way is re-run elsewhere), so
-        # after the loop: tf.function orders stateful ops only per variable, and ran the count first.
-        # It comes back with the loss in one tensor: every fetch is a remote op from the chief.
-        with tf.control_dependencies([loss]):
-            count = applied.assign_add(tf.cast(n, tf.int64))
-        return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64)])
-
-    return train_steps
-
-
-def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> Outcome:
-    """Runs on the chief: variables live on the ps tasks, steps run on the workers."""
-    import tensorflow as tf
-
-    configure_keras(cfg)
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    t = cfg.training
-    scale = async_scale(cfg)
-    with strategy.scope():
-        model = program.build_model()
-        optimizer = make_optimizer(cfg, scale.learning_rate)
-        optimizer.build(model.trainable_variables)  # slot variables must exist before remote steps
-        # Keras counts optimizer.iterations with a read, then an assign: workers racing on the ps lost
-        # a fifth of the increments (two digits workers). An assign_add is one op under the lock.
-        applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="applied_steps")
-    ckpt, manager = _checkpoint(
-        hooks.work_dir / "checkpoints", model=model, optimizer=optimizer, applied_steps=applied
-    )
-    io = _chief_io()
-    _restore(ckpt, hooks, io)
-    loss_fn = _loss_fn()
-
-    # ClusterCoordinator traces one dataset function for every worker, so no static shard index
-    # reaches a worker: each worker instead streams its own random permutation of the data.
-    def dataset_fn() -> Any:
-        return _batched(program.train_data(Shard(0, 1)), t.batch_size, shuffle_seed=None)
-
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-
-    train_steps = counted_steps(strategy, model, optimizer, loss_fn, applied)
-
-    def global_step() -> int:
-        return int(applied.numpy())
-
-    step = last_ckpt = scheduled = global_step()
-    meter = _Meter(step, t.batch_size)
-    in_flight: collections.deque[tuple[int, list[Any]]] = collections.deque()  # (steps, calls) per chunk
-    loss: float | None = None  # the last fetched loss
-    urgent = False  # a spot notice: schedule nothing more, save what is done, before the node leaves
-    spe = steps_per_call(t.steps_per_execution, None, t.log_every)
-    by_size: collections.Counter[int] = collections.Counter()
-    depth = queue_depth(math.inf, cfg.num_workers, math.ceil(t.log_every / spe))
-    clock = ChunkClock(cfg.num_workers, time.monotonic())
-    while True:
-        urgent = urgent or (hooks.checkpoint_now is not None and hooks.checkpoint_now())
-        # Keep chunks queued behind the one we wait on, so workers never idle on our polling, but
-        # never schedule past the next checkpoint: a fault then loses at most checkpoint_every
-        # steps, and a notice's checkpoint waits for at most that much queued work.
-        limit = scheduled if urgent else min(t.steps, last_ckpt + t.checkpoint_every)
-        while scheduled < limit and len(in_flight) < depth:
-            chunk = min(t.log_every, limit - scheduled)
-            calls = [
-                coordinator.schedule(train_steps, args=(iterator, tf.constant(min(spe, chunk - start))))
-                for start in range(0, chunk, spe)
-            ]
-            scheduled += chunk
-            by_size[spe] += chunk
-            in_flight.append((chunk, calls))
-        if in_flight:
-            # A Python wait on a result, not join(), keeps the GIL free: heartbeats go on while a frozen
-            # worker holds a step, and the watcher blames that worker. The chunk's last call stands for
-            # the chunk: queued last, it usually ends last (its count is a lower bound when it does not).
-            chunk, calls = in_flight.popleft()
-            try:
-                fetched, count = calls[-1].fetch()
-            except tf.errors.OpError:
-                # Our fetch can copy a call's result off its worker before the coordinator does: a worker
-                # lost then fails it, and the call is re-run. The next schedule or join raises real errors.
-                continue
-            chunk_seconds, step_seconds = clock.fetched(time.monotonic(), chunk)
-            spe = steps_per_call(t.steps_per_execution, step_seconds, t.log_every)
-            depth = queue_depth(chunk_seconds, cfg.num_workers, math.ceil(t.log_every / spe))
-            step, loss = max(step, int(count)), float(fetched)  # counted when that call ended
-            hooks.on_progress(step, loss, meter.tick(step))
-            continue
-        coordinator.join()
-        exact = global_step()
-        if exact > step and loss is not None:
-            # Calls end out of order across workers: the chunk's last call may have ended before the
-            # others, so the count it brought lags. The segment's end reports the exact count (the last
-            # progress report of a run is its final step, in the log and in TensorBoard).
-            hooks.on_progress(exact, loss, meter.tick(exact))
-        step = exact
-        if step > last_ckpt:
-            manager.save(checkpoint_number=step, options=io)
-            hooks.on_checkpoint(step, hooks.work_dir / "checkpoints")
-            last_ckpt = step
-        urgent = False
-        if step >= t.steps:
-            break
-        # What the count, not what was scheduled, still lacks: a fault can abort or repeat calls.
-        scheduled = step
-        clock.restart(time.monotonic())
-    return Outcome(
-        model,
-        global_step(),
-        scale,
-        meter.examples_per_sec,
-        meter.steps_per_sec,
-        meter.seconds,
-        dict(by_size),
-        by_size.total(),
-    )
 
 
 # ---------------------------------------------------------------- multi-worker mirrored (sync)
@@ -321,23 +181,26 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
 
     configure_keras(cfg)
     t = cfg.training
-    scale = mirrored_scale(cfg, strategy.num_replicas_in_sync)  # every GPU of every worker
-    global_batch = scale.global_batch
+    if program.variable_partitioner is not None:
+        print("Program.variable_partitioner: unused under multi_worker_mirrored (no ps to split over)")
+    goal = set_up(program, strategy, t.batch_size)
     with strategy.scope():
         model = program.build_model()
-        optimizer = make_optimizer(cfg, scale.learning_rate)
-        optimizer.build(model.trainable_variables)
+        # every GPU of every worker
+        optimizer, scale, described = choose_optimizer(
+            cfg, program, model, mirrored_scale(cfg, strategy.num_replicas_in_sync)
+        )
+    global_batch, replicas = scale.global_batch, scale.replicas
     # Every worker must take part in saving (the save is collective); only the chief's copy counts.
     ckpt_dir = hooks.work_dir / ("checkpoints" if cfg.is_chief else f"checkpoints-tmp-{cfg.index}")
-    ckpt, manager = _checkpoint(ckpt_dir, model=model, optimizer=optimizer)
-    _restore(ckpt, hooks)
-    loss_fn = _loss_fn()
+    ckpt, manager = checkpoint(ckpt_dir, weights=sharding.saved(model), optimizer=optimizer)
+    restore(ckpt, hooks)
     resumed_at = int(optimizer.iterations.numpy())  # each step took one batch from every pipeline
 
     def dataset_fn(ctx: Any) -> Any:
         shard = Shard(ctx.input_pipeline_id, ctx.num_input_pipelines)
         per_replica = ctx.get_per_replica_batch_size(global_batch)
-        return _batched(
+        return batched(
             program.train_data(shard), per_replica, shuffle_seed=t.seed + shard.index, skip_batches=resumed_at
         )
 
@@ -348,8 +211,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     @tf.function(jit_compile=t.jit_compile)
     def gradients(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
-            per_example = loss_fn(y, model(x, training=True))
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            loss = goal.replica_loss(model, y, model(x, training=True), global_batch, replicas)
         return loss, tape.gradient(loss, model.trainable_variables)
 
     @tf.function
@@ -366,7 +228,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
         return loss
 
     step = int(optimizer.iterations.numpy())
-    meter = _Meter(step, global_batch)
+    meter = Meter(step, global_batch)
     last_ckpt = step
     while step < t.steps:
         n = min(t.log_every, t.steps - step, last_ckpt + t.checkpoint_every - step)
@@ -379,7 +241,18 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             if cfg.is_chief:
                 hooks.on_checkpoint(step, ckpt_dir)
             last_ckpt = step
-    return Outcome(model, step, scale, meter.examples_per_sec, meter.steps_per_sec, meter.seconds)
+    return Outcome(
+        model, step, scale, goal, described, meter.examples_per_sec, meter.steps_per_sec, meter.seconds
+    )
+
+
+def set_up(program: Program, strategy: Any, batch_size: int) -> Objective:
+    """The program's own set-up in the strategy's scope, then its first batch checked against its
+    objective (on a plain copy of the model), before any step runs."""
+    if program.setup is not None:
+        with strategy.scope():
+            program.setup()
+    return fit_check.first_batch(program, batch_size)
 
 
 def _any_worker(strategy: Any, wanted: bool) -> bool:

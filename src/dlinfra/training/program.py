@@ -9,13 +9,18 @@ that takes the `TrainingSpec` and returns a `Program`::
 
     def build(training):
         return Program(build_model=..., train_data=..., eval_data=...)
+
+The optional fields say what a model is trained for and measured by (see training.objective for
+what wins when a field is left out). `build` itself makes no TensorFlow state: it runs before the
+cluster is joined, and a lookup table made there belongs to no device of the cluster. Such objects
+go in `setup`, which runs in the strategy's scope on every training process.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +47,24 @@ class Program:
     """Returns a tf.data.Dataset of unbatched (features, label) pairs of this shard."""
     eval_data: Callable[[], Any]
     """Returns a tf.data.Dataset of unbatched (features, label) pairs held out from training."""
+    loss: Any = None
+    """A Keras loss (an object such as keras.losses.MeanSquaredError(), or a name such as "mse"), or
+    a callable(labels, outputs) returning per-example losses. None: the model's compile() loss, else
+    sparse categorical cross-entropy on logits (a classifier with integer labels)."""
+    metrics: Sequence[Any] = ()
+    """Keras metrics (objects, names such as "mae" or "accuracy", or callables) computed on eval_data
+    after training and reported under their names. Empty: compile()'s, else accuracy with the
+    default loss (the eval loss is always reported)."""
+    optimizer: Callable[[], Any] | None = None
+    """Returns a Keras optimizer (a schedule, clipnorm, weight decay: anything Keras takes), called in
+    the strategy's scope. None: the model's compile() optimizer, else training.optimizer at
+    training.learning_rate (scaled by training.lr_scaling)."""
+    variable_partitioner: Any = None
+    """Parameter servers: a tf.distribute.experimental.partitioners object that splits big variables
+    (an embedding too big for one ps) over the ps tasks. Mirrored variables are never split."""
+    setup: Callable[[], None] | None = None
+    """Runs once in every training process, in the strategy's scope, before build_model and the data
+    functions: where lookup tables and preprocessing layers are made (kept in your closure)."""
 
 
 def builtin_program(training: TrainingSpec, cache_dir: Path, s3: S3Access | None = None) -> Program:

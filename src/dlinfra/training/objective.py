@@ -1,0 +1,227 @@
+"""What a program is trained for and measured by: its loss, its metrics and its optimizer.
+
+Each comes from the Program's field, else from the model's own `compile()`, else from dlinfra's
+default: a classifier on logits (sparse categorical cross-entropy, accuracy) and the spec's
+optimizer. The model's own losses (`model.losses`: weight penalties, `add_loss`) always join the
+loss, as they do in Keras' `fit`.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dlinfra.errors import DlinfraError
+from dlinfra.training.program import Program
+
+DEFAULT_LOSS = "sparse categorical cross-entropy (default)"
+# compile() settings the loop does not use, with the value that means "not set"
+UNUSED_COMPILE = {
+    "loss_weights": None,
+    "weighted_metrics": None,
+    "run_eagerly": False,
+    "steps_per_execution": 1,
+}
+
+
+class ProgramError(DlinfraError):
+    """A Program dlinfra cannot train as written; the message names the field to set."""
+
+
+# TensorFlow's words for a mistake in a program, and what to do about it
+HINTS = {
+    # a table made in build(): before the cluster was joined, on a device the cluster does not have
+    "Client for target /job:localhost": "make lookup tables and preprocessing layers in Program.setup, "
+    "not in build(): setup runs in the strategy's scope on every training process",
+}
+
+
+def hint(error: str) -> str:
+    """What to do about `error`, when it is one TensorFlow gives for a known mistake ("" if not)."""
+    return "".join(f" (dlinfra: {advice})" for words, advice in HINTS.items() if words in error)
+
+
+@dataclass(frozen=True)
+class Objective:
+    loss: Callable[[Any, Any], Any]  # (labels, outputs) -> per-example losses, or their batch mean
+    loss_name: str
+    default_loss: bool  # the classifier default: the first batch must fit it (see fit_check)
+    given_metrics: tuple[Any, ...]
+
+    def mean_loss(self, model: Any, labels: Any, outputs: Any) -> Any:
+        """One worker's batch, applied alone (parameter servers): its mean loss and the model's own."""
+        import tensorflow as tf
+
+        loss = tf.reduce_mean(tf.cast(self.loss(labels, outputs), tf.float32))
+        return loss + _own_losses(model)
+
+    def replica_loss(self, model: Any, labels: Any, outputs: Any, global_batch: int, replicas: int) -> Any:
+        """One replica's share of a synchronous step: the all-reduce sums the replicas' shares."""
+        import tensorflow as tf
+
+        values = tf.cast(self.loss(labels, outputs), tf.float32)
+        if values.shape.rank == 0:  # the callable returned its batch's mean
+            share = values / replicas
+        else:
+            if values.shape.rank > 1:  # e.g. a loss per token: each example weighs the same
+                values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+            share = tf.nn.compute_average_loss(values, global_batch_size=global_batch)
+        return share + tf.nn.scale_regularization_loss(_own_losses(model))
+
+    def metrics(self, labels: Any, outputs: Any) -> list[Any]:
+        """Fresh Keras metric objects, named as the program named them; `labels` and `outputs` (one
+        batch) settle what "accuracy" means, as Keras' compile does."""
+        given = self.given_metrics or (("accuracy",) if self.default_loss else ())
+        return [_metric(m, labels, outputs, self.loss_name) for m in given]
+
+
+def _own_losses(model: Any) -> Any:
+    import tensorflow as tf
+
+    own = [tf.cast(loss, tf.float32) for loss in model.losses]
+    return tf.add_n(own) if own else tf.constant(0.0)
+
+
+def resolve(program: Program, model: Any) -> Objective:
+    """The loss and the metrics of `program`, whose model `model` is (a fresh one, for its compile())."""
+    compiled = compile_settings(model)
+    given = program.loss if program.loss is not None else compiled.get("loss")
+    metrics = tuple(program.metrics) or tuple(compiled.get("metrics") or ())
+    if given is None:
+        import keras
+
+        default = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+        return Objective(default, DEFAULT_LOSS, True, metrics)
+    field = "Program.loss" if program.loss is not None else "the model's compile(loss=...)"
+    if isinstance(given, dict | list | tuple):
+        raise ProgramError(
+            f"{field}: a loss per output is not taken; set Program.loss to one callable(labels, outputs) "
+            "that returns the combined per-example loss"
+        )
+    return Objective(_per_example(given, field), _name(given), False, metrics)
+
+
+def _per_example(given: Any, field: str) -> Callable[[Any, Any], Any]:
+    import keras
+
+    if isinstance(given, str):
+        try:
+            given = keras.losses.get(given)
+        except ValueError as exc:
+            raise ProgramError(f"{field}: {exc}") from None
+    if isinstance(given, keras.losses.Loss):
+        unreduced = copy.copy(given)  # the user's object keeps its reduction
+        unreduced.reduction = "none"
+        return unreduced
+    if not callable(given):
+        raise ProgramError(
+            f"{field}: {given!r} is not a Keras loss, a loss's name or a callable(labels, outputs)"
+        )
+
+    def per_example(labels: Any, outputs: Any) -> Any:
+        if isinstance(outputs, dict | list | tuple):
+            return given(labels, outputs)
+        return given(*_same_rank(labels, outputs))
+
+    return per_example
+
+
+def _same_rank(labels: Any, outputs: Any) -> tuple[Any, Any]:
+    """As compile() does: labels (N,) against outputs (N, 1) are brought to one rank, not broadcast."""
+    import tensorflow as tf
+
+    labels = tf.convert_to_tensor(labels)
+    difference = outputs.shape.rank - labels.shape.rank
+    if difference == 1 and outputs.shape[-1] == 1:
+        labels = tf.expand_dims(labels, -1)
+    elif difference == -1 and labels.shape[-1] == 1:
+        labels = tf.squeeze(labels, -1)
+    return (tf.cast(labels, outputs.dtype) if labels.dtype.is_floating else labels), outputs
+
+
+def _name(thing: Any) -> str:
+    if isinstance(thing, str):
+        return thing
+    return str(getattr(thing, "name", None) or getattr(thing, "__name__", None) or type(thing).__name__)
+
+
+def _metric(given: Any, labels: Any, outputs: Any, loss_name: str) -> Any:
+    import keras
+
+    if isinstance(given, keras.metrics.Metric):
+        given.reset_state()
+        return given
+    if given in ("accuracy", "acc"):
+        return _accuracy(labels, outputs, loss_name)(name="accuracy")
+    if isinstance(given, str):
+        try:
+            found = keras.metrics.get(given)
+        except ValueError as exc:
+            raise ProgramError(f"Program.metrics: {exc}") from None
+        if isinstance(found, keras.metrics.Metric):
+            try:
+                return type(found)(name=given)  # reported as the program wrote it: "mae"
+            except TypeError:
+                return found
+        return keras.metrics.MeanMetricWrapper(found, name=given)
+    if callable(given):
+        return keras.metrics.MeanMetricWrapper(given, name=_name(given))
+    raise ProgramError(f"Program.metrics: {given!r} is not a Keras metric, a metric's name or a callable")
+
+
+def _accuracy(labels: Any, outputs: Any, loss_name: str) -> Any:
+    """The accuracy that fits the outputs, as Keras' compile picks it for "accuracy"."""
+    import keras
+
+    if "binary" in loss_name or outputs.shape[-1] == 1:
+        return keras.metrics.BinaryAccuracy
+    if labels.shape.rank == outputs.shape.rank and labels.shape[-1] == outputs.shape[-1]:
+        return keras.metrics.CategoricalAccuracy  # one-hot labels
+    return keras.metrics.SparseCategoricalAccuracy
+
+
+def compile_settings(model: Any) -> dict[str, Any]:
+    """What the model's compile() was given (empty when it was not compiled)."""
+    if not getattr(model, "compiled", False):
+        return {}
+    config = getattr(getattr(model, "_compile_config", None), "config", None)  # Keras 3 keeps it raw
+    return dict(config or {})
+
+
+def refuse_what_the_loop_ignores(model: Any) -> None:
+    """dlinfra's loop runs its own step: a custom train_step would be skipped, so it is refused;
+    compile() settings the loop does not use are named in the log."""
+    import keras
+
+    if type(model).train_step is not keras.Model.train_step:
+        raise ProgramError(
+            f"the model ({type(model).__name__}) overrides train_step, which dlinfra's loop does not "
+            "call: put its loss in Program.loss (and its optimizer in Program.optimizer), or run the "
+            "program as it is with training.command"
+        )
+    settings = compile_settings(model)
+    unused = [k for k, unset in UNUSED_COMPILE.items() if settings.get(k, unset) != unset]
+    if unused:
+        print(
+            f"warning: compile() settings dlinfra's loop does not use: {', '.join(unused)}", file=sys.stderr
+        )
+
+
+def optimizer(program: Program, model: Any, spec_optimizer: Callable[[], Any]) -> tuple[Any, str]:
+    """The optimizer (made in the strategy's scope) and where it came from."""
+    import keras
+
+    if program.optimizer is not None:
+        made = program.optimizer()
+        if not isinstance(made, keras.optimizers.Optimizer):
+            raise ProgramError(
+                f"Program.optimizer returned {type(made).__module__}.{type(made).__name__}, not a Keras 3 "
+                "optimizer (keras.optimizers...)"
+            )
+        return made, "Program.optimizer"
+    if compile_settings(model).get("optimizer") is not None:
+        return model.optimizer, "the model's compile()"
+    return spec_optimizer(), "training.optimizer"

@@ -1,0 +1,189 @@
+"""The parameter-server loop (async): it runs on the chief; variables live on the ps tasks, steps
+run on the workers through a ClusterCoordinator (see training.loop for why a loop of our own).
+
+Progress is counted where the updates land: a counter on the ps that each remote call increments
+once it has run all its steps. A lost worker's call is re-run elsewhere, so counting scheduled calls
+would drift.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Any
+
+from dlinfra.contract import NodeConfig
+from dlinfra.training import sharding
+from dlinfra.training.loop import (
+    Hooks,
+    Meter,
+    Outcome,
+    Scale,
+    batched,
+    checkpoint,
+    choose_optimizer,
+    configure_keras,
+    restore,
+    set_up,
+)
+from dlinfra.training.objective import Objective
+from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
+from dlinfra.training.program import Program, Shard
+
+
+def async_scale(cfg: NodeConfig) -> Scale:
+    """Async parameter servers: every update is one worker's batch, applied as it comes."""
+    t = cfg.training
+    return Scale(cfg.num_workers, t.batch_size, t.learning_rate, "none (async: one batch per update)")
+
+
+def _chief_io() -> Any:
+    """Under parameter servers, each ps would write (and read) its own variables' shard at the
+    chief's path, on its own disk: right only when every task shares one filesystem (local
+    processes), wrong on machines. All checkpoint I/O goes through the chief's CPU instead."""
+    import tensorflow as tf
+
+    return tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
+
+
+def counted_steps(strategy: Any, model: Any, optimizer: Any, goal: Objective, applied: Any) -> Any:
+    """A worker's remote call: `n` steps from iterator `it`, then `applied` counts them; returns
+    [last loss, count after this call]."""
+    import tensorflow as tf
+
+    variables = sharding.trained(model.trainable_variables)
+
+    @tf.function
+    def train_steps(it: Any, n: Any) -> Any:
+        def replica_fn(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                loss = goal.mean_loss(model, y, model(x, training=True))
+            grads = tape.gradient(loss, variables)
+            optimizer.apply_gradients(zip(grads, variables, strict=True))
+            return loss
+
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            x, y = next(it)
+            loss = strategy.run(replica_fn, args=(x, y))
+        # A call counts once it has run all its steps (a call lost mid-way is re-run elsewhere), so
+        # after the loop: tf.function orders stateful ops only per variable, and ran the count first.
+        # It comes back with the loss in one tensor: every fetch is a remote op from the chief.
+        with tf.control_dependencies([loss]):
+            count = applied.assign_add(tf.cast(n, tf.int64))
+        return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64)])
+
+    return train_steps
+
+
+def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> Outcome:
+    """Runs on the chief: variables live on the ps tasks, steps run on the workers."""
+    import tensorflow as tf
+
+    configure_keras(cfg)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=program.variable_partitioner
+    )
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    t = cfg.training
+    goal = set_up(program, strategy, t.batch_size)
+    with strategy.scope():
+        model = program.build_model()
+        optimizer, scale, described = choose_optimizer(cfg, program, model, async_scale(cfg))
+        # Keras counts optimizer.iterations with a read, then an assign: workers racing on the ps lost
+        # a fifth of the increments (two digits workers). An assign_add is one op under the lock.
+        applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="applied_steps")
+    ckpt, manager = checkpoint(
+        hooks.work_dir / "checkpoints",
+        weights=sharding.saved(model),
+        optimizer=optimizer,
+        applied_steps=applied,
+    )
+    io = _chief_io()
+    restore(ckpt, hooks, io)
+
+    # ClusterCoordinator traces one dataset function for every worker, so no static shard index
+    # reaches a worker: each worker instead streams its own random permutation of the data.
+    def dataset_fn() -> Any:
+        return batched(program.train_data(Shard(0, 1)), t.batch_size, shuffle_seed=None)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    train_steps = counted_steps(strategy, model, optimizer, goal, applied)
+
+    def global_step() -> int:
+        return int(applied.numpy())
+
+    step = last_ckpt = scheduled = global_step()
+    meter = Meter(step, t.batch_size)
+    in_flight: collections.deque[tuple[int, list[Any]]] = collections.deque()  # (steps, calls) per chunk
+    loss: float | None = None  # the last fetched loss
+    urgent = False  # a spot notice: schedule nothing more, save what is done, before the node leaves
+    spe = steps_per_call(t.steps_per_execution, None, t.log_every)
+    by_size: collections.Counter[int] = collections.Counter()
+    depth = queue_depth(math.inf, cfg.num_workers, math.ceil(t.log_every / spe))
+    clock = ChunkClock(cfg.num_workers, time.monotonic())
+    while True:
+        urgent = urgent or (hooks.checkpoint_now is not None and hooks.checkpoint_now())
+        # Keep chunks queued behind the one we wait on, so workers never idle on our polling, but
+        # never schedule past the next checkpoint: a fault then loses at most checkpoint_every
+        # steps, and a notice's checkpoint waits for at most that much queued work.
+        limit = scheduled if urgent else min(t.steps, last_ckpt + t.checkpoint_every)
+        while scheduled < limit and len(in_flight) < depth:
+            chunk = min(t.log_every, limit - scheduled)
+            calls = [
+                coordinator.schedule(train_steps, args=(iterator, tf.constant(min(spe, chunk - start))))
+                for start in range(0, chunk, spe)
+            ]
+            scheduled += chunk
+            by_size[spe] += chunk
+            in_flight.append((chunk, calls))
+        if in_flight:
+            # A Python wait on a result, not join(), keeps the GIL free: heartbeats go on while a frozen
+            # worker holds a step, and the watcher blames that worker. The chunk's last call stands for
+            # the chunk: queued last, it usually ends last (its count is a lower bound when it does not).
+            chunk, calls = in_flight.popleft()
+            try:
+                fetched, count = calls[-1].fetch()
+            except tf.errors.OpError:
+                # Our fetch can copy a call's result off its worker before the coordinator does: a worker
+                # lost then fails it, and the call is re-run. The next schedule or join raises real errors.
+                continue
+            chunk_seconds, step_seconds = clock.fetched(time.monotonic(), chunk)
+            spe = steps_per_call(t.steps_per_execution, step_seconds, t.log_every)
+            depth = queue_depth(chunk_seconds, cfg.num_workers, math.ceil(t.log_every / spe))
+            step, loss = max(step, int(count)), float(fetched)  # counted when that call ended
+            hooks.on_progress(step, loss, meter.tick(step))
+            continue
+        coordinator.join()
+        exact = global_step()
+        if exact > step and loss is not None:
+            # Calls end out of order across workers: the chunk's last call may have ended before the
+            # others, so the count it brought lags. The segment's end reports the exact count (the last
+            # progress report of a run is its final step, in the log and in TensorBoard).
+            hooks.on_progress(exact, loss, meter.tick(exact))
+        step = exact
+        if step > last_ckpt:
+            manager.save(checkpoint_number=step, options=io)
+            hooks.on_checkpoint(step, hooks.work_dir / "checkpoints")
+            last_ckpt = step
+        urgent = False
+        if step >= t.steps:
+            break
+        # What the count, not what was scheduled, still lacks: a fault can abort or repeat calls.
+        scheduled = step
+        clock.restart(time.monotonic())
+    return Outcome(
+        model,
+        global_step(),
+        scale,
+        goal,
+        described,
+        meter.examples_per_sec,
+        meter.steps_per_sec,
+        meter.seconds,
+        dict(by_size),
+        by_size.total(),
+    )
