@@ -127,9 +127,9 @@ def test_skipping_trained_batches_restores_the_data_position(resumed_at: int) ->
     import numpy as np
     import tensorflow as tf
 
-    from dlinfra.training.loop import _batched
+    from dlinfra.training.loop import batched
 
     ds = tf.data.Dataset.from_tensor_slices(np.arange(1000, dtype=np.int64))
-    whole = [b.numpy() for b in _batched(ds, 32, shuffle_seed=7).take(resumed_at + 5)]
-    resumed = [b.numpy() for b in _batched(ds, 32, shuffle_seed=7, skip_batches=resumed_at).take(5)]
+    whole = [b.numpy() for b in batched(ds, 32, shuffle_seed=7).take(resumed_at + 5)]
+    resumed = [b.numpy() for b in batched(ds, 32, shuffle_seed=7, skip_batches=resumed_at).take(5)]
     assert all(np.array_equal(a, b) for a, b in zip(whole[resumed_at:], resumed, strict=True))

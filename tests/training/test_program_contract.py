@@ -1,0 +1,191 @@
+"""The widened Program contract on ordinary Keras programs (tests/data/contract_programs.py): what
+each is trained for and measured by, and the programs refused on their first batch before any
+cluster trains. Training runs the real loop (one mirrored worker, in a fresh process each)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dlinfra.spec.model import TrainingSpec
+from dlinfra.training import fit_check
+from dlinfra.training.objective import ProgramError, hint, resolve
+from dlinfra.training.program import Program, load_entrypoint
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+def _program(name: str) -> Program:
+    return load_entrypoint(f"{DATA / 'contract_programs.py'}:{name}", TrainingSpec())
+
+
+def _trained(name: str, steps: int, tmp: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(DATA / "program_run.py"), name, str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("regression_without_a_loss", ["labels are float32", "Program.loss", '"mse"']),
+        ("labels_shaped_n_by_1", ["shaped (batch, 1)", "tf.squeeze(y, -1)", "Program.loss"]),
+        ("float_labels", ["labels are float32", "Program.loss"]),
+        ("label_out_of_range", ["label of the first batch is 9", "5 classes", "Program.loss"]),
+        ("custom_train_step", ["_OwnStep", "overrides train_step", "Program.loss", "training.command"]),
+        ("regression_broadcasting", ["1024 values for 32 outputs", "broadcast"]),
+    ],
+)
+def test_a_program_whose_outputs_cannot_fit_its_loss_is_refused_naming_the_field(
+    name: str, words: list[str]
+) -> None:
+    with pytest.raises(ProgramError) as refused:
+        fit_check.first_batch(_program(name), batch_size=32)
+    for word in words:
+        assert word in str(refused.value), str(refused.value)
+
+
+def test_a_one_unit_model_on_integer_labels_is_refused_as_a_classifier_of_one_class() -> None:
+    x = np.zeros((8, 4), "float32")
+    program = Program(
+        build_model=lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+        train_data=lambda shard: tf.data.Dataset.from_tensor_slices((x, np.zeros(8, "int64"))),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((x, np.zeros(8, "int64"))),
+    )
+    with pytest.raises(ProgramError, match=r"one output unit.*BinaryCrossentropy"):
+        fit_check.first_batch(program, batch_size=8)
+
+
+def test_train_data_without_labels_is_refused() -> None:
+    x = np.zeros((8, 4), "float32")
+    program = Program(
+        build_model=lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]),
+        train_data=lambda shard: tf.data.Dataset.from_tensor_slices({"x": x}),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices({"x": x}),
+    )
+    with pytest.raises(ProgramError, match=r"dicts \(x\), not \(features, label\) pairs"):
+        fit_check.first_batch(program, batch_size=8)
+
+
+def test_unknown_loss_and_metric_names_are_refused_naming_the_field() -> None:
+    base = _program("regression")
+    with pytest.raises(ProgramError, match=r"Program\.loss"):
+        fit_check.first_batch(Program(base.build_model, base.train_data, base.eval_data, loss="msee"), 32)
+    with pytest.raises(ProgramError, match=r"Program\.metrics"):
+        fit_check.first_batch(
+            Program(base.build_model, base.train_data, base.eval_data, loss="mse", metrics=["maee"]), 32
+        )
+
+
+def test_accuracy_means_what_the_outputs_say_as_in_compile() -> None:
+    goal = resolve(_program("regression"), keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]))
+    assert goal.loss_name == "mse" and not goal.default_loss
+    binary, categorical, sparse = (
+        goal.metrics(labels, outputs)
+        for labels, outputs in [
+            (tf.zeros((4,)), tf.zeros((4, 1))),
+            (tf.zeros((4, 3)), tf.zeros((4, 3))),
+            (tf.zeros((4,), tf.int64), tf.zeros((4, 3))),
+        ]
+    )
+    assert [m.name for m in binary] == ["mae"], "the program's name for it, not Keras' long one"
+    accuracy = resolve(Program(lambda: None, lambda s: None, lambda: None, metrics=["accuracy"]), None)
+    kinds = [
+        type(accuracy.metrics(labels, outputs)[0]).__name__
+        for labels, outputs in [
+            (tf.zeros((4,)), tf.zeros((4, 1))),
+            (tf.zeros((4, 3)), tf.zeros((4, 3))),
+            (tf.zeros((4,), tf.int64), tf.zeros((4, 3))),
+        ]
+    ]
+    assert kinds == ["BinaryAccuracy", "CategoricalAccuracy", "SparseCategoricalAccuracy"]
+    assert categorical and sparse
+
+
+def test_a_loss_that_returns_its_batch_mean_is_shared_out_over_replicas() -> None:
+    program = Program(lambda: None, lambda s: None, lambda: None, loss=lambda y, out: tf.reduce_mean(out))
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    goal = resolve(program, model)
+    outputs = tf.constant([[2.0], [4.0]])
+    assert float(goal.replica_loss(model, tf.zeros((2,)), outputs, global_batch=8, replicas=4)) == 0.75
+    per_example = resolve(Program(lambda: None, lambda s: None, lambda: None, loss="mae"), model)
+    # (|0-2| + |0-4|) / global batch 8: each replica's share of the mean over every replica's examples
+    assert float(per_example.replica_loss(model, tf.zeros((2,)), outputs, global_batch=8, replicas=4)) == 0.75
+
+
+def test_tensorflows_words_for_a_table_made_in_build_get_the_fix() -> None:
+    assert "Program.setup" in hint("Client for target /job:localhost/replica:0/task:0 not found")
+    assert hint("Received a label value of 3") == ""
+
+
+@pytest.mark.slow
+def test_a_regression_trains_on_its_own_loss_and_reports_its_metric(tmp_path: Path) -> None:
+    result = _trained("regression", 600, tmp_path)
+    assert set(result["results"]) == {"loss", "mae"}, "no accuracy is made up for a regression"
+    labels = np.array(result["labels"])
+    _, y_train, _, _ = _diabetes_split()
+    guessing_the_mean = float(np.abs(labels - y_train.mean()).mean())
+    assert result["results"]["mae"] < 0.85 * guessing_the_mean
+    assert result["loss"] == "mse" and result["optimizer"] == "Adam (Program.optimizer)"
+    assert result["learning_rate"] is None, "a schedule has no one learning rate"
+    assert result["served_matches_keras"]
+    predictions = np.array(result["predictions"])
+    assert 25 <= predictions.mean() <= 346, "predictions on the labels' scale"
+
+
+def _diabetes_split() -> tuple[np.ndarray, ...]:
+    from sklearn.datasets import load_diabetes
+
+    y = load_diabetes().target
+    return None, y[:380], None, y[380:]  # type: ignore[return-value]
+
+
+@pytest.mark.slow
+def test_compile_settings_are_used_where_the_program_gives_none(tmp_path: Path) -> None:
+    result = _trained("regression_compiled", 300, tmp_path)
+    assert result["loss"] == "mae" and result["optimizer"] == "SGD (the model's compile())"
+    assert set(result["results"]) == {"loss", "mse"}
+    assert result["learning_rate"] == pytest.approx(0.01)
+    assert result["lr_scaling"] == "none (the model's compile())"
+    assert result["losses"][-1] < result["losses"][0]
+
+
+@pytest.mark.slow
+def test_the_models_own_losses_join_the_loss(tmp_path: Path) -> None:
+    """Plain Keras fit with this penalty ends near chance (0.09 measured); dlinfra must too."""
+    result = _trained("heavy_penalty", 300, tmp_path)
+    assert result["losses"][0] > 10, "the penalty is in the loss the loop reports"
+    assert result["kernel_norm"] < 1e-2, "and in the gradients: the penalty drove the weights to zero"
+    assert result["results"]["accuracy"] < 0.3
+
+
+@pytest.mark.slow
+def test_dict_features_train_and_export_with_metrics_under_their_keras_names(tmp_path: Path) -> None:
+    result = _trained("dict_features", 400, tmp_path)
+    assert result["results"]["sparse_categorical_accuracy"] > 0.85
+    assert (
+        result["results"]["sparse_top_k_categorical_accuracy"]
+        >= result["results"]["sparse_categorical_accuracy"]
+    )
+    assert result["served_matches_keras"], "the SavedModel takes the named inputs"
+
+
+@pytest.mark.slow
+def test_a_lookup_table_made_in_setup_feeds_the_input_pipeline(tmp_path: Path) -> None:
+    result = _trained("lookup_table", 300, tmp_path)
+    assert result["results"]["accuracy"] > 0.6
+    assert result["served_matches_keras"]
