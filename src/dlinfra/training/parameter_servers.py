@@ -95,6 +95,8 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         # Keras counts optimizer.iterations with a read, then an assign: workers racing on the ps lost
         # a fifth of the increments (two digits workers). An assign_add is one op under the lock.
         applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="applied_steps")
+    if split := sharding.describe(model):
+        print(f"split over the ps: {split}", flush=True)
     ckpt, manager = checkpoint(
         hooks.work_dir / "checkpoints",
         weights=sharding.saved(model),

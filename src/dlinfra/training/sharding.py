@@ -33,5 +33,7 @@ def saved(model: Any) -> list[Any]:
     return [getattr(v, "value", v) for v in model.weights]
 
 
-def is_sharded(model: Any) -> bool:
-    return any(_sharded(v) is not None for v in model.weights)
+def describe(model: Any) -> str | None:
+    """The model's variables split over the ps, with their shard counts (None: none is split)."""
+    split = [(v.name, len(sharded.variables)) for v in model.weights if (sharded := _sharded(v)) is not None]
+    return ", ".join(f"{name} ({shards} shards)" for name, shards in split) or None
