@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -17,24 +18,29 @@ from sklearn.datasets import load_diabetes
 
 from support import alive_node_pids, run_cli
 
-from .conftest import Deployed, deploy
+from .conftest import Deployed, deploy, start_deploy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PROGRAMS = Path(__file__).parents[1] / "data" / "contract_programs.py"
 
 
-def _deploy(tmp: Path, function: str, *args: str, steps: int = 400) -> Deployed:
+def _project(tmp: Path, function: str, steps: int) -> Path:
     shutil.copy(PROGRAMS, tmp / "contract_programs.py")
     spec = tmp / "experiment.yaml"
     spec.write_text(
         f"name: {function.replace('_', '-')}\n"
         f"training:\n  entrypoint: contract_programs.py:{function}\n  steps: {steps}\n  batch_size: 32\n"
     )
-    return deploy(tmp, str(spec), *args)
+    return spec
 
 
-def test_a_regression_through_the_contract_reports_mae_and_no_accuracy(tmp_path: Path) -> None:
-    run = _deploy(tmp_path, "regression", "--workers", "2", "--strategy", "multi_worker_mirrored", steps=600)
+def _deploy(tmp: Path, function: str, *args: str, steps: int = 400) -> Deployed:
+    return deploy(tmp, str(_project(tmp, function, steps)), *args)
+
+
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_a_regression_through_the_contract_reports_mae_and_no_accuracy(tmp_path: Path, strategy: str) -> None:
+    run = _deploy(tmp_path, "regression", "--workers", "2", "--strategy", strategy, steps=600)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     metrics = run.metrics
     assert metrics["eval_accuracy"] is None
@@ -80,3 +86,20 @@ def test_a_program_its_loss_cannot_fit_is_refused_before_the_cluster_trains(tmp_
     chief = (run.store / "logs" / "chief-0.log").read_text()
     assert not re.search(r"step \d+/400", chief), "no step was trained"
     assert alive_node_pids(run.run_id) == []
+
+
+@pytest.mark.faults
+def test_a_ps_holding_a_shard_killed_mid_run_resumes_from_the_sharded_checkpoint(tmp_path: Path) -> None:
+    spec = _project(tmp_path, "lookup_table", 1000)
+    live = start_deploy(
+        tmp_path, str(spec), "--workers", "2", "--ps", "2", "--set", "training.checkpoint_every=100"
+    )
+    live.wait_for_step("chief-0", 450)
+    os.killpg(live.trainer_pid("ps-1"), signal.SIGKILL)
+    done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert live.status("ps-1")["restarts"] == 1
+    chief = live.log("chief-0").read_text()
+    assert re.search(r"resuming from checkpoint ckpt-\d+ \(step [1-9]\d*\)", chief), chief[-3000:]
+    assert chief.count("split over the ps: embeddings (2 shards)") >= 2, "every life of the chief splits it"
+    assert live.metrics["steps"] == 1000 and live.metrics["eval_accuracy"] > 0.6
