@@ -185,7 +185,7 @@ def _words() -> tuple[list[str], np.ndarray]:
     return words, (bottom > top).astype("int64")
 
 
-def lookup_table(training) -> Program:
+def lookup_table(training, in_build: bool = False) -> Program:
     """TensorFlow's parameter-server guide's shape: a StringLookup made in the strategy's scope and
     used in the input pipeline, an Embedding over its ids, a partitioner for the embedding."""
     words, labels = _words()
@@ -194,6 +194,9 @@ def lookup_table(training) -> Program:
 
     def setup() -> None:
         made["lookup"] = keras.layers.StringLookup(vocabulary=vocabulary, mask_token=None)
+
+    if in_build:  # the mistake: made before the cluster is joined
+        setup()
 
     def ids(word, label):
         return made["lookup"](word), label
@@ -217,8 +220,12 @@ def lookup_table(training) -> Program:
         build_model=model,
         train_data=train_data,
         eval_data=eval_data,
-        setup=setup,
+        setup=None if in_build else setup,
         variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
             min_shard_bytes=1024, max_shards=2
         ),
     )
+
+
+def lookup_table_in_build(training) -> Program:
+    return lookup_table(training, in_build=True)

@@ -103,3 +103,11 @@ def test_a_ps_holding_a_shard_killed_mid_run_resumes_from_the_sharded_checkpoint
     assert re.search(r"resuming from checkpoint ckpt-\d+ \(step [1-9]\d*\)", chief), chief[-3000:]
     assert chief.count("split over the ps: embeddings (2 shards)") >= 2, "every life of the chief splits it"
     assert live.metrics["steps"] == 1000 and live.metrics["eval_accuracy"] > 0.6
+
+
+def test_a_table_made_in_build_fails_with_where_it_belongs(tmp_path: Path) -> None:
+    run = _deploy(tmp_path, "lookup_table_in_build", "--workers", "2", "--strategy", "parameter_server")
+    assert run.result.returncode == 1, run.result.stdout + run.result.stderr
+    marker = json.loads((run.store / "FAILED").read_text())
+    assert "make lookup tables and preprocessing layers in Program.setup" in marker["error"], marker["error"]
+    assert alive_node_pids(run.run_id) == []

@@ -129,6 +129,9 @@ def test_a_loss_that_returns_its_batch_mean_is_shared_out_over_replicas() -> Non
 
 def test_tensorflows_words_for_a_table_made_in_build_get_the_fix() -> None:
     assert "Program.setup" in hint("Client for target /job:localhost/replica:0/task:0 not found")
+    assert "Program.setup" in hint(
+        "InvalidArgumentError: /job:localhost/replica:0/task:0/device:CPU:0 unknown device. [Op:MapDataset]"
+    )
     assert hint("Received a label value of 3") == ""
 
 

@@ -32,10 +32,14 @@ class ProgramError(DlinfraError):
 
 
 # TensorFlow's words for a mistake in a program, and what to do about it
+IN_SETUP = (
+    "make lookup tables and preprocessing layers in Program.setup, not in build(): setup runs in the "
+    "strategy's scope on every training process"
+)
 HINTS = {
     # a table made in build(): before the cluster was joined, on a device the cluster does not have
-    "Client for target /job:localhost": "make lookup tables and preprocessing layers in Program.setup, "
-    "not in build(): setup runs in the strategy's scope on every training process",
+    "Client for target /job:localhost": IN_SETUP,  # used on a worker
+    "job:localhost/replica:0/task:0/device:CPU:0 unknown device": IN_SETUP,  # used on the chief
 }
 
 
