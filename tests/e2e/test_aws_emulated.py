@@ -319,7 +319,11 @@ def test_terminated_instance_is_replaced_by_reapply_and_the_run_completes(aws_en
     s3 = _client(aws_env["endpoint"], "s3")
     prefix = f"runs/{live.run_dir.name}/"
     status = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "status/worker-1.json")["Body"].read())
-    assert status["restarts"] == 1
+    # once seen 0 under load, not reproduced alone: the status and the log say which life wrote it
+    log = (
+        s3.get_object(Bucket=BUCKET, Key=prefix + "logs/worker-1.log")["Body"].read().decode(errors="replace")
+    )
+    assert status["restarts"] == 1, f"{status}\n{log[-4000:]}\n{done.stdout[-3000:]}"
     metrics = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "metrics.json")["Body"].read())
     assert metrics["steps"] == 3000
     assert any("worker-1: replaced by" in line for line in done.stdout.splitlines()), done.stdout
