@@ -14,6 +14,7 @@ import typer
 from dlinfra import __version__
 from dlinfra.cli.console import ColorMode, err, out, set_color
 from dlinfra.cli.console import error as _error
+from dlinfra.cli.data import data_app
 from dlinfra.cli.images import image_app
 from dlinfra.cli.inspection import inspection_app
 from dlinfra.cli.loading import load_checked, warn_hardware
@@ -46,6 +47,7 @@ app = typer.Typer(
 app.add_typer(inspection_app)  # status, logs, runs, compare, show, debug, destroy
 app.add_typer(node_app, name="node")
 app.add_typer(image_app, name="image")
+app.add_typer(data_app, name="data")
 
 
 @app.callback()
