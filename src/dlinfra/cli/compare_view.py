@@ -54,18 +54,10 @@ def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]
         )
     )
     cells = [compare_cells(r) for r in rows]
-    packages = [
-        Text(f"packages, {r['label']} against {rows[0]['label']}: {', '.join(r['packages_vs_first'])}")
-        for r in rows[1:]
-        if r["packages_vs_first"]
-    ]
-    packages += [
-        Text(f"{r['label']} measured: " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(r["scalars"].items())))
-        for r in rows
-        if r.get("scalars")
-    ]
-    if _width([[c, *(row[i] for row in cells)] for i, c in enumerate(COLUMNS)]) <= width:
-        return [_table(list(COLUMNS), cells), *packages, note]
+    as_rows = _width([[c, *(row[i] for row in cells)] for i, c in enumerate(COLUMNS)]) <= width
+    notes = _notes(rows, "run" if as_rows else "label")  # a run as the table names it
+    if as_rows:
+        return [_table(list(COLUMNS), cells), *notes, note]
     metrics = list(COLUMNS[1:])
     per_run = [[r["label"], *cell[1:]] for r, cell in zip(rows, cells, strict=True)]
     for run in per_run:
@@ -80,7 +72,21 @@ def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]
     parts.append(_transposed(metrics, group))
     legend = [f"{r['label']} = {r['run']}" for r in rows if r["label"] != r["run"]]
     legend = [line if cell_len(line) <= width else line.replace(" = ", " =\n    ") for line in legend]
-    return [*parts, *(Text(line) for line in legend), *packages, note]
+    return [*parts, *(Text(line) for line in legend), *notes, note]
+
+
+def _notes(rows: list[dict[str, Any]], name: str) -> list[Text]:
+    """Per run, under the table: the packages it runs apart from the first run's, and what it measured."""
+    packages = [
+        Text(f"packages, {r[name]} against {rows[0][name]}: {', '.join(r['packages_vs_first'])}")
+        for r in rows[1:]
+        if r["packages_vs_first"]
+    ]
+    return packages + [
+        Text(f"{r[name]} measured: " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(r["scalars"].items())))
+        for r in rows
+        if r.get("scalars")
+    ]
 
 
 def _transposed(metrics: list[str], runs: list[list[str]]) -> Table:
