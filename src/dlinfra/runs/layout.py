@@ -45,6 +45,7 @@ from dlinfra.runs.store import Store
 R = TypeVar("R", bound=Record)
 
 MANIFEST = "manifest.json"
+DATA_MANIFEST = "manifest.json"  # a packed data set's (`dlinfra data pack`), beside its shards
 METRICS = "metrics.json"
 CHECKPOINTS = "checkpoints"
 LATEST_CHECKPOINT = f"{CHECKPOINTS}/latest.json"

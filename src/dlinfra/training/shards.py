@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict
 from dlinfra import __version__
 from dlinfra.errors import DlinfraError
 from dlinfra.runs.bundle import file_sha256
+from dlinfra.runs.layout import DATA_MANIFEST
 from dlinfra.runs.store import Store
 
-MANIFEST = "manifest.json"
 PACK_SEED = 20161  # fixed: the same source packs into the same shards, byte for byte
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -206,7 +206,7 @@ def pack(source: Source, dest: Store, shards: int, eval_shards: int) -> ShardMan
         splits=splits,
         created=time.time(),
     )
-    dest.put_json(MANIFEST, manifest.model_dump(mode="json"))
+    dest.put_json(DATA_MANIFEST, manifest.model_dump(mode="json"))
     return manifest
 
 
