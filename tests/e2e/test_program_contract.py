@@ -38,9 +38,9 @@ def _deploy(tmp: Path, function: str, *args: str, steps: int = 400) -> Deployed:
     return deploy(tmp, str(_project(tmp, function, steps)), *args)
 
 
-@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
-def test_a_regression_through_the_contract_reports_mae_and_no_accuracy(tmp_path: Path, strategy: str) -> None:
-    run = _deploy(tmp_path, "regression", "--workers", "2", "--strategy", strategy, steps=600)
+def test_a_regression_through_the_contract_reports_mae_and_no_accuracy(tmp_path: Path) -> None:
+    # parameter servers train through the same objective: the lookup-table tests below run under them
+    run = _deploy(tmp_path, "regression", "--workers", "2", "--strategy", "multi_worker_mirrored", steps=600)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     metrics = run.metrics
     assert metrics["eval_accuracy"] is None
