@@ -7,26 +7,15 @@ import tempfile
 from pathlib import Path
 
 import keras
+from one_worker import lone_worker
 
-from dlinfra.contract import NodeConfig, StoreConfig
 from dlinfra.spec.model import TrainingSpec
 from dlinfra.training import export, loop
 from dlinfra.training.program import builtin_program
 
 work = Path(tempfile.mkdtemp())
 training = TrainingSpec(steps=30, mixed_precision=True, log_every=10, checkpoint_every=30)
-cfg = NodeConfig(
-    run_id="r",
-    role="worker",
-    index=0,
-    strategy="multi_worker_mirrored",
-    cluster={"worker": ["127.0.0.1:1"]},
-    store=StoreConfig(url=f"file://{work}/store"),
-    training=training,
-    startup_timeout=30,
-    heartbeat_interval=5,
-    max_runtime=300,
-)
+cfg = lone_worker(training, work)
 program = builtin_program(training, work / "data")
 losses: list[float] = []
 hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps: losses.append(loss))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from one_worker import lone_worker
 
-from dlinfra.contract import NodeConfig, StoreConfig
 from dlinfra.spec.model import TrainingSpec
 from dlinfra.training import export, loop
 from dlinfra.training.objective import ProgramError
@@ -18,18 +18,7 @@ from dlinfra.training.program import load_entrypoint
 
 work = Path(tempfile.mkdtemp())
 training = TrainingSpec(steps=int(sys.argv[2]), batch_size=32, log_every=50, checkpoint_every=10_000)
-cfg = NodeConfig(
-    run_id="r",
-    role="worker",
-    index=0,
-    strategy="multi_worker_mirrored",
-    cluster={"worker": ["127.0.0.1:1"]},
-    store=StoreConfig(url=f"file://{work}/store"),
-    training=training,
-    startup_timeout=30,
-    heartbeat_interval=5,
-    max_runtime=300,
-)
+cfg = lone_worker(training, work)
 program = load_entrypoint(f"{Path(__file__).parent / 'contract_programs.py'}:{sys.argv[1]}", training)
 losses: list[float] = []
 hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps: losses.append(loss))

@@ -112,10 +112,7 @@ def _per_example(given: Any, field: str) -> Callable[[Any, Any], Any]:
     import keras
 
     if isinstance(given, str):
-        try:
-            given = keras.losses.get(given)
-        except ValueError as exc:
-            raise ProgramError(f"{field}: {exc}") from None
+        given = _named(keras.losses.get, given, field)
     if isinstance(given, keras.losses.Loss):
         unreduced = copy.copy(given)  # the user's object keeps its reduction
         unreduced.reduction = "none"
@@ -146,6 +143,14 @@ def _same_rank(labels: Any, outputs: Any) -> tuple[Any, Any]:
     return (tf.cast(labels, outputs.dtype) if labels.dtype.is_floating else labels), outputs
 
 
+def _named(get: Callable[[str], Any], name: str, field: str) -> Any:
+    """Keras' object of that name; a name Keras does not know is the program's error, by field."""
+    try:
+        return get(name)
+    except ValueError as exc:
+        raise ProgramError(f"{field}: {exc}") from None
+
+
 def _name(thing: Any) -> str:
     if isinstance(thing, str):
         return thing
@@ -161,10 +166,7 @@ def _metric(given: Any, labels: Any, outputs: Any, loss_name: str) -> Any:
     if given in ("accuracy", "acc"):
         return _accuracy(labels, outputs, loss_name)(name="accuracy")
     if isinstance(given, str):
-        try:
-            found = keras.metrics.get(given)
-        except ValueError as exc:
-            raise ProgramError(f"Program.metrics: {exc}") from None
+        found = _named(keras.metrics.get, given, "Program.metrics")
         if isinstance(found, keras.metrics.Metric):
             try:
                 return type(found)(name=given)  # reported as the program wrote it: "mae"
