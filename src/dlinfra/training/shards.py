@@ -71,11 +71,11 @@ class ShardManifest(BaseModel):
 class Example:
     id: int
     label: int
-    image: Any  # encoded bytes, or pixels the source encodes as it writes
+    image: Any  # what the source's encode turns into the record's bytes: pixels, or a file's path
 
 
-def _as_is(image: Any) -> bytes:
-    return bytes(image)
+def _file_bytes(path: Any) -> bytes:
+    return Path(path).read_bytes()
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Source:
     shape: list[int] | None
     train: list[Example]
     eval: list[Example]
-    encode: Callable[[Any], bytes] = _as_is  # an example's image → the bytes its record holds
+    encode: Callable[[Any], bytes]  # an example's image → the bytes its record holds
 
 
 def array_source(name: str, x_train: Any, y_train: Any, x_test: Any, y_test: Any, encoding: str) -> Source:
@@ -137,11 +137,13 @@ def directory_source(root: Path, eval_fraction: float) -> Source:
                 continue
             relative = path.relative_to(root).as_posix()
             share = int(hashlib.sha256(relative.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-            (held if share < eval_fraction else train).append(Example(next_id, label, path.read_bytes()))
+            (held if share < eval_fraction else train).append(Example(next_id, label, path))
             next_id += 1
     if not train or not held:
         raise PackError(f"{root}: {len(train)} training and {len(held)} eval images: add images")
-    return Source(root.name, classes, "as-is", None, train, held)
+    return Source(
+        root.name, classes, "as-is", None, train, held, _file_bytes
+    )  # read as each shard is written
 
 
 def _dealt(examples: list[Example], shards: int) -> list[list[Example]]:
