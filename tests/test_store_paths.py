@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlinfra.errors import StoreError
-from dlinfra.node.agent import CheckpointSync
+from dlinfra.node.checkpoints import CheckpointSync
 from dlinfra.runs.layout import LATEST_CHECKPOINT, RunStore
 from dlinfra.runs.store import FileStore, S3Store, checked_key
 

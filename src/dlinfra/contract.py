@@ -101,6 +101,7 @@ class NodeConfig(BaseModel):
     cluster: SubnetLayout | dict[str, list[str]]
     store: StoreConfig
     training: TrainingSpec
+    data: StoreConfig | None = None  # where a packed data set's shards are (training.dataset.uri)
     entrypoint: str | None = None  # 'file.py:function' inside the code bundle
     bundle: str | None = None  # sha256 of the code bundle in the run's store
     startup_timeout: float

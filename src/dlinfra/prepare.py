@@ -29,7 +29,9 @@ from dlinfra.runs.bundle import Bundle, file_sha256, pack_code
 from dlinfra.runs.layout import RunStore, bundle_key
 from dlinfra.runs.records import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, home, package_version
+from dlinfra.runs.store import Store
 from dlinfra.spec.model import Spec
+from dlinfra.training import staging
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ def prepare(
     base = spec_path.absolute().parent if spec_path else Path.cwd()
     if code is None:
         code = pack_code(spec.training, base, home())
-    spec = absolute_dataset(spec, base)
+    spec = pinned_shards(absolute_dataset(spec, base))
     dataset = dataset_pin(spec)
     # The flavors its nodes run, before the run exists: an environment that cannot be resolved is
     # refused (exit 2) with nothing created. Building configs is cheap; resolving is not.
@@ -234,20 +236,45 @@ def node_index(spec: Spec, install: NodeInstall) -> Index:
 def absolute_dataset(spec: Spec, base: Path) -> Spec:
     """The spec with a relative file:// dataset made absolute against `base` (the experiment file's
     directory), so the pin hashes the very file the nodes read, whatever their working directory."""
-    uri = spec.training.dataset.uri
+    ds = spec.training.dataset
+    uri = ds.uri
     if not uri or not uri.startswith("file://") or Path(uri[len("file://") :]).is_absolute():
         return spec
     local = (base / uri[len("file://") :]).resolve()
-    if not local.is_file():
+    packed = ds.format == "tfrecord"
+    if not (local.is_dir() if packed else local.is_file()):
+        what = "directory `dlinfra data pack` wrote" if packed else "data file"
         raise SpecError(
             [
                 f"training.dataset.uri: {uri} is relative to the experiment file's directory ({base}), "
-                f"and {local} is not a file. Fix: point it at the data file, relative to {base} or "
-                "absolute (file:///path/to/data)"
+                f"and {local} is not a {'directory' if packed else 'file'}. Fix: point it at the {what}, "
+                f"relative to {base} or absolute (file:///path/to/data)"
             ]
         )
-    dataset = spec.training.dataset.model_copy(update={"uri": f"file://{local}"})
+    return _with_dataset(spec, uri=f"file://{local}")
+
+
+def _with_dataset(spec: Spec, **fields: Any) -> Spec:
+    dataset = spec.training.dataset.model_copy(update=fields)
     return spec.model_copy(update={"training": spec.training.model_copy(update={"dataset": dataset})})
+
+
+def pinned_shards(spec: Spec) -> Spec:
+    """A packed data set read now, as the nodes will read it: its manifest must be there and fit the
+    cluster, and its sha256 (which names every shard's) is pinned in the spec, so every node and any
+    rerun reads these very shards. A spec that pins another sha256 is refused: the data changed."""
+    ds = spec.training.dataset
+    if ds.format != "tfrecord" or ds.uri is None:
+        return spec
+    where = StoreConfig.for_run(spec, ds.uri)
+    try:
+        pinned = staging.read_manifest(Store.from_url(where.url, where.endpoint_url, where.region), ds.sha256)
+    except DlinfraError as exc:  # the store's own errors (access, a missing bucket) and the pin's
+        raise SpecError([str(exc)]) from None
+    workers = spec.roles()["worker"].count
+    if problems := staging.fit_problems(pinned.manifest, workers, "shape" in ds.model_fields_set):
+        raise SpecError(problems)
+    return _with_dataset(spec, sha256=pinned.sha256)
 
 
 def dataset_pin(spec: Spec) -> dict[str, Any]:
@@ -259,6 +286,8 @@ def dataset_pin(spec: Spec) -> dict[str, Any]:
         pin["source"] = f"scikit-learn {package_version('scikit-learn')}"
     elif ds.format == "synthetic":
         pin["source"] = f"generated from training.seed {spec.training.seed}"
+    elif ds.format == "tfrecord":
+        pin["source"] = "the shard manifest's sha256 (it names each shard's)"
     elif ds.sha256 is None and ds.uri and ds.uri.startswith("file://"):
         local = Path(ds.uri[len("file://") :])
         if local.is_file():

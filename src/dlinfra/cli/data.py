@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -53,6 +54,7 @@ def pack(
     if encoding not in ("png", "jpeg"):
         raise DlinfraError(f"--encoding {encoding}: use png or jpeg")
     store = Store.from_url(_store_url(dest), endpoint_url, region)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices are not ours
     try:
         from dlinfra.training import shards as packing
     except ImportError as exc:  # TensorFlow writes the records

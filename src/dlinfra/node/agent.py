@@ -19,12 +19,16 @@ from dlinfra.environment.installed import check
 from dlinfra.errors import DlinfraError
 from dlinfra.node import devices, serving, spot
 from dlinfra.node.beacon import port_open
+from dlinfra.node.checkpoints import CheckpointSync, log_clock
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import backoff_seconds, is_transient
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import MeanSd, Metrics
+from dlinfra.training import staging
 from dlinfra.training.objective import ProgramError, hint
+from dlinfra.training.shards import ShardManifest
+from dlinfra.training.staging import DataError
 
 T = TypeVar("T")
 POLL_SECONDS = 1.0
@@ -40,8 +44,10 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     if log_file is not None:
         _redirect_output(log_file)
     cfg = NodeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
-    work = work_dir or cfg.default_work_dir()
+    work = (work_dir or cfg.default_work_dir()).absolute()
     work.mkdir(parents=True, exist_ok=True)
+    # Staged data is read by a path relative to here, the same string on every node (see staging).
+    os.chdir(work)
     store = RunStore.open(cfg.store)
     status = NodeStatus(store, cfg.name, cfg.role, cfg.index, work)
     os.environ["TF_CONFIG"] = json.dumps(tf_config(cfg.peers, cfg.role, cfg.index))
@@ -68,6 +74,8 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
 
             return script.run(cfg, store, status, work, log_file)
         serves = cfg.strategy == "parameter_server" and cfg.role != "chief"
+        # Before serving: a parameter-server worker's pipeline lists its files as soon as it is up.
+        packed = staging.stage_node(cfg, work, lambda: status.update(state="staging data"))
         if serves and cfg.gpus == 0:  # nothing to check on a CPU node that only serves: see serving
             return _serve(cfg, store, status, devices.inter_op_threads(), lean=True)
         found = devices.probe()
@@ -80,9 +88,11 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
             return give_up(cfg, store, status, problem, "", verdict="devices")
         if serves:
             return _serve(cfg, store, status, threads, lean=False)
-        return _train(cfg, store, status, work)
+        return _train(cfg, store, status, work, packed)
     except ProgramError as exc:  # refused before it trained: the message names what to set
         return give_up(cfg, store, status, f"the program: {exc}", "", verdict="program")
+    except DataError as exc:  # the packed data is not what the run pinned
+        return give_up(cfg, store, status, str(exc), "", verdict="data")
     except Exception as exc:
         trace = traceback.format_exc()
         print(trace, file=sys.stderr, flush=True)
@@ -125,9 +135,12 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
 # ---------------------------------------------------------------- trainers
 
 
-def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> int:
+def _train(
+    cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, packed: ShardManifest | None
+) -> int:
     from dlinfra.training import export, loop, parameter_servers
     from dlinfra.training.data import S3Access
+    from dlinfra.training.packed import packed_program
     from dlinfra.training.program import builtin_program, load_entrypoint
 
     t = cfg.training
@@ -143,6 +156,8 @@ def _train(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path) -> 
     status.mark("peers")
     if cfg.entrypoint and cfg.bundle:
         program = load_entrypoint(bundle.materialize(store, cfg.bundle, cfg.entrypoint, work), t)
+    elif packed is not None:
+        program = packed_program(t, packed)
     else:
         program = builtin_program(t, work / "data", S3Access(cfg.store.endpoint_url, cfg.store.region))
     status.mark("program")
@@ -241,7 +256,7 @@ class Progress:
         self.losses.append((step, loss))
         self.status.update(step=step, loss=loss, examples_per_sec=examples_per_sec)
         print(
-            f"{_clock(now)} step {step}/{self.cfg.training.steps} loss {loss:.4f} "
+            f"{log_clock(now)} step {step}/{self.cfg.training.steps} loss {loss:.4f} "
             f"{examples_per_sec:.0f} examples/s",
             flush=True,
         )
@@ -266,38 +281,6 @@ class Progress:
         self.writer.flush()
         self.store.put_tensorboard(self.tb_dir)
         self._synced = time.time()
-
-
-class CheckpointSync:
-    """Checkpoints go to local disk (TF has no s3:// filesystem) and then to the store, files first
-    and the pointer naming them last: a reader never sees a partial checkpoint."""
-
-    def __init__(self, store: RunStore, work: Path):
-        self.store, self.work = store, work
-        self.latest_uri: str | None = None
-        self.restored_step: int | None = None
-
-    def upload(self, step: int, directory: Path) -> None:
-        pointer = self.store.put_checkpoint(step, directory)
-        self.latest_uri = self.store.checkpoint_uri(pointer.prefix)
-        print(
-            f"{_clock(time.time())} checkpoint {pointer.prefix} stored ({len(pointer.files)} files)",
-            flush=True,
-        )
-
-    def download_latest(self) -> Path | None:
-        pointer = self.store.latest_checkpoint()
-        if pointer is None:
-            return None
-        local = self.work / "restore" / pointer.prefix  # one dir per checkpoint: no stale files
-        if not self.store.get_checkpoint(pointer, local):
-            return None
-        self.restored_step = pointer.step
-        print(
-            f"{_clock(time.time())} resuming from checkpoint {pointer.prefix} (step {pointer.step})",
-            flush=True,
-        )
-        return local / pointer.prefix
 
 
 # ---------------------------------------------------------------- helpers
@@ -341,11 +324,6 @@ def _bounded(fn: Callable[[], T], timeout: float, peers: list[str]) -> T:
             "Fix: check those nodes' logs (`dlinfra logs RUN --node NAME`)"
         )
     return result[0]
-
-
-def _clock(t: float) -> str:
-    """UTC wall time with milliseconds: log lines of different nodes and lives line up."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
 def _mean_sd(rates: list[float], seconds: list[float]) -> MeanSd | None:

@@ -27,6 +27,8 @@ def build_node_configs(
     # Heartbeats come several times per timeout so one slow write is never read as a lost node.
     heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
     hardware = cluster_hardware(spec, typed)
+    dataset = spec.training.dataset
+    data = StoreConfig.for_run(spec, dataset.uri) if dataset.format == "tfrecord" and dataset.uri else None
     shapes = spec.roles()
     # Nodes that share a machine (local processes) take consecutive slices of its GPUs.
     gpu_offset: dict[str, int] = {}
@@ -43,6 +45,7 @@ def build_node_configs(
             cluster=cluster,
             store=store,
             training=spec.training,
+            data=data,
             entrypoint=code.entrypoint if code else None,
             bundle=code.sha256 if code else None,
             startup_timeout=spec.cluster.startup_timeout,

@@ -150,6 +150,15 @@ class FileStore(Store):
         shutil.copyfile(path, tmp)
         os.replace(tmp, dest)
 
+    def get_file(self, key: str, path: Path) -> bool:
+        """Copied, not read into memory: a data shard may be gigabytes."""
+        source = self._path(key)
+        if not source.is_file():
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, path)
+        return True
+
 
 class S3Store(Store):
     """boto3 with adaptive retries; `endpoint_url` reaches S3-compatible servers (MinIO, moto)."""
@@ -237,6 +246,23 @@ class S3Store(Store):
             return sorted(o["Key"][skip:] for page in pages for o in page.get("Contents", []))
 
         return self._retrying(listed, "list")
+
+    def get_file(self, key: str, path: Path) -> bool:
+        """Streamed to disk by boto3's transfer manager (ranged parts in parallel for a big object),
+        never whole in memory: a data shard may be gigabytes."""
+        from botocore.exceptions import ClientError
+
+        def get() -> bool:
+            try:
+                self.client.download_file(self.bucket, self._key(key), str(path))
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return False
+                raise
+            return True
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return self._retrying(get, "read")
 
     def put_file(self, key: str, path: Path, tags: dict[str, str] | None = None) -> None:
         extra = {"Tagging": urlencode(tags)} if tags else None

@@ -14,14 +14,14 @@ REGRESSION = 'Program.loss (e.g. "mse" and metrics=["mae"] for a regression)'
 BINARY = "Program.loss=keras.losses.BinaryCrossentropy(from_logits=True) for a yes/no classifier"
 
 
-def first_batch(program: Program, batch_size: int) -> Objective:
-    """The program's objective, once its first batch has been seen to fit it."""
+def first_batch(program: Program, batch_size: int, shard: Shard = Shard(0, 1)) -> Objective:
+    """The program's objective, once its first batch (of `shard`) has been seen to fit it."""
     import tensorflow as tf
 
     model = program.build_model()
     refuse_what_the_loop_ignores(model)
     objective = resolve(program, model)
-    data = program.train_data(Shard(0, 1))
+    data = program.train_data(shard)
     spec = data.element_spec
     if not isinstance(spec, tuple) or len(spec) != 2:
         raise ProgramError(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.contract import NodeConfig
-from dlinfra.training import fit_check, objective, sharding
+from dlinfra.training import fit_check, objective, sharding, staging
 from dlinfra.training.objective import Objective
 from dlinfra.training.program import Program, Shard
 
@@ -183,7 +183,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     t = cfg.training
     if program.variable_partitioner is not None:
         print("Program.variable_partitioner: unused under multi_worker_mirrored (no ps to split over)")
-    goal = set_up(program, strategy, t.batch_size)
+    goal = set_up(program, strategy, cfg)
     with strategy.scope():
         model = program.build_model()
         # every GPU of every worker
@@ -198,7 +198,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     resumed_at = int(optimizer.iterations.numpy())  # each step took one batch from every pipeline
 
     def dataset_fn(ctx: Any) -> Any:
-        shard = Shard(ctx.input_pipeline_id, ctx.num_input_pipelines)
+        shard = input_shard(cfg, ctx.input_pipeline_id, ctx.num_input_pipelines)
         per_replica = ctx.get_per_replica_batch_size(global_batch)
         return batched(
             program.train_data(shard), per_replica, shuffle_seed=t.seed + shard.index, skip_batches=resumed_at
@@ -246,13 +246,21 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     )
 
 
-def set_up(program: Program, strategy: Any, batch_size: int) -> Objective:
+def set_up(program: Program, strategy: Any, cfg: NodeConfig) -> Objective:
     """The program's own set-up in the strategy's scope, then its first batch checked against its
     objective (on a plain copy of the model), before any step runs."""
     if program.setup is not None:
         with strategy.scope():
             program.setup()
-    return fit_check.first_batch(program, batch_size)
+    return fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1))
+
+
+def input_shard(cfg: NodeConfig, index: int, count: int) -> Shard:
+    """What one input pipeline reads. A packed data set's node has staged its own share, so its
+    files are the whole of its part (see training.staging)."""
+    if cfg.training.dataset.format == "tfrecord":
+        return Shard(0, 1, staging.TRAIN_PATTERN)
+    return Shard(index, count)
 
 
 def _any_worker(strategy: Any, wanted: bool) -> bool:

@@ -24,12 +24,13 @@ from dlinfra.training.loop import (
     checkpoint,
     choose_optimizer,
     configure_keras,
+    input_shard,
     restore,
     set_up,
 )
 from dlinfra.training.objective import Objective
 from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
-from dlinfra.training.program import Program, Shard
+from dlinfra.training.program import Program
 
 
 def async_scale(cfg: NodeConfig) -> Scale:
@@ -88,7 +89,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
     )
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     t = cfg.training
-    goal = set_up(program, strategy, t.batch_size)
+    goal = set_up(program, strategy, cfg)
     with strategy.scope():
         model = program.build_model()
         optimizer, scale, described = choose_optimizer(cfg, program, model, async_scale(cfg))
@@ -107,9 +108,10 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
     restore(ckpt, hooks, io)
 
     # ClusterCoordinator traces one dataset function for every worker, so no static shard index
-    # reaches a worker: each worker instead streams its own random permutation of the data.
+    # reaches a worker: each worker instead streams its own random permutation of the data (of a
+    # packed set: of the files it staged, read by a path that names each worker's own).
     def dataset_fn() -> Any:
-        return batched(program.train_data(Shard(0, 1)), t.batch_size, shuffle_seed=None)
+        return batched(program.train_data(input_shard(cfg, 0, 1)), t.batch_size, shuffle_seed=None)
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 

@@ -31,12 +31,38 @@ if TYPE_CHECKING:
     from dlinfra.training.data import S3Access
 
 
+READ_PARALLEL = 4  # files one input pipeline reads at once
+
+
 @dataclass(frozen=True)
 class Shard:
-    """Which part of the training data one input pipeline reads: examples i with i % count == index."""
+    """Which part of the training data one input pipeline reads: examples i with i % count == index.
+    With a packed data set (training.dataset.format: tfrecord) the node's staged files are already
+    its part (index 0 of 1): `records()` reads them, `files` lists them."""
 
     index: int
     count: int
+    pattern: str | None = None  # the staged files, relative to the trainer's working directory
+
+    def records(self) -> Any:
+        """A tf.data.Dataset of the raw serialized records of this pipeline's files, read on the node
+        that runs the pipeline (under parameter servers: each worker, its own files)."""
+        if self.pattern is None:
+            raise ValueError("Shard.records(): the run reads no packed data (training.dataset.format)")
+        import tensorflow as tf
+
+        # Listed when the pipeline runs, on the node that runs it; files interleaved in a fixed order.
+        return tf.data.Dataset.list_files(self.pattern, shuffle=False).interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=READ_PARALLEL,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+
+    @property
+    def files(self) -> list[Path]:
+        """This process's staged files (under parameter servers, the chief's: use records())."""
+        return sorted(Path().glob(self.pattern)) if self.pattern else []
 
 
 @dataclass(frozen=True)

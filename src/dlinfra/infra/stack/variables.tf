@@ -137,8 +137,8 @@ variable "read_objects" {
   default     = []
 
   validation {
-    condition     = alltrue([for o in var.read_objects : can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^*?]+$", o))])
-    error_message = "read_objects must be \"bucket/key\" strings without wildcards, e.g. \"datasets/cifar-10-python.tar.gz\"."
+    condition     = alltrue([for o in var.read_objects : can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^*?]+(/\\*)?$", o))])
+    error_message = "read_objects must be \"bucket/key\" strings, or \"bucket/prefix/*\" for every object under a prefix (no other wildcard), e.g. \"datasets/cifar-10-python.tar.gz\" or \"datasets/imagenet/*\"."
   }
 }
 

@@ -55,9 +55,15 @@ def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None =
 
 
 def read_objects(spec: Spec) -> list[str]:
-    """S3 objects outside the run prefix the nodes read ("bucket/key"): an s3:// data set."""
+    """S3 objects outside the run prefix the nodes read ("bucket/key"): an s3:// data set; a packed
+    one is every object under its prefix (the manifest and the shards it names: no listing)."""
     uri = spec.training.dataset.uri
-    return ["/".join(parse_s3_url(uri))] if uri and uri.startswith("s3://") else []
+    if not uri or not uri.startswith("s3://"):
+        return []
+    bucket, key = parse_s3_url(uri)
+    if spec.training.dataset.format == "tfrecord":
+        return [f"{bucket}/{key}/*" if key else f"{bucket}/*"]
+    return [f"{bucket}/{key}"]
 
 
 def state_backend(spec: Spec, run_id: str) -> dict[str, Any] | None:

@@ -109,8 +109,8 @@ variable "s3_endpoint" {
     error_message = "s3_endpoint.bucket must be a valid S3 bucket name, e.g. \"my-results\"."
   }
   validation {
-    condition     = alltrue([for o in var.s3_endpoint.read_objects : can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^*?]+$", o))])
-    error_message = "s3_endpoint.read_objects must be \"bucket/key\" strings without wildcards, e.g. \"datasets/cifar-10-python.tar.gz\"."
+    condition     = alltrue([for o in var.s3_endpoint.read_objects : can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^*?]+(/\\*)?$", o))])
+    error_message = "s3_endpoint.read_objects must be \"bucket/key\" strings, or \"bucket/prefix/*\" for every object under a prefix (no other wildcard), e.g. \"datasets/cifar-10-python.tar.gz\" or \"datasets/imagenet/*\"."
   }
 }
 

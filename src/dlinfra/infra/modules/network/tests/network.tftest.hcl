@@ -43,6 +43,19 @@ run "s3_endpoint_lets_read_objects_through_for_get_only" {
   }
 }
 
+run "s3_endpoint_lets_a_packed_data_prefix_through" {
+  command = plan
+
+  variables {
+    s3_endpoint = { bucket = "results-bucket", read_objects = ["datasets/imagenet/*"] }
+  }
+
+  assert {
+    condition     = jsondecode(aws_vpc_endpoint.s3[0].policy).Statement[1].Resource == ["arn:aws:s3:::datasets/imagenet/*"]
+    error_message = "a packed data set's prefix is reachable for GetObject"
+  }
+}
+
 run "rejects_a_wildcard_read_object" {
   command = plan
 

@@ -1,0 +1,164 @@
+"""A packed data set's shards brought to the node that reads them (`training.dataset.format:
+tfrecord`).
+
+TensorFlow 2.21 reads no s3:// path, so the node agent moves the bytes and TensorFlow reads local
+files. Each node stages only its own share, into the same path relative to its work directory (the
+trainer's working directory): under parameter servers one dataset function is traced on the chief
+and runs on every worker, and a relative path then reads each worker's own files (see
+../shared/reference/data-at-scale.md, fact 3). Shards are dealt round-robin: shard i goes to input
+pipeline i % pipelines, so no two pipelines read the same record and, with no fault, each reads its
+files whole once per epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlinfra.contract import NodeConfig
+from dlinfra.errors import DlinfraError
+from dlinfra.runs.bundle import file_sha256
+from dlinfra.runs.layout import DATA_MANIFEST
+from dlinfra.runs.store import Store
+from dlinfra.training.shards import ShardFile, ShardManifest
+
+# Relative to the trainer's working directory (its work dir): the same string on every node.
+TRAIN_DIR = Path("shards/train")
+EVAL_DIR = Path("shards/eval")
+TRAIN_PATTERN = f"{TRAIN_DIR}/*.tfrecord"
+EVAL_PATTERN = f"{EVAL_DIR}/*.tfrecord"
+PARALLEL_OBJECTS = 8  # objects in flight at once; each big one is also split into ranged parts
+
+
+class DataError(DlinfraError):
+    """The packed data cannot be read as the run pinned it; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Pinned:
+    manifest: ShardManifest
+    sha256: str  # of the manifest's bytes: it names every shard's sha256, so it pins them all
+
+
+def read_manifest(store: Store, pinned: str | None) -> Pinned:
+    """The packed set's manifest, checked against the run's pin (a rerun refuses changed shards)."""
+    data = store.get_bytes(DATA_MANIFEST)
+    if data is None:
+        raise DataError(
+            f"training.dataset.uri: no {DATA_MANIFEST} at {store.uri()}. "
+            "Fix: point it at a directory `dlinfra data pack` wrote"
+        )
+    sha256 = hashlib.sha256(data).hexdigest()
+    if pinned is not None and sha256 != pinned:
+        raise DataError(
+            f"training.dataset.uri: the shards at {store.uri()} changed since the run pinned them "
+            f"(its manifest's sha256 is {sha256[:12]}, training.dataset.sha256 is {pinned[:12]}). "
+            "Fix: restore the packed set, or deploy anew to train on the new one"
+        )
+    try:
+        return Pinned(ShardManifest.model_validate(json.loads(data)), sha256)
+    except ValueError as exc:
+        where = store.uri(DATA_MANIFEST)
+        raise DataError(f"training.dataset.uri: {where} is not a data manifest: {exc}") from None
+
+
+def pipelines(cfg: NodeConfig) -> int:
+    """How many input pipelines read the training shards: one per worker, under either strategy
+    (the mirrored chief is worker 0; the parameter-server chief only coordinates)."""
+    return cfg.num_workers
+
+
+def fit_problems(manifest: ShardManifest, workers: int, shape_given: bool) -> list[str]:
+    """What keeps a packed set from training on `workers` workers, each with its fix (checked when
+    the run is prepared, before anything is provisioned)."""
+    problems = []
+    shards = len(manifest.splits["train"].shards)
+    if shards < workers:
+        problems.append(
+            f"training.dataset.uri: {shards} train shards for {workers} workers, and each worker reads "
+            f"whole shards of its own. Fix: pack again with --shards {workers} or more (10 per worker "
+            "keeps them even), or deploy fewer workers"
+        )
+    if not manifest.splits["eval"].shards:
+        problems.append(
+            "training.dataset.uri: the set has no eval shards. Fix: pack again with --eval-shards 1"
+        )
+    if manifest.shape is None and not shape_given:
+        problems.append(
+            "training.dataset.shape: the packed images differ in size (packed as they were). Fix: set "
+            "the shape every image is resized to, e.g. shape: [64, 64, 3]"
+        )
+    return problems
+
+
+def share(shards: list[ShardFile], pipeline: int, count: int) -> list[ShardFile]:
+    """The shards input pipeline `pipeline` of `count` reads."""
+    return shards[pipeline::count]
+
+
+def train_share(cfg: NodeConfig, manifest: ShardManifest) -> list[ShardFile]:
+    """This node's training shards. The parameter-server chief trains nothing, but checks the first
+    batch and traces the workers' pipeline on its own copy of the first shard."""
+    shards = manifest.splits["train"].shards
+    if cfg.role == "chief":
+        return shards[:1]
+    if cfg.role == "ps":
+        return []
+    return share(shards, cfg.index, pipelines(cfg))
+
+
+def stage(store: Store, shards: list[ShardFile], into: Path) -> list[Path]:
+    """Each shard at `into`/name, checked against its sha256: fetched several at a time, and kept
+    from an earlier life of the node when its checksum still matches (a restart fetches nothing)."""
+    into.mkdir(parents=True, exist_ok=True)
+    wanted = {s.name for s in shards}
+    for stale in into.glob("*.tfrecord"):  # another run's, or a share that changed with the cluster
+        if stale.name not in wanted:
+            stale.unlink()
+
+    def fetch(shard: ShardFile) -> Path:
+        path = into / shard.name
+        if path.is_file() and path.stat().st_size == shard.bytes and file_sha256(path) == shard.sha256:
+            return path
+        partial = path.with_name(f".{shard.name}.part")
+        if not store.get_file(shard.name, partial):
+            raise DataError(
+                f"training.dataset.uri: shard {shard.name} is missing from {store.uri()}. "
+                "Fix: pack the set again (`dlinfra data pack`)"
+            )
+        if (got := file_sha256(partial)) != shard.sha256:
+            partial.unlink()
+            raise DataError(
+                f"training.dataset.uri: shard {shard.name} has sha256 {got[:12]}, its manifest says "
+                f"{shard.sha256[:12]}. Fix: pack the set again (`dlinfra data pack`)"
+            )
+        partial.replace(path)
+        return path
+
+    with ThreadPoolExecutor(max_workers=PARALLEL_OBJECTS) as pool:
+        return list(pool.map(fetch, shards))
+
+
+def stage_node(cfg: NodeConfig, work: Path, starting: Callable[[], None]) -> ShardManifest | None:
+    """What this node reads of a packed data set, staged under `work`: its training share, and the
+    eval shards where it evaluates. None when it reads no packed set (a ps never does)."""
+    if cfg.training.dataset.format != "tfrecord" or cfg.data is None or cfg.role == "ps":
+        return None
+    starting()
+    began = time.monotonic()
+    store = Store.from_url(cfg.data.url, cfg.data.endpoint_url, cfg.data.region)
+    pinned = read_manifest(store, cfg.training.dataset.sha256)
+    train = stage(store, train_share(cfg, pinned.manifest), work / TRAIN_DIR)
+    held = stage(store, pinned.manifest.splits["eval"].shards if cfg.is_chief else [], work / EVAL_DIR)
+    size = sum(path.stat().st_size for path in train + held)
+    print(
+        f"data: {pinned.manifest.source} (manifest {pinned.sha256[:12]}): {len(train)} train + "
+        f"{len(held)} eval shards, {size / 2**20:.1f} MiB, staged in {time.monotonic() - began:.1f}s",
+        flush=True,
+    )
+    return pinned.manifest

@@ -1,0 +1,110 @@
+"""Runs that read a packed data set (`training.dataset.format: tfrecord`): digits packed into real
+TFRecord shards (in moto's S3 over HTTP, and in a local directory), each worker staging its own
+share, trained by real TensorFlow clusters under both strategies."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from dlinfra.training import shards
+from support import FAKE_CREDS, run_cli, s3_client
+
+from .conftest import Deployed, deploy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+TRAIN_SHARDS = 12
+
+
+def _pack(dest: str, *args: str, env: dict[str, str] | None = None) -> None:
+    packed = run_cli("data", "pack", "digits", dest, "--shards", str(TRAIN_SHARDS), *args, env=env)
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+
+
+def _staged(run: Deployed, node: str) -> dict[str, list[int]]:
+    """Shard name → the example ids in that node's staged copy."""
+    folder = run.run_dir / "work" / node / "shards" / "train"
+    return {p.name: [i for i, _, _ in shards.records(p)] for p in sorted(folder.glob("*.tfrecord"))}
+
+
+def _each_example_once(run: Deployed, workers: list[str], train_records: int) -> None:
+    staged = {node: _staged(run, node) for node in workers}
+    names = [name for files in staged.values() for name in files]
+    assert len(names) == len(set(names)) == TRAIN_SHARDS, f"every shard on one worker: {staged}"
+    ids = [i for files in staged.values() for id_list in files.values() for i in id_list]
+    assert len(ids) == len(set(ids)) == train_records, "every example on exactly one worker"
+
+
+@pytest.fixture(scope="module")
+def s3_data(moto_endpoint: str) -> str:
+    s3_client(moto_endpoint).create_bucket(Bucket="training-data")
+    uri = "s3://training-data/digits/v1"
+    _pack(uri, "--endpoint-url", moto_endpoint, env={**os.environ, **FAKE_CREDS})
+    return uri
+
+
+def test_parameter_servers_train_from_shards_in_s3_each_worker_its_own(
+    tmp_path: Path, s3_data: str, moto_endpoint: str
+) -> None:
+    s3 = s3_client(moto_endpoint)
+    manifest = s3.get_object(Bucket="training-data", Key="digits/v1/manifest.json")["Body"].read()
+    run = deploy(
+        tmp_path,
+        "--workers",
+        "3",
+        "--set",
+        "training.dataset.format=tfrecord",
+        "--set",
+        f"training.dataset.uri={s3_data}",
+        "--set",
+        f"storage.endpoint_url={moto_endpoint}",
+        "--set",
+        "training.steps=600",
+        env=FAKE_CREDS,
+    )
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    assert run.metrics["eval_accuracy"] >= 0.85
+    pin = run.manifest["dataset"]
+    assert pin["sha256"] == hashlib.sha256(manifest).hexdigest() and pin["pinned"]
+    records = shards.ShardManifest.model_validate_json(manifest).splits["train"].records
+    _each_example_once(run, [f"worker-{i}" for i in range(3)], records)
+    log = (run.run_dir / "logs" / "worker-1.log").read_text()
+    assert "data: digits (manifest " in log and "4 train + 0 eval shards" in log
+    assert "1 train + 1 eval shards" in (run.run_dir / "logs" / "chief-0.log").read_text()
+
+
+def test_mirrored_workers_train_from_a_local_packed_directory(tmp_path: Path) -> None:
+    _pack(str(tmp_path / "packed"), "--eval-shards", "2")
+    (tmp_path / "experiment.yaml").write_text(
+        "name: digits-packed\nstrategy: multi_worker_mirrored\ntraining:\n  steps: 400\n"
+        "  dataset:\n    format: tfrecord\n    uri: file://packed\n"
+    )
+    run = deploy(tmp_path, "experiment.yaml", "--workers", "2")
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    assert run.metrics["eval_accuracy"] >= 0.85
+    assert run.manifest["dataset"]["uri"] == f"file://{tmp_path / 'packed'}"
+    records = shards.ShardManifest.model_validate_json((tmp_path / "packed" / "manifest.json").read_text())
+    _each_example_once(run, ["worker-0", "worker-1"], records.splits["train"].records)
+
+
+def test_changed_shards_and_too_few_shards_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    _pack(str(tmp_path / "packed"), "--eval-shards", "1")
+    home = tmp_path / "home"
+    env = {**os.environ, "DLINFRA_HOME": str(home)}
+    packed = [
+        "--set",
+        "training.dataset.format=tfrecord",
+        "--set",
+        f"training.dataset.uri=file://{tmp_path}/packed",
+    ]
+    pin = ["--set", f"training.dataset.sha256={'ab' * 32}"]  # not the packed manifest's
+    wrong = run_cli("deploy", "--workers", "2", *packed, *pin, env=env)
+    assert wrong.returncode == 2, wrong.stdout + wrong.stderr
+    assert "changed since the run pinned them" in wrong.stderr and "Traceback" not in wrong.stderr
+    few = run_cli("deploy", "--workers", str(TRAIN_SHARDS + 1), *packed, env=env)
+    assert few.returncode == 2, few.stdout + few.stderr
+    assert f"{TRAIN_SHARDS} train shards for {TRAIN_SHARDS + 1} workers" in few.stderr
+    assert not (home / "runs").exists() or not list((home / "runs").iterdir()), "no run was created"

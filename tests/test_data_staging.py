@@ -1,0 +1,153 @@
+"""A packed data set read by a run: each node stages its own share of real shards, checked against
+the manifest the run pinned, and the built-in program parses them into the source's images."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dlinfra.contract import NodeConfig, StoreConfig
+from dlinfra.runs.store import Store
+from dlinfra.spec.model import DatasetSpec, TrainingSpec
+from dlinfra.training import data, shards, staging
+from dlinfra.training.packed import packed_program
+from dlinfra.training.program import Shard
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, shards.ShardManifest]:
+    """digits in 8 train and 2 eval shards of PNGs."""
+    root = tmp_path_factory.mktemp("packed")
+    arrays = data.load(data.DatasetSpec(), Path("/nonexistent"))
+    source = shards.array_source(
+        "digits", arrays.x_train, arrays.y_train, arrays.x_test, arrays.y_test, "png"
+    )
+    return root, shards.pack(source, Store.from_url(f"file://{root}"), shards=8, eval_shards=2)
+
+
+def _node(root: Path, role: str, index: int, workers: int = 3, sha256: str | None = None) -> NodeConfig:
+    dataset = DatasetSpec(format="tfrecord", uri=f"file://{root}", sha256=sha256)
+    peers = {"chief": ["h:1"], "worker": [f"h:{2 + i}" for i in range(workers)], "ps": ["h:9"]}
+    return NodeConfig(
+        run_id="r",
+        role=role,  # type: ignore[arg-type]
+        index=index,
+        strategy="parameter_server",
+        cluster=peers,
+        store=StoreConfig(url=f"file://{root}/results"),
+        training=TrainingSpec(dataset=dataset),
+        data=StoreConfig(url=f"file://{root}"),
+        startup_timeout=60,
+        heartbeat_interval=1,
+        max_runtime=60,
+    )
+
+
+def _ids(paths: list[Path]) -> list[int]:
+    return [i for path in paths for i, _, _ in shards.records(path)]
+
+
+def test_workers_stage_disjoint_shares_that_cover_every_example(
+    tmp_path: Path, packed: tuple[Path, shards.ShardManifest]
+) -> None:
+    root, manifest = packed
+    staged: dict[str, list[Path]] = {}
+    for role, index in (("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2), ("ps", 0)):
+        work = tmp_path / f"{role}-{index}"
+        staging.stage_node(_node(root, role, index), work, lambda: None)
+        staged[f"{role}-{index}"] = sorted((work / staging.TRAIN_DIR).glob("*.tfrecord"))
+    assert [len(staged[f"worker-{i}"]) for i in range(3)] == [3, 3, 2], "8 shards dealt round-robin"
+    worker_ids = [_ids(staged[f"worker-{i}"]) for i in range(3)]
+    every = sorted(i for ids in worker_ids for i in ids)
+    assert every == sorted(_ids([root / s.name for s in manifest.splits["train"].shards]))
+    assert len(every) == len(set(every)) == manifest.splits["train"].records, "each example once"
+    assert [p.name for p in staged["chief-0"]] == [manifest.splits["train"].shards[0].name]
+    assert not (tmp_path / "ps-0").exists(), "a ps stages nothing"
+    # the chief evaluates: it alone holds the eval shards
+    assert len(list((tmp_path / "chief-0" / staging.EVAL_DIR).glob("*.tfrecord"))) == 2
+    assert not list((tmp_path / "worker-0" / staging.EVAL_DIR).glob("*"))
+
+
+def test_a_restart_keeps_checked_files_and_a_corrupt_shard_is_refused(
+    tmp_path: Path, packed: tuple[Path, shards.ShardManifest]
+) -> None:
+    root, manifest = packed
+    work = tmp_path / "worker-1"
+    node = _node(root, "worker", 1)
+    staging.stage_node(node, work, lambda: None)
+    kept = work / staging.TRAIN_DIR / manifest.splits["train"].shards[1].name
+    inode = kept.stat().st_ino
+    (work / staging.TRAIN_DIR / "train-99999-of-99999.tfrecord").write_bytes(b"an earlier run's")
+    staging.stage_node(node, work, lambda: None)
+    assert kept.stat().st_ino == inode, "a file whose checksum matches is not fetched again"
+    assert not (work / staging.TRAIN_DIR / "train-99999-of-99999.tfrecord").exists(), "stale shard removed"
+
+    kept.write_bytes(kept.read_bytes()[:-1] + b"\x00")  # damaged on local disk: fetched again
+    staging.stage_node(node, work, lambda: None)
+    assert kept.stat().st_ino != inode
+
+    # damaged in the store: refused by its checksum, nothing half-written left to read
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in root.iterdir():
+        if path.is_file():
+            (copy / path.name).write_bytes(path.read_bytes())
+    (copy / kept.name).write_bytes(b"not the packed shard")
+    with pytest.raises(staging.DataError, match=f"shard {kept.name} has sha256 .* its manifest says"):
+        staging.stage_node(_node(copy, "worker", 1), tmp_path / "other", lambda: None)
+    left = {p.name for p in (tmp_path / "other" / staging.TRAIN_DIR).iterdir()}
+    assert kept.name not in left and f".{kept.name}.part" not in left
+
+
+def test_the_pin_refuses_a_changed_manifest(
+    tmp_path: Path, packed: tuple[Path, shards.ShardManifest]
+) -> None:
+    root, _ = packed
+    store = Store.from_url(f"file://{root}")
+    pin = staging.read_manifest(store, None).sha256
+    assert staging.read_manifest(store, pin).sha256 == pin
+    with pytest.raises(staging.DataError, match="changed since the run pinned them"):
+        staging.stage_node(_node(root, "worker", 0, sha256="0" * 64), tmp_path, lambda: None)
+    with pytest.raises(staging.DataError, match=r"no manifest\.json at"):
+        staging.read_manifest(Store.from_url(f"file://{tmp_path}"), None)
+
+
+def test_fit_problems_name_the_field_and_the_fix(packed: tuple[Path, shards.ShardManifest]) -> None:
+    _, manifest = packed
+    assert staging.fit_problems(manifest, 8, shape_given=False) == []
+    (few,) = staging.fit_problems(manifest, 9, shape_given=False)
+    assert "8 train shards for 9 workers" in few and "--shards 9" in few
+    mixed = manifest.model_copy(update={"shape": None})
+    (shape,) = staging.fit_problems(mixed, 2, shape_given=False)
+    assert shape.startswith("training.dataset.shape:")
+    assert staging.fit_problems(mixed, 2, shape_given=True) == []
+
+
+def test_the_built_in_program_reads_the_source_pixels_from_staged_shards(
+    tmp_path: Path, packed: tuple[Path, shards.ShardManifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, manifest = packed
+    staging.stage_node(_node(root, "chief", 0), tmp_path, lambda: None)
+    monkeypatch.chdir(tmp_path)  # what the agent does: staged paths are relative to the work dir
+    program = packed_program(
+        TrainingSpec(dataset=DatasetSpec(format="tfrecord", uri=f"file://{root}")), manifest
+    )
+    arrays = data.load(data.DatasetSpec(), Path("/nonexistent"))
+    images, labels = next(iter(program.eval_data().batch(1000)))
+    assert images.shape[1:] == (8, 8, 1) and images.dtype == tf.float32
+    assert len(labels) == manifest.splits["eval"].records
+    # the same multiset of pixels as the source's held-out split (PNG is lossless; 8-bit rounding)
+    source = np.clip(np.rint(arrays.x_test * 255), 0, 255).astype("uint8")
+    assert sorted(map(bytes, np.rint(images.numpy() * 255).astype("uint8"))) == sorted(map(bytes, source))
+    assert sorted(labels.numpy().tolist()) == sorted(arrays.y_test.tolist())
+    first = next(iter(program.train_data(Shard(0, 1, staging.TRAIN_PATTERN)).batch(4)))
+    assert first[0].shape == (4, 8, 8, 1)
+    model = program.build_model()
+    assert model.output_shape == (None, len(manifest.classes))
+    assert json.loads((root / "manifest.json").read_text())["shape"] == [8, 8, 1]
