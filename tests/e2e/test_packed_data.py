@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,10 @@ def _staged(run: Deployed, node: str) -> dict[str, list[int]]:
     """Shard name → the example ids in that node's staged copy."""
     folder = run.run_dir / "work" / node / "shards" / "train"
     return {p.name: [i for i, _, _ in shards.records(p)] for p in sorted(folder.glob("*.tfrecord"))}
+
+
+def _log(run: Deployed, node: str) -> str:
+    return (run.run_dir / "logs" / f"{node}.log").read_text()
 
 
 def _each_example_once(run: Deployed, workers: list[str], train_records: int) -> None:
@@ -67,13 +72,14 @@ def test_parameter_servers_train_from_shards_in_s3_each_worker_its_own(
     )
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     assert run.metrics["eval_accuracy"] >= 0.85
+    assert 0 <= run.metrics["input_wait"] < 1 and "input wait" in run.result.stdout
     pin = run.manifest["dataset"]
     assert pin["sha256"] == hashlib.sha256(manifest).hexdigest() and pin["pinned"]
     records = shards.ShardManifest.model_validate_json(manifest).splits["train"].records
     _each_example_once(run, [f"worker-{i}" for i in range(3)], records)
-    log = (run.run_dir / "logs" / "worker-1.log").read_text()
+    log = _log(run, "worker-1")
     assert "data: digits (manifest " in log and "4 train + 0 eval shards" in log
-    assert "1 train + 1 eval shards" in (run.run_dir / "logs" / "chief-0.log").read_text()
+    assert "1 train + 1 eval shards" in _log(run, "chief-0")
 
 
 def test_mirrored_workers_train_from_a_local_packed_directory(tmp_path: Path) -> None:
@@ -85,6 +91,8 @@ def test_mirrored_workers_train_from_a_local_packed_directory(tmp_path: Path) ->
     run = deploy(tmp_path, "experiment.yaml", "--workers", "2")
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     assert run.metrics["eval_accuracy"] >= 0.85
+    assert 0 <= run.metrics["input_wait"] < 1
+    assert re.search(r"step \d+/400 loss [\d.]+ \d+ examples/s, \d+% waiting on input", _log(run, "worker-0"))
     assert run.manifest["dataset"]["uri"] == f"file://{tmp_path / 'packed'}"
     records = shards.ShardManifest.model_validate_json((tmp_path / "packed" / "manifest.json").read_text())
     _each_example_once(run, ["worker-0", "worker-1"], records.splits["train"].records)

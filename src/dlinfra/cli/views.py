@@ -176,6 +176,7 @@ def result_table(outcome: Outcome) -> Table:
         ("steps", _num(m.steps if m else None)),
         ("global steps/s", _mean_sd(m.global_steps_per_sec if m else None)),
         ("examples/s", _mean_sd(m.examples_per_sec if m else None, "{:.0f}")),
+        ("input wait", _num(m.input_wait if m else None, "{:.0%} of step time")),
         ("training time", _num(m.train_seconds if m else None, "{:.1f} s")),
         ("total time", f"{outcome.wall_seconds:.1f} s"),
         ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
@@ -228,9 +229,25 @@ def result_view(outcome: Outcome) -> Group:
     user copies, which a table cell would wrap or cut to fit the screen."""
     model = outcome.metrics.model_uri if outcome.metrics else "-"
     lines = [Text(f"model: {model}")]
+    if outcome.metrics is not None and (advice := input_bound(outcome.metrics.input_wait)):
+        lines.append(Text(advice))
     if outcome.metrics is not None and outcome.metrics.command:  # a script run: its command, whole
         lines.insert(0, Text(f"command: {shlex.join(outcome.metrics.command)}"))
     return Group(result_table(outcome), *lines)
+
+
+INPUT_BOUND = 0.10  # a share of step time waiting on input above which input is the bottleneck
+
+
+def input_bound(wait: float | None) -> str | None:
+    """What to say of a run whose steps waited on input for more than INPUT_BOUND of their time."""
+    if wait is None or wait <= INPUT_BOUND:
+        return None
+    return (
+        f"input-bound: steps waited {wait:.0%} of their time for data, so faster accelerators would idle "
+        "too. Fix: more, smaller shards per worker (`dlinfra data pack --shards`), cheaper parsing in "
+        "train_data (decode once, at pack time), or an instance type with more CPUs for the pipeline"
+    )
 
 
 def print_failure(console: Console, outcome: Outcome) -> None:

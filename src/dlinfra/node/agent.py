@@ -210,6 +210,7 @@ def _train(
         finished_at=time.time(),
         global_steps_per_sec=_mean_sd(outcome.steps_per_sec, outcome.interval_seconds),
         examples_per_sec=_mean_sd(outcome.examples_per_sec, outcome.interval_seconds),
+        input_wait=outcome.input_wait,
         examples_per_sec_series=progress.series,
         loss_series=progress.losses,
         final_loss=progress.last_loss,
@@ -246,7 +247,7 @@ class Progress:
             self._writer = tf.summary.create_file_writer(str(self.tb_dir))
         return self._writer
 
-    def report(self, step: int, loss: float, examples_per_sec: float) -> None:
+    def report(self, step: int, loss: float, examples_per_sec: float, input_wait: float | None) -> None:
         now = time.time()
         if self.first_step_at is None:
             self.first_step_at = now
@@ -254,14 +255,16 @@ class Progress:
         self.last_loss = loss
         self.series.append((now, step, examples_per_sec))
         self.losses.append((step, loss))
-        self.status.update(step=step, loss=loss, examples_per_sec=examples_per_sec)
+        self.status.update(step=step, loss=loss, examples_per_sec=examples_per_sec, input_wait=input_wait)
+        waited = "" if input_wait is None else f", {input_wait:.0%} waiting on input"
         print(
             f"{log_clock(now)} step {step}/{self.cfg.training.steps} loss {loss:.4f} "
-            f"{examples_per_sec:.0f} examples/s",
+            f"{examples_per_sec:.0f} examples/s{waited}",
             flush=True,
         )
         if self.writer is not None:
-            self._scalars(step, loss=loss, examples_per_sec=examples_per_sec)
+            waits = {} if input_wait is None else {"input_wait": input_wait}
+            self._scalars(step, loss=loss, examples_per_sec=examples_per_sec, **waits)
             if now - self._synced > TENSORBOARD_SYNC_SECONDS:
                 self.sync()
 

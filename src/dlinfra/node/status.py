@@ -54,6 +54,7 @@ class NodeStatus:
             "total_steps": None,
             "loss": None,
             "examples_per_sec": None,
+            "input_wait": None,
             # left by an earlier life: a restart, unless it left for a spot notice (a replacement)
             "restarts": previous.restarts + int(not previous.interrupted) if previous else 0,
             "started": now,

@@ -1,9 +1,9 @@
 """`dlinfra compare`: recorded runs side by side, the way the thesis compared configurations.
 
 Per run: target, roles x instance types, strategy, global steps/s and examples/s (mean ± sd over
-progress intervals), training and wall time, eval accuracy, and cost: the wall time of the run x the
-target's hourly cost (the same estimate `dlinfra plan` shows, NAT gateway included). Local runs cost
-nothing.
+progress intervals), the share of step time spent waiting on input, training and wall time, eval
+accuracy, and cost: the wall time of the run x the target's hourly cost (the same estimate
+`dlinfra plan` shows, NAT gateway included). Local runs cost nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ COLUMNS = (
     "strategy",
     "global steps/s",
     "examples/s",
+    "input wait",
     "train s",
     "wall s",
     "accuracy",
@@ -101,6 +102,7 @@ def row(run: Run) -> dict[str, Any]:
         "examples_per_sec": metrics.examples_per_sec.model_dump()
         if metrics and metrics.examples_per_sec
         else None,
+        "input_wait": metrics.input_wait if metrics else None,
         "train_seconds": metrics.train_seconds if metrics else None,
         "wall_seconds": wall,
         "eval_accuracy": metrics.eval_accuracy if metrics else None,

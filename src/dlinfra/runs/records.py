@@ -41,6 +41,7 @@ class NodeState(Record):
     total_steps: int | None = None
     loss: float | None = None
     examples_per_sec: float | None = None
+    input_wait: float | None = None  # the share of step time waiting on input since the last report
     restarts: int = 0
     started: float
     first_started: float
@@ -159,6 +160,9 @@ class Metrics(Record):
     finished_at: float
     global_steps_per_sec: MeanSd | None = None
     examples_per_sec: MeanSd | None = None
+    # the share of step time spent waiting on input (in next() on the iterator), over the run: the
+    # chief's own pipeline under multi_worker_mirrored, a sample of the workers' under parameter servers
+    input_wait: float | None = None
     examples_per_sec_series: list[tuple[float, int, float]] = Field(default_factory=list)
     loss_series: list[tuple[int, float]] = Field(default_factory=list)
     final_loss: float | None = None

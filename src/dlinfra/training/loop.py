@@ -34,7 +34,8 @@ class Hooks:
     """How a loop talks to the node agent (status, store) without knowing about either."""
 
     work_dir: Path
-    on_progress: Callable[[int, float, float], None] = lambda step, loss, eps: None
+    # (step, loss, examples/s, the share of step time spent waiting on input since the last report)
+    on_progress: Callable[[int, float, float, float | None], None] = lambda step, loss, eps, wait: None
     on_checkpoint: Callable[[int, Path], None] = lambda step, directory: None
     restore_from: Path | None = None  # a local checkpoint prefix (…/ckpt-N) to resume from
     # Asked at each progress report when some node is spot: True once a notice wants a checkpoint now.
@@ -63,6 +64,7 @@ class Outcome:
     interval_seconds: list[float] = field(default_factory=list)  # the length of each rate's interval
     steps_per_call: dict[int, int] = field(default_factory=dict)  # parameter servers: steps at each size
     steps_scheduled: int | None = None  # parameter servers: steps handed to workers in this life
+    input_wait: float | None = None  # the share of step time spent waiting on input, over the run
 
 
 def mirrored_scale(cfg: NodeConfig, replicas: int) -> Scale:
@@ -133,13 +135,30 @@ def batched(ds: Any, batch: int, shuffle_seed: int | None, skip_batches: int = 0
 class Meter:
     """Throughput between progress reports, with each interval's length: under parameter servers
     chunks can arrive in bunches, and a plain mean of the rates would count a 10 ms interval as much
-    as a 500 ms one."""
+    as a 500 ms one. And how long steps waited on input: the time a training call spent in `next()`
+    on its iterator, against the call's whole time, both measured inside the call (see timed)."""
 
     def __init__(self, step: int, batch: int):
         self.step, self.batch, self.t = step, batch, time.perf_counter()
         self.examples_per_sec: list[float] = []
         self.steps_per_sec: list[float] = []
         self.seconds: list[float] = []
+        self.waited = self.busy = 0.0  # over the run
+        self._interval = [0.0, 0.0]  # since the last report
+
+    def input(self, waited: float, busy: float) -> None:
+        self.waited, self.busy = self.waited + waited, self.busy + busy
+        self._interval = [self._interval[0] + waited, self._interval[1] + busy]
+
+    def interval_wait(self) -> float | None:
+        """The share of step time spent waiting on input since the last call (None: nothing timed)."""
+        waited, busy = self._interval
+        self._interval = [0.0, 0.0]
+        return waited / busy if busy > 0 else None
+
+    @property
+    def input_wait(self) -> float | None:
+        return self.waited / self.busy if self.busy > 0 else None
 
     def tick(self, step: int) -> float:
         now = time.perf_counter()
@@ -152,6 +171,40 @@ class Meter:
             self.seconds.append(dt)
         self.step, self.t = step, now
         return eps
+
+
+def input_clock() -> tuple[Any, Any]:
+    """(the start of a training call, its seconds waited on input so far: a zero computed from the
+    start, so the step loop, which takes it in, runs after the start is read)."""
+    import tensorflow as tf
+
+    began = tf.timestamp()
+    with tf.control_dependencies([began]):
+        return began, began * 0.0
+
+
+def timed_next(it: Any, waited: Any, *after: Any) -> tuple[Any, Any]:
+    """`next(it)` inside a tf.function, once `after` (the previous step's loss) is computed, adding
+    the seconds it took to `waited`. The order is explicit: automatic control dependencies chain
+    timestamps with other stateful ops, but not with a read of an iterator (a resource), and a
+    while loop may start an iteration's read while the previous step still runs."""
+    import tensorflow as tf
+
+    with tf.control_dependencies(tf.nest.flatten([waited, after], expand_composites=True)):
+        asked = tf.timestamp()
+    with tf.control_dependencies([asked]):
+        batch = next(it)
+    with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+        return batch, waited + (tf.timestamp() - asked)
+
+
+def seconds_since(began: Any, *after: Any) -> Any:
+    """Seconds from `began` to when every tensor of `after` is computed (inside a tf.function): a
+    timestamp of no dependency may run before the work it should follow."""
+    import tensorflow as tf
+
+    with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
+        return tf.timestamp() - began
 
 
 def checkpoint(directory: Path, **objects: Any) -> Any:
@@ -222,19 +275,22 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             return loss
 
         loss = tf.constant(0.0)
+        began, waited = input_clock()
         for _ in tf.range(n):
-            x, y = next(it)
+            (x, y), waited = timed_next(it, waited, loss)
             loss = strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
-        return loss
+        return loss, waited, seconds_since(began, loss, waited)
 
     step = int(optimizer.iterations.numpy())
     meter = Meter(step, global_batch)
     last_ckpt = step
     while step < t.steps:
         n = min(t.log_every, t.steps - step, last_ckpt + t.checkpoint_every - step)
-        loss = float(train_steps(iterator, tf.constant(n)))
+        fetched, waited, busy = train_steps(iterator, tf.constant(n))
+        loss = float(fetched)
+        meter.input(float(waited), float(busy))  # the chief's own pipeline: each worker reads its own
         step = int(optimizer.iterations.numpy())
-        hooks.on_progress(step, loss, meter.tick(step))
+        hooks.on_progress(step, loss, meter.tick(step), meter.interval_wait())
         urgent = hooks.checkpoint_now is not None and _any_worker(strategy, hooks.checkpoint_now())
         if urgent or step - last_ckpt >= t.checkpoint_every or step >= t.steps:
             manager.save(checkpoint_number=step)
@@ -242,7 +298,15 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
                 hooks.on_checkpoint(step, ckpt_dir)
             last_ckpt = step
     return Outcome(
-        model, step, scale, goal, described, meter.examples_per_sec, meter.steps_per_sec, meter.seconds
+        model,
+        step,
+        scale,
+        goal,
+        described,
+        meter.examples_per_sec,
+        meter.steps_per_sec,
+        meter.seconds,
+        input_wait=meter.input_wait,
     )
 
 

@@ -24,9 +24,12 @@ from dlinfra.training.loop import (
     checkpoint,
     choose_optimizer,
     configure_keras,
+    input_clock,
     input_shard,
     restore,
+    seconds_since,
     set_up,
+    timed_next,
 )
 from dlinfra.training.objective import Objective
 from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
@@ -50,7 +53,7 @@ def _chief_io() -> Any:
 
 def counted_steps(strategy: Any, model: Any, optimizer: Any, goal: Objective, applied: Any) -> Any:
     """A worker's remote call: `n` steps from iterator `it`, then `applied` counts them; returns
-    [last loss, count after this call]."""
+    [last loss, count after this call, seconds waiting on input, seconds in the call]."""
     import tensorflow as tf
 
     variables = sharding.trained(model.trainable_variables)
@@ -65,15 +68,17 @@ def counted_steps(strategy: Any, model: Any, optimizer: Any, goal: Objective, ap
             return loss
 
         loss = tf.constant(0.0)
+        began, waited = input_clock()
         for _ in tf.range(n):
-            x, y = next(it)
+            (x, y), waited = timed_next(it, waited, loss)
             loss = strategy.run(replica_fn, args=(x, y))
         # A call counts once it has run all its steps (a call lost mid-way is re-run elsewhere), so
         # after the loop: tf.function orders stateful ops only per variable, and ran the count first.
         # It comes back with the loss in one tensor: every fetch is a remote op from the chief.
         with tf.control_dependencies([loss]):
             count = applied.assign_add(tf.cast(n, tf.int64))
-        return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64)])
+        busy = seconds_since(began, loss, waited)  # the steps' time (the count is one remote op more)
+        return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64), waited, busy])
 
     return train_steps
 
@@ -150,7 +155,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
             # the chunk: queued last, it usually ends last (its count is a lower bound when it does not).
             chunk, calls = in_flight.popleft()
             try:
-                fetched, count = calls[-1].fetch()
+                fetched, count, waited, busy = calls[-1].fetch()
             except tf.errors.OpError:
                 # Our fetch can copy a call's result off its worker before the coordinator does: a worker
                 # lost then fails it, and the call is re-run. The next schedule or join raises real errors.
@@ -159,7 +164,8 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
             spe = steps_per_call(t.steps_per_execution, step_seconds, t.log_every)
             depth = queue_depth(chunk_seconds, cfg.num_workers, math.ceil(t.log_every / spe))
             step, loss = max(step, int(count)), float(fetched)  # counted when that call ended
-            hooks.on_progress(step, loss, meter.tick(step))
+            meter.input(waited, busy)  # a sample: the chunk's last call stands for its chunk
+            hooks.on_progress(step, loss, meter.tick(step), meter.interval_wait())
             continue
         coordinator.join()
         exact = global_step()
@@ -167,7 +173,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
             # Calls end out of order across workers: the chunk's last call may have ended before the
             # others, so the count it brought lags. The segment's end reports the exact count (the last
             # progress report of a run is its final step, in the log and in TensorBoard).
-            hooks.on_progress(exact, loss, meter.tick(exact))
+            hooks.on_progress(exact, loss, meter.tick(exact), meter.interval_wait())
         step = exact
         if step > last_ckpt:
             manager.save(checkpoint_number=step, options=io)
@@ -190,4 +196,5 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         meter.seconds,
         dict(by_size),
         by_size.total(),
+        meter.input_wait,
     )
