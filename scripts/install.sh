@@ -78,7 +78,9 @@ if [ "$profile" = dev ]; then
     quiet "$uv" pip check --python .venv-checkov/bin/python; } &
   checkov=$!
 fi
-quiet "$uv" pip sync --python .venv/bin/python --require-hashes "$lock"
+# Compiled once here: where PYTHONDONTWRITEBYTECODE is set (CI machines), every process that imports
+# TensorFlow would otherwise compile its ~2000 modules again (measured: 20 s of CPU against 7.5 s).
+quiet "$uv" pip sync --python .venv/bin/python --require-hashes --compile-bytecode "$lock"
 # this checkout, editable and without dependencies; its build backend is on the lock (no download)
 quiet "$uv" pip install --python .venv/bin/python --no-deps --no-build-isolation --offline -e .
 quiet "$uv" pip check --python .venv/bin/python  # the lock is whole: every package's requirements met
