@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlinfra.errors import SpecError, StoreError
-from dlinfra.runs.bundle import MAX_BUNDLE_BYTES, materialize, pack, pack_entrypoint
+from dlinfra.runs.bundle import LARGE_FILE_BYTES, MAX_BUNDLE_BYTES, materialize, pack, pack_entrypoint
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.store import Store
 from support import Cli
@@ -151,3 +151,15 @@ def test_an_entrypoint_file_must_bind_its_function_read_not_run(
         pack_entrypoint("train.py:build", tmp_path)
     assert "defines no 'build'" in str(caught.value)
     assert "training.command: [python, train.py]" in str(caught.value)
+
+
+def test_a_large_file_packed_with_the_code_is_named_with_the_way_out(tmp_path: Path) -> None:
+    root = _project(tmp_path / "p")
+    (root / "pkg" / "train.npy").write_bytes(os.urandom(LARGE_FILE_BYTES))
+    (root / "notes.txt").write_bytes(b"x" * (LARGE_FILE_BYTES - 1))
+    bundle = pack_entrypoint("train.py:build", root)
+    (warning,) = bundle.warnings("training.entrypoint")
+    assert warning.startswith("training.entrypoint: the code bundle holds pkg/train.npy (5 MB)")
+    assert "dlinfra data pack" in warning and ".dlinfraignore" in warning
+    (root / ".dlinfraignore").write_text("*.npy\n")
+    assert pack_entrypoint("train.py:build", root).warnings("training.entrypoint") == []

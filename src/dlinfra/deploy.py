@@ -103,6 +103,8 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
         upload=request.upload,
         user_data_limit=target.user_data_limit,
     )
+    for warning in prepared.warnings:
+        target.options.log(f"warning: {warning}")
     if origin and origin.locks is None and (original := origin.pins.get("rerun_of")):
         changes = lock_changes(Run.open(original).manifest(), prepared.run.manifest())
         prepared.run.update_manifest(lock_changes=changes)

@@ -54,6 +54,7 @@ class Prepared:
     configs: dict[str, NodeConfig]
     user_data: dict[str, str]
     upload: bool = True  # False: nothing was (or may be) written to the results store
+    warnings: tuple[str, ...] = ()  # what the user should hear before the run starts
 
     @property
     def store(self) -> RunStore:
@@ -146,7 +147,9 @@ def prepare(
     )
     if upload:
         run.publish_manifest()
-    return Prepared(spec, run, plan, configs, user_data, upload)
+    field = "training.command" if spec.training.command else "training.entrypoint"
+    warnings = tuple(code.warnings(field)) if code else ()
+    return Prepared(spec, run, plan, configs, user_data, upload, warnings)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dlinfra.runs.records import BundlePin
 from dlinfra.spec.model import TrainingSpec
 
 MAX_BUNDLE_BYTES = 50 * 1024 * 1024
+LARGE_FILE_BYTES = 5 * 1024 * 1024  # a file this big in a code bundle is data, most likely
 SKIPPED_DIRS = {"__pycache__", "node_modules", "venv"}
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
 # Names that hold keys and credentials, left out unless .dlinfraignore says `!pattern`: a bundle goes
@@ -38,6 +39,17 @@ class Bundle:
     data: bytes
     entrypoint: str  # 'relative/file.py:function' inside the bundle
     files: tuple[str, ...] = ()
+    large: tuple[tuple[str, int], ...] = ()  # (path, bytes) of files of LARGE_FILE_BYTES or more
+
+    def warnings(self, field: str) -> list[str]:
+        """What to tell the user of data packed with the code: every node downloads it, every
+        rerun keeps it, and a 50 MB bundle is refused."""
+        return [
+            f"{field}: the code bundle holds {name} ({size / 2**20:.0f} MB): every node downloads it with "
+            f"the code and every rerun keeps it. Fix: pack data into shards (`dlinfra data pack`) and set "
+            f"training.dataset.uri, or leave the file out with {IGNORE_FILE}"
+            for name, size in self.large
+        ]
 
     @property
     def sha256(self) -> str:
@@ -100,7 +112,8 @@ def pack_entrypoint(entrypoint: str, base: Path, leave_out: Path | None = None) 
     """Bundle the directory of 'file.py:function' (a path relative to `base`, the spec's directory)."""
     path = entrypoint_file(entrypoint, base)
     archive, listed = pack(path.parent, leave_out=leave_out)
-    return Bundle(archive, f"{path.name}:{entrypoint.rpartition(':')[2]}", listed)
+    large = _large(path.parent, listed)
+    return Bundle(archive, f"{path.name}:{entrypoint.rpartition(':')[2]}", listed, large)
 
 
 def pack_code(training: TrainingSpec, base: Path, leave_out: Path) -> Bundle | None:
@@ -111,8 +124,13 @@ def pack_code(training: TrainingSpec, base: Path, leave_out: Path) -> Bundle | N
         return pack_entrypoint(training.entrypoint, base, leave_out)
     if training.command:
         archive, listed = pack(base, "training.command", leave_out)
-        return Bundle(archive, "", listed)
+        return Bundle(archive, "", listed, _large(base, listed))
     return None
+
+
+def _large(root: Path, listed: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    sizes = ((name, (root / name).stat().st_size) for name in listed)
+    return tuple((name, size) for name, size in sizes if size >= LARGE_FILE_BYTES)
 
 
 def command_file(command: list[str], base: Path) -> Path | None:
