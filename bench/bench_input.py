@@ -9,7 +9,7 @@ read of the same bytes.
 - staging s3: what a node does before it trains (training.staging.stage: the same objects, checked
   against their sha256), to local disk;
 - feeding ResNet-20: the local pipeline into real training steps on this CPU, with the input-wait
-  share the training loops report (timed_next);
+  share the training loops report (loop.InputClock);
 - peak RSS of this process and the bytes staged on disk.
 
 The set is CIFAR-shaped (32x32x3) random images, JPEG-encoded, in `--shards` train shards.
@@ -71,7 +71,7 @@ def main() -> None:
     from dlinfra.runs.store import Store
     from dlinfra.spec.model import DatasetSpec, ModelSpec, TrainingSpec
     from dlinfra.training import staging
-    from dlinfra.training.loop import Meter, input_clock, seconds_since, timed_next
+    from dlinfra.training.loop import InputClock, Meter
     from dlinfra.training.packed import packed_program
     from dlinfra.training.program import Shard
 
@@ -129,17 +129,19 @@ def main() -> None:
     it = iter(pipeline.shuffle(1024).repeat().batch(64).prefetch(tf.data.AUTOTUNE))
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
+    clock = InputClock()
+
     @tf.function
     def steps(it: Any, n: Any) -> Any:
-        began, waited = input_clock()
+        began, waited = clock.start()
         loss = tf.constant(0.0)
         for _ in tf.range(n):
-            (x, y), waited = timed_next(it, waited, loss)
+            (x, y), waited = clock.next(it, waited, loss)
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
             variables = model.trainable_variables
             optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
-        return waited, seconds_since(began, loss, waited)
+        return waited, clock.since(began, (loss, waited))
 
     steps(it, tf.constant(2))  # tracing
     meter = Meter(0, 64)

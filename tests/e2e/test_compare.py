@@ -48,7 +48,7 @@ def test_table_shows_every_column_for_every_run(three_runs) -> None:
         assert column in result.stdout
     for run_id in ids.values():
         assert run_id in result.stdout
-    assert "1xchief local, 2xworker local, 1xps local" in result.stdout
+    assert "1xchief, 2xworker, 1xps" in result.stdout  # local: no instance types to name
     assert "±" in result.stdout and "cost $: instance-hours" in result.stdout
 
 

@@ -4,13 +4,16 @@ two cases differ by far more than any load on this machine can blur (sleeps, not
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
 
 from dlinfra.cli.views import input_bound
-from dlinfra.training.loop import Meter, input_clock, seconds_since, timed_next
+from dlinfra.training.loop import InputClock, Meter
 
 SLOW = 0.02  # seconds: a slow element, or a slow step
 
@@ -26,15 +29,16 @@ def _sleep(seconds: float) -> object:
 def _share_waiting(element_seconds: float, step_seconds: float, steps: int = 15) -> float | None:
     data = tf.data.Dataset.range(10_000).map(lambda x: tf.py_function(_sleep(element_seconds), [x], tf.int64))
     it = iter(data.prefetch(1))
+    clock = InputClock()
 
     @tf.function
     def train_steps(it: object, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        began, waited = input_clock()
+        began, waited = clock.start()
         total = tf.constant(0, tf.int64)
         for _ in tf.range(n):
-            x, waited = timed_next(it, waited, total)
+            x, waited = clock.next(it, waited, total)
             total += tf.ensure_shape(tf.py_function(_sleep(step_seconds), [x], tf.int64), [])
-        return waited, seconds_since(began, total, waited)
+        return waited, clock.since(began, (total, waited))
 
     meter = Meter(0, 1)
     for _ in range(2):
@@ -62,3 +66,34 @@ def test_the_result_calls_a_run_input_bound_over_a_tenth(wait: float | None, bou
     assert (advice is not None) == bound
     if advice:
         assert advice.startswith("input-bound: steps waited 35% of their time") and "Fix:" in advice
+
+
+def test_under_op_determinism_the_loop_runs_and_the_wait_is_not_measured(tmp_path: Path) -> None:
+    """TensorFlow refuses timestamps when op determinism is on (training.deterministic): the steps
+    run, and the wait is None ("-"), not a number. In a process of its own: determinism cannot be
+    turned off again (and from a file: autograph reads the loop's source)."""
+    program = (
+        "import tensorflow as tf\n"
+        "from dlinfra.training.loop import InputClock, Meter\n"
+        "tf.config.experimental.enable_op_determinism()\n"
+        "clock = InputClock(on=False)  # what the loops build under training.deterministic\n"
+        "it = iter(tf.data.Dataset.range(100).repeat())\n"
+        "@tf.function\n"
+        "def steps(it, n):\n"
+        "    began, waited = clock.start()\n"
+        "    total = tf.constant(0, tf.int64)\n"
+        "    for _ in tf.range(n):\n"
+        "        x, waited = clock.next(it, waited, total)\n"
+        "        total += x\n"
+        "    return total, waited, clock.since(began, (total, waited))\n"
+        "total, waited, busy = steps(it, tf.constant(10))\n"
+        "meter = Meter(0, 1)\n"
+        "meter.input(float(waited), float(busy))\n"
+        "print(int(total), meter.input_wait)\n"
+    )
+    (tmp_path / "deterministic.py").write_text(program)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "deterministic.py")], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["45", "None"]

@@ -92,7 +92,7 @@ def row(run: Run) -> dict[str, Any]:
         "status": manifest.status,
         "target": manifest.target,
         "roles": ", ".join(
-            f"{shape.count}x{role} {shape.instance_type if typed else manifest.target}"
+            f"{shape.count}x{role} {shape.instance_type}" if typed else f"{shape.count}x{role}"
             for role, shape in spec.roles().items()
         ),
         "strategy": spec.strategy,

@@ -173,38 +173,50 @@ class Meter:
         return eps
 
 
-def input_clock() -> tuple[Any, Any]:
-    """(the start of a training call, its seconds waited on input so far: a zero computed from the
-    start, so the step loop, which takes it in, runs after the start is read)."""
-    import tensorflow as tf
+@dataclass(frozen=True)
+class InputClock:
+    """How long a training call's steps wait in `next()` on their iterator, timed inside the call
+    (a tf.function; on a parameter-server worker, which runs no Python). The order is explicit:
+    automatic control dependencies chain timestamps with other stateful ops, but not with a read of
+    an iterator (a resource), a while loop may start an iteration's read while the previous step
+    still runs, and a timestamp of no dependency may run before the work it should follow.
+    `on=False` under training.deterministic, where TensorFlow refuses to run a timestamp: the times
+    are zero, and Meter reports the wait as None."""
 
-    began = tf.timestamp()
-    with tf.control_dependencies([began]):
-        return began, began * 0.0
+    on: bool = True
 
+    def now(self) -> Any:
+        import tensorflow as tf
 
-def timed_next(it: Any, waited: Any, *after: Any) -> tuple[Any, Any]:
-    """`next(it)` inside a tf.function, once `after` (the previous step's loss) is computed, adding
-    the seconds it took to `waited`. The order is explicit: automatic control dependencies chain
-    timestamps with other stateful ops, but not with a read of an iterator (a resource), and a
-    while loop may start an iteration's read while the previous step still runs."""
-    import tensorflow as tf
+        return tf.timestamp() if self.on else tf.constant(0.0, tf.float64)
 
-    with tf.control_dependencies(tf.nest.flatten([waited, after], expand_composites=True)):
-        asked = tf.timestamp()
-    with tf.control_dependencies([asked]):
-        batch = next(it)
-    with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-        return batch, waited + (tf.timestamp() - asked)
+    def start(self) -> tuple[Any, Any]:
+        """(the call's start, its seconds waited so far: a zero computed from the start, so the step
+        loop, which takes it in, runs after the start is read)."""
+        import tensorflow as tf
 
+        began = self.now()
+        with tf.control_dependencies([began]):
+            return began, began * 0.0
 
-def seconds_since(began: Any, *after: Any) -> Any:
-    """Seconds from `began` to when every tensor of `after` is computed (inside a tf.function): a
-    timestamp of no dependency may run before the work it should follow."""
-    import tensorflow as tf
+    def next(self, it: Any, waited: Any, after: Any) -> tuple[Any, Any]:
+        """`next(it)` once `after` (the previous step's loss) is computed, adding its seconds to
+        `waited`."""
+        import tensorflow as tf
 
-    with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
-        return tf.timestamp() - began
+        with tf.control_dependencies(tf.nest.flatten([waited, after], expand_composites=True)):
+            asked = self.now()
+        with tf.control_dependencies([asked]):
+            batch = next(it)
+        with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+            return batch, waited + (self.now() - asked)
+
+    def since(self, began: Any, after: Any) -> Any:
+        """Seconds from `began` to when every tensor of `after` is computed."""
+        import tensorflow as tf
+
+        with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
+            return self.now() - began
 
 
 def checkpoint(directory: Path, **objects: Any) -> Any:
@@ -258,6 +270,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
         )
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    clock = InputClock(on=not t.deterministic)
 
     # The replica's forward and backward pass, XLA-compiled when asked; the all-reduce and the update
     # stay outside it (XLA does not compile the collectives).
@@ -275,11 +288,11 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             return loss
 
         loss = tf.constant(0.0)
-        began, waited = input_clock()
+        began, waited = clock.start()
         for _ in tf.range(n):
-            (x, y), waited = timed_next(it, waited, loss)
+            (x, y), waited = clock.next(it, waited, loss)
             loss = strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
-        return loss, waited, seconds_since(began, loss, waited)
+        return loss, waited, clock.since(began, (loss, waited))
 
     step = int(optimizer.iterations.numpy())
     meter = Meter(step, global_batch)

@@ -17,6 +17,7 @@ from dlinfra.contract import NodeConfig
 from dlinfra.training import sharding
 from dlinfra.training.loop import (
     Hooks,
+    InputClock,
     Meter,
     Outcome,
     Scale,
@@ -24,12 +25,9 @@ from dlinfra.training.loop import (
     checkpoint,
     choose_optimizer,
     configure_keras,
-    input_clock,
     input_shard,
     restore,
-    seconds_since,
     set_up,
-    timed_next,
 )
 from dlinfra.training.objective import Objective
 from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
@@ -51,7 +49,9 @@ def _chief_io() -> Any:
     return tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
 
 
-def counted_steps(strategy: Any, model: Any, optimizer: Any, goal: Objective, applied: Any) -> Any:
+def counted_steps(
+    strategy: Any, model: Any, optimizer: Any, goal: Objective, applied: Any, clock: InputClock
+) -> Any:
     """A worker's remote call: `n` steps from iterator `it`, then `applied` counts them; returns
     [last loss, count after this call, seconds waiting on input, seconds in the call]."""
     import tensorflow as tf
@@ -68,16 +68,16 @@ def counted_steps(strategy: Any, model: Any, optimizer: Any, goal: Objective, ap
             return loss
 
         loss = tf.constant(0.0)
-        began, waited = input_clock()
+        began, waited = clock.start()
         for _ in tf.range(n):
-            (x, y), waited = timed_next(it, waited, loss)
+            (x, y), waited = clock.next(it, waited, loss)
             loss = strategy.run(replica_fn, args=(x, y))
         # A call counts once it has run all its steps (a call lost mid-way is re-run elsewhere), so
         # after the loop: tf.function orders stateful ops only per variable, and ran the count first.
         # It comes back with the loss in one tensor: every fetch is a remote op from the chief.
         with tf.control_dependencies([loss]):
             count = applied.assign_add(tf.cast(n, tf.int64))
-        busy = seconds_since(began, loss, waited)  # the steps' time (the count is one remote op more)
+        busy = clock.since(began, (loss, waited))  # the steps' time (the count is one remote op more)
         return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64), waited, busy])
 
     return train_steps
@@ -120,7 +120,7 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
-    train_steps = counted_steps(strategy, model, optimizer, goal, applied)
+    train_steps = counted_steps(strategy, model, optimizer, goal, applied, InputClock(on=not t.deterministic))
 
     def global_step() -> int:
         return int(applied.numpy())
