@@ -256,7 +256,9 @@ def test_install_sh_installs_only_from_the_locks() -> None:
     script = INSTALL.read_text()
     code = "\n".join(re.sub(r"(^|\s)#.*$", "", line) for line in script.splitlines())  # no comments
     assert 'lock="locks/${profile}.txt"' in code
-    assert re.search(r'pip sync --python \.venv/bin/python --require-hashes "\$lock"', code)
+    assert re.search(
+        r'pip sync --python \.venv/bin/python --require-hashes --compile-bytecode "\$lock"', code
+    )
     assert re.search(r"pip sync --python \.venv-checkov/bin/python --require-hashes locks/checkov.txt", code)
     assert "pip install --python .venv/bin/python --no-deps --no-build-isolation --offline -e ." in code
     # pip installs uv alone: --require-hashes, --no-deps, from the lines it takes out of the lock

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from dlinfra.training.loop import InputClock
 from dlinfra.training.objective import resolve
 from dlinfra.training.parameter_servers import counted_steps
 from dlinfra.training.program import Program
@@ -34,14 +35,15 @@ def test_a_call_counts_its_steps_after_running_them() -> None:
     optimizer.build(model.trainable_variables)
     applied = tf.Variable(5, dtype=tf.int64)  # as restored from a checkpoint
     goal = resolve(Program(lambda: model, lambda shard: None, lambda: None), model)
-    steps = counted_steps(tf.distribute.get_strategy(), model, optimizer, goal, applied)
+    steps = counted_steps(tf.distribute.get_strategy(), model, optimizer, goal, applied, InputClock())
     rng = np.random.default_rng(0)
     data = (rng.normal(size=(16, 4)).astype("float32"), rng.integers(0, 3, size=16))
     batches = iter(tf.data.Dataset.from_tensor_slices(data).batch(4).repeat())
 
-    loss, count = steps(batches, tf.constant(3)).numpy()
+    loss, count, waited, busy = steps(batches, tf.constant(3)).numpy()
     assert (count, int(applied.numpy()), int(optimizer.iterations.numpy())) == (8, 8, 3)
     assert np.isfinite(loss) and loss > 0
+    assert 0 <= waited <= busy, "the input wait is a part of the call's time"
 
     graph = steps.get_concrete_function(batches, tf.constant(3)).graph
     counts = [op for op in graph.get_operations() if op.type == "AssignAddVariableOp"]
