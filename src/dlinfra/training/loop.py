@@ -59,12 +59,9 @@ class Outcome:
     scale: Scale
     objective: Objective
     optimizer: str  # its class, and where it came from
-    examples_per_sec: list[float] = field(default_factory=list)
-    steps_per_sec: list[float] = field(default_factory=list)
-    interval_seconds: list[float] = field(default_factory=list)  # the length of each rate's interval
+    meter: Meter  # the rates between progress reports and the input wait, over this life
     steps_per_call: dict[int, int] = field(default_factory=dict)  # parameter servers: steps at each size
     steps_scheduled: int | None = None  # parameter servers: steps handed to workers in this life
-    input_wait: float | None = None  # the share of step time spent waiting on input, over the run
 
 
 def mirrored_scale(cfg: NodeConfig, replicas: int) -> Scale:
@@ -310,17 +307,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             if cfg.is_chief:
                 hooks.on_checkpoint(step, ckpt_dir)
             last_ckpt = step
-    return Outcome(
-        model,
-        step,
-        scale,
-        goal,
-        described,
-        meter.examples_per_sec,
-        meter.steps_per_sec,
-        meter.seconds,
-        input_wait=meter.input_wait,
-    )
+    return Outcome(model, step, scale, goal, described, meter)
 
 
 def set_up(program: Program, strategy: Any, cfg: NodeConfig) -> Objective:

@@ -185,16 +185,4 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
         # What the count, not what was scheduled, still lacks: a fault can abort or repeat calls.
         scheduled = step
         clock.restart(time.monotonic())
-    return Outcome(
-        model,
-        global_step(),
-        scale,
-        goal,
-        described,
-        meter.examples_per_sec,
-        meter.steps_per_sec,
-        meter.seconds,
-        dict(by_size),
-        by_size.total(),
-        meter.input_wait,
-    )
+    return Outcome(model, global_step(), scale, goal, described, meter, dict(by_size), by_size.total())
