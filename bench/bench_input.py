@@ -2,6 +2,7 @@
 read of the same bytes.
 
 - raw local: every shard's bytes read from disk (what `cat` does), page cache warm;
+- pipeline local, raw records: `Shard.records()` alone (TFRecord framing and its CRC, no parsing);
 - pipeline local: `Shard.records()` and the built-in parser (JPEG decode, in TensorFlow ops) over the
   same files, counted in records and in the files' bytes;
 - raw s3: a parallel boto3 download of every shard from a moto server (whole objects, 8 at once:
@@ -94,6 +95,10 @@ def main() -> None:
         model=ModelSpec(name="resnet20"), dataset=DatasetSpec(format="tfrecord", uri=f"file://{work}/packed")
     )
     program = packed_program(training, manifest)
+    raw_records = Shard(0, 1, staging.TRAIN_PATTERN).records()
+    sum(1 for _ in raw_records.take(256))  # warm-up
+    seconds, _ = timed(lambda: sum(1 for _ in raw_records.batch(256).prefetch(tf.data.AUTOTUNE)))
+    rows.append(("pipeline local (raw records, no parsing)", size / seconds / 1e6, "Shard.records()"))
     pipeline = program.train_data(Shard(0, 1, staging.TRAIN_PATTERN))
     count = sum(1 for _ in pipeline.take(256))  # warm-up: the graph and the files in the page cache
     seconds, count = timed(lambda: sum(1 for _ in pipeline.batch(256).prefetch(tf.data.AUTOTUNE)))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,8 @@ from support import FAKE_CREDS, run_cli, s3_client
 from .conftest import Deployed, deploy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-TRAIN_SHARDS = 12
+TRAIN_SHARDS = 16
+PROGRAM = Path(__file__).parents[1] / "data" / "packed_programs.py"
 
 
 def _pack(dest: str, *args: str, env: dict[str, str] | None = None) -> None:
@@ -43,6 +46,47 @@ def _each_example_once(run: Deployed, workers: list[str], train_records: int) ->
     assert len(ids) == len(set(ids)) == train_records, "every example on exactly one worker"
 
 
+def _reads(run: Deployed, node: str) -> Counter[int]:
+    """How often the node's training pipeline read each example id (tests/data/packed_programs.py
+    writes them down; its first call in a process is dlinfra's fit check, not training)."""
+    counts: Counter[int] = Counter()
+    for path in (run.run_dir / "work" / node / "read-ids").glob("call-*/*"):
+        text = path.read_text()
+        if path.parent.name != "call-1" and text.endswith(";"):  # not cut short by the node's exit
+            counts.update(int(i) for i in text[:-1].split(","))
+    return counts
+
+
+def _each_example_once_per_pass(run: Deployed, workers: list[str]) -> dict[str, tuple[int, int]]:
+    """The guarantee the README states for each worker reading its own shards: every example of the
+    worker's share is read, none of another's, and no example a second time before every other one of
+    its share once (reads per example differ by one at most: the last pass may be cut short).
+    Returns each worker's (examples, reads)."""
+    seen: dict[str, tuple[int, int]] = {}
+    for node in workers:
+        share = {i for ids in _staged(run, node).values() for i in ids}
+        reads = _reads(run, node)
+        assert set(reads) == share, (
+            f"{node}: read {len(set(reads) - share)} ids of other shares, missed "
+            + str(len(share - set(reads)))
+        )
+        assert max(reads.values()) - min(reads.values()) <= 1, (node, Counter(reads.values()))
+        seen[node] = (len(share), reads.total())
+    print(f"\nREADS (examples, reads) per worker: {seen}")
+    return seen
+
+
+def _project(tmp: Path, strategy: str, uri: str, steps: int) -> Path:
+    shutil.copy(PROGRAM, tmp / PROGRAM.name)
+    spec = tmp / "experiment.yaml"
+    spec.write_text(
+        f"name: digits-counted\nstrategy: {strategy}\ntraining:\n  steps: {steps}\n"
+        f"  entrypoint: {PROGRAM.name}:digits_counted\n"
+        f"  dataset:\n    format: tfrecord\n    uri: {uri}\n"
+    )
+    return spec
+
+
 @pytest.fixture(scope="module")
 def s3_data(moto_endpoint: str) -> str:
     s3_client(moto_endpoint).create_bucket(Bucket="training-data")
@@ -51,23 +95,21 @@ def s3_data(moto_endpoint: str) -> str:
     return uri
 
 
-def test_parameter_servers_train_from_shards_in_s3_each_worker_its_own(
+def test_a_users_program_under_parameter_servers_reads_its_shards_from_s3_once_per_pass(
     tmp_path: Path, s3_data: str, moto_endpoint: str
 ) -> None:
+    """Each worker stages its own share from moto's S3; the user's program parses `Shard.records()` on
+    the workers (graph only) and every read is counted per example id."""
     s3 = s3_client(moto_endpoint)
     manifest = s3.get_object(Bucket="training-data", Key="digits/v1/manifest.json")["Body"].read()
+    spec = _project(tmp_path, "parameter_server", s3_data, 600)
     run = deploy(
         tmp_path,
+        str(spec),
         "--workers",
         "3",
         "--set",
-        "training.dataset.format=tfrecord",
-        "--set",
-        f"training.dataset.uri={s3_data}",
-        "--set",
         f"storage.endpoint_url={moto_endpoint}",
-        "--set",
-        "training.steps=600",
         env=FAKE_CREDS,
     )
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
@@ -76,10 +118,25 @@ def test_parameter_servers_train_from_shards_in_s3_each_worker_its_own(
     pin = run.manifest["dataset"]
     assert pin["sha256"] == hashlib.sha256(manifest).hexdigest() and pin["pinned"]
     records = shards.ShardManifest.model_validate_json(manifest).splits["train"].records
-    _each_example_once(run, [f"worker-{i}" for i in range(3)], records)
+    workers = [f"worker-{i}" for i in range(3)]
+    _each_example_once(run, workers, records)
+    per_worker = _each_example_once_per_pass(run, workers)
+    # 600 steps of 64: every worker made several passes over its share
+    assert sum(reads for _, reads in per_worker.values()) >= 600 * 64, per_worker
     log = _log(run, "worker-1")
-    assert "data: digits (manifest " in log and "4 train + 0 eval shards" in log
-    assert "1 train + 1 eval shards" in _log(run, "chief-0")
+    assert "data: digits (manifest " in log and "5 train + 0 eval shards" in log
+    assert "1 train + 2 eval shards" in _log(run, "chief-0")
+
+
+def test_a_users_program_under_mirrored_workers_reads_each_example_once_per_pass(tmp_path: Path) -> None:
+    _pack(str(tmp_path / "packed"), "--eval-shards", "2")
+    spec = _project(tmp_path, "multi_worker_mirrored", "file://packed", 200)
+    run = deploy(tmp_path, str(spec), "--workers", "3")
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    assert run.metrics["eval_accuracy"] >= 0.85
+    per_worker = _each_example_once_per_pass(run, [f"worker-{i}" for i in range(3)])
+    # in lockstep: every worker read 200 batches of 64 (and what its pipeline prefetched)
+    assert all(reads >= 200 * 64 for _, reads in per_worker.values()), per_worker
 
 
 def test_mirrored_workers_train_from_a_local_packed_directory(tmp_path: Path) -> None:
