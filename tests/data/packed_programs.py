@@ -38,8 +38,10 @@ def _parse(raw: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
 
 def _logged(folder: str):
     def log(images: tf.Tensor, labels: tf.Tensor, ids: tf.Tensor):
-        # a random name: files written by concurrent map calls and by every pass never collide
-        name = tf.strings.as_string(tf.random.uniform([], 0, 2**62, dtype=tf.int64))
+        # Unique names: dlinfra seeds TensorFlow, so a random number alone repeats its sequence in a
+        # restarted worker (whose files would replace its first life's); the time does not.
+        unique = [tf.timestamp(), tf.cast(tf.random.uniform([], 0, 2**62, dtype=tf.int64), tf.float64)]
+        name = tf.strings.reduce_join(tf.strings.as_string(tf.stack(unique), precision=6), separator="-")
         written = tf.io.write_file(
             tf.strings.join([folder, "/", name]),
             tf.strings.join([tf.strings.reduce_join(tf.strings.as_string(ids), separator=","), END]),

@@ -201,3 +201,12 @@ def ps_run(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
 @pytest.fixture(scope="session")
 def mirrored_run(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
     return deploy(tmp_path_factory.mktemp("mwms"), "--strategy", "multi_worker_mirrored", "--workers", "2")
+
+
+def kill_at(live: Live, node: str, fraction: float, *, steps: int, trainer: str = "chief-0") -> int:
+    """SIGKILL `node`'s trainer (its own process group) once `trainer` logged `fraction` of the
+    `steps`: the node's beacon then ends the same way, and the launcher restarts the node."""
+    live.wait_for_step(trainer, int(steps * fraction))
+    pid = live.trainer_pid(node)
+    os.killpg(pid, signal.SIGKILL)
+    return pid

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import Live, start_deploy
+from e2e.conftest import kill_at, start_deploy
 from support import FAKE_CREDS, alive_node_pids, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
@@ -48,15 +48,6 @@ def recovery(log: Path) -> tuple[int, float]:
 
 def report(name: str, **figures: object) -> None:
     print(f"\nFAULT {name}: " + json.dumps(figures))
-
-
-def kill_at(live: Live, node: str, fraction: float, trainer: str = "chief-0", steps: int = STEPS) -> int:
-    """SIGKILL `node`'s trainer (its own process group) once `trainer` logged `fraction` of the steps:
-    the node's beacon then ends the same way, and the launcher restarts the node."""
-    live.wait_for_step(trainer, int(steps * fraction))
-    pid = live.trainer_pid(node)
-    os.killpg(pid, signal.SIGKILL)
-    return pid
 
 
 def test_killed_ps_worker_rejoins_and_accuracy_holds(tmp_path: Path, ps_run) -> None:
@@ -95,7 +86,7 @@ def test_killed_ps_worker_rejoins_and_accuracy_holds(tmp_path: Path, ps_run) -> 
 @pytest.mark.parametrize("victim", ["ps-0", "chief-0"])
 def test_killed_ps_or_chief_resumes_from_checkpoint(tmp_path: Path, victim: str) -> None:
     live = start_deploy(tmp_path, "--workers", "2", *COMMON)
-    kill_at(live, victim, 0.45)
+    kill_at(live, victim, 0.45, steps=STEPS)
     done = live.finish()
     assert done.returncode == 0, done.stdout + done.stderr
     assert live.status(victim)["restarts"] == 1
@@ -108,7 +99,7 @@ def test_killed_ps_or_chief_resumes_from_checkpoint(tmp_path: Path, victim: str)
 
 def test_killed_mirrored_worker_restarts_all_from_checkpoint(tmp_path: Path) -> None:
     live = start_deploy(tmp_path, "--strategy", "multi_worker_mirrored", "--workers", "2", *COMMON)
-    kill_at(live, "worker-1", 0.45, trainer="worker-0")
+    kill_at(live, "worker-1", 0.45, trainer="worker-0", steps=STEPS)
     done = live.finish()
     assert done.returncode == 0, done.stdout + done.stderr
     assert live.status("worker-0")["restarts"] == 1 and live.status("worker-1")["restarts"] == 1
