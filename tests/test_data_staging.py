@@ -151,3 +151,33 @@ def test_the_built_in_program_reads_the_source_pixels_from_staged_shards(
     model = program.build_model()
     assert model.output_shape == (None, len(manifest.classes))
     assert json.loads((root / "manifest.json").read_text())["shape"] == [8, 8, 1]
+
+
+def test_every_node_share_and_the_room_it_needs(packed: tuple[Path, shards.ShardManifest]) -> None:
+    """What each node stages, as deploy reckons it before anything is provisioned: a share it would
+    not fit on its disk is refused, naming the field and the size that fits."""
+    _, manifest = packed
+    train, held = manifest.splits["train"].shards, manifest.splits["eval"].shards
+    ps = staging.node_shares(manifest, "parameter_server", 3)
+    assert ps["chief-0"].train == train[:1] and ps["chief-0"].eval == held
+    assert sorted(s.name for w in range(3) for s in ps[f"worker-{w}"].train) == sorted(s.name for s in train)
+    mirrored = staging.node_shares(manifest, "multi_worker_mirrored", 2)
+    assert set(mirrored) == {"worker-0", "worker-1"} and mirrored["worker-0"].eval == held
+    assert mirrored["worker-0"].train == train[0::2] and mirrored["worker-1"].eval == []
+
+    # the same shards, each 40 GiB: a node's share against its root volume, all of them against one disk
+    big = {
+        split: part.model_copy(
+            update={"shards": [s.model_copy(update={"bytes": 40 * staging.GIB}) for s in part.shards]}
+        )
+        for split, part in manifest.splits.items()
+    }
+    huge = staging.node_shares(manifest.model_copy(update={"splits": big}), "multi_worker_mirrored", 2)
+    assert huge["worker-0"].bytes == (4 + 2) * 40 * staging.GIB  # 4 train shards and the 2 eval ones
+    refused = staging.room_problem(huge, 200, None)
+    assert refused is not None and refused.startswith("aws.root_volume_gb: worker-0 stages 240.0 GiB")
+    assert "raise it above 240 GiB" in refused
+    assert staging.room_problem(huge, 250, None) is None
+    local = staging.room_problem(huge, None, ("/home/me/.dlinfra", 100 * staging.GIB))
+    assert local is not None and local.startswith("training.dataset.uri: the nodes stage 400.0 GiB")
+    assert "100.0 GiB free" in local and staging.room_problem(huge, None, ("/x", 401 * staging.GIB)) is None

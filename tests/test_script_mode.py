@@ -242,3 +242,42 @@ def test_a_long_failure_keeps_its_start_and_its_cause_in_the_marker(tmp_path: Pa
     assert marker is not None and marker.node == "worker-1" and marker.error is not None
     assert marker.error.startswith("InvalidArgumentError: ") and marker.error.endswith("bad record at step 5")
     assert "characters cut" in marker.error and len(marker.error) < 2 * MAX_ERROR + 100
+
+
+def test_a_scripts_shard_patterns_are_relative_to_its_code_so_one_names_every_nodes_own(
+    tmp_path: Path,
+) -> None:
+    """Under parameter servers the chief's coordinator traces one pattern for every worker: relative to
+    the working directory the script starts in, each worker resolves it to the share it staged."""
+    from dlinfra.contract import NodeConfig, StoreConfig
+    from dlinfra.node.script import EVAL_FILES, TRAIN_FILES, staged_files
+    from dlinfra.spec.model import DatasetSpec
+
+    def cfg(fmt: str) -> NodeConfig:
+        dataset = DatasetSpec(format="tfrecord", uri="s3://data/digits") if fmt else DatasetSpec()
+        return NodeConfig(
+            run_id="r",
+            role="worker",
+            index=1,
+            strategy="parameter_server",
+            cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
+            store=StoreConfig(url=f"file://{tmp_path / 'store'}"),
+            training=TrainingSpec(dataset=dataset),
+            startup_timeout=10,
+            heartbeat_interval=1,
+            max_runtime=60,
+        )
+
+    patterns = {}
+    for node in ("worker-0", "worker-1"):
+        work = tmp_path / "work" / node
+        share = work / "shards" / "train"
+        share.mkdir(parents=True)
+        (share / f"train-{node}.tfrecord").write_bytes(b"")
+        code = work / "code-0123456789ab"
+        code.mkdir()
+        patterns[node] = staged_files(cfg("tfrecord"), work, code)
+        assert [p.name for p in code.glob(patterns[node][TRAIN_FILES])] == [f"train-{node}.tfrecord"]
+    assert patterns["worker-0"] == patterns["worker-1"]
+    assert patterns["worker-0"][EVAL_FILES] == "../shards/eval/*.tfrecord"
+    assert staged_files(cfg(""), tmp_path, tmp_path / "code") == {}

@@ -277,7 +277,21 @@ def pinned_shards(spec: Spec) -> Spec:
     workers = spec.roles()["worker"].count
     if problems := staging.fit_problems(pinned.manifest, workers, "shape" in ds.model_fields_set):
         raise SpecError(problems)
+    shares = staging.node_shares(pinned.manifest, spec.strategy, workers)
+    if spec.target == "aws":
+        problem = staging.room_problem(shares, spec.aws.root_volume_gb, None)
+    else:
+        problem = staging.room_problem(shares, None, (str(home()), shutil.disk_usage(_existing(home())).free))
+    if problem:
+        raise SpecError([problem])
     return _with_dataset(spec, sha256=pinned.sha256)
+
+
+def _existing(path: Path) -> Path:
+    """The nearest directory that exists at or above `path` (DLINFRA_HOME may not be made yet)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def dataset_pin(spec: Spec) -> dict[str, Any]:

@@ -5,6 +5,7 @@ share, trained by real TensorFlow clusters under both strategies."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ from dlinfra.training import shards
 from support import FAKE_CREDS, run_cli, s3_client
 
 from .conftest import Deployed, deploy, kill_at, start_deploy
+from .script_projects import user_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TRAIN_SHARDS = 16
@@ -181,7 +183,38 @@ def test_a_parameter_server_worker_killed_mid_pass_rereads_its_share_at_most_twi
     assert run.metrics["eval_accuracy"] >= 0.85
 
 
-def test_changed_shards_and_too_few_shards_are_refused_before_anything_runs(tmp_path: Path) -> None:
+def test_a_script_finds_its_nodes_shards_by_the_patterns_it_is_given(tmp_path: Path) -> None:
+    """`training.command`: each node stages its share before the script starts; the script reads it
+    through $DLINFRA_TRAIN_FILES (relative to its working directory, so one pattern names every
+    node's own share) and the owner evaluates on $DLINFRA_EVAL_FILES."""
+    project = user_project(
+        tmp_path,
+        "packed_shards.py",
+        "name: script-shards\nstrategy: multi_worker_mirrored\ntraining:\n  command: [python, train.py]\n"
+        f"  dataset:\n    format: tfrecord\n    uri: file://{tmp_path}/packed\n",
+    )
+    _pack(str(tmp_path / "packed"), "--eval-shards", "2")  # not beside the code: not in its bundle
+    run = deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    read = {
+        node: json.loads((run.run_dir / "work" / node / "data" / "read.json").read_text())
+        for node in ("worker-0", "worker-1")
+    }
+    for node, seen in read.items():
+        assert seen["files"] == sorted(_staged(run, node)), node
+    files = [f for seen in read.values() for f in seen["files"]]
+    ids = [i for seen in read.values() for i in seen["ids"]]
+    manifest = shards.ShardManifest.model_validate_json((tmp_path / "packed" / "manifest.json").read_text())
+    assert len(files) == len(set(files)) == TRAIN_SHARDS
+    assert len(ids) == len(set(ids)) == manifest.splits["train"].records
+    accuracy = re.search(r"eval accuracy ([\d.]+)", _log(run, "worker-0"))
+    assert accuracy and float(accuracy[1]) >= 0.8, _log(run, "worker-0")[-3000:]
+    assert (run.store / "model" / "model.keras").is_file()
+
+
+def test_changed_shards_too_few_shards_and_shards_no_disk_holds_are_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
     _pack(str(tmp_path / "packed"), "--eval-shards", "1")
     home = tmp_path / "home"
     env = {**os.environ, "DLINFRA_HOME": str(home)}
@@ -198,4 +231,24 @@ def test_changed_shards_and_too_few_shards_are_refused_before_anything_runs(tmp_
     few = run_cli("deploy", "--workers", str(TRAIN_SHARDS + 1), *packed, env=env)
     assert few.returncode == 2, few.stdout + few.stderr
     assert f"{TRAIN_SHARDS} train shards for {TRAIN_SHARDS + 1} workers" in few.stderr
+    huge = json.loads((tmp_path / "packed" / "manifest.json").read_text())
+    for split in huge["splits"].values():
+        for shard in split["shards"]:
+            shard["bytes"] = 2**50  # a pebibyte each: no disk here holds the nodes' shares
+    (tmp_path / "huge").mkdir()
+    (tmp_path / "huge" / "manifest.json").write_text(json.dumps(huge))
+    big = run_cli(
+        "deploy",
+        "--workers",
+        "2",
+        *packed[:2],
+        "--set",
+        f"training.dataset.uri=file://{tmp_path}/huge",
+        env=env,
+    )
+    assert big.returncode == 2, big.stdout + big.stderr
+    assert re.search(
+        rf"training.dataset.uri: the nodes stage \d+\.\d GiB of shards under {home}, ", big.stderr
+    )
+    assert "GiB free. Fix:" in big.stderr and "Traceback" not in big.stderr
     assert not (home / "runs").exists() or not list((home / "runs").iterdir()), "no run was created"

@@ -69,13 +69,13 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     try:
         if cfg.lock_sha256 and (problem := _off_lock(cfg, status)):
             return give_up(cfg, store, status, problem, "", verdict="environment")
+        # Before serving: a parameter-server worker's pipeline lists its files as soon as it is up.
+        packed = staging.stage_node(cfg, work, lambda: status.update(state="staging data"))
         if cfg.training.command:  # the user's own program: no TensorFlow of ours in this process
             from dlinfra.node import script
 
             return script.run(cfg, store, status, work, log_file)
         serves = cfg.strategy == "parameter_server" and cfg.role != "chief"
-        # Before serving: a parameter-server worker's pipeline lists its files as soon as it is up.
-        packed = staging.stage_node(cfg, work, lambda: status.update(state="staging data"))
         if serves and cfg.gpus == 0:  # nothing to check on a CPU node that only serves: see serving
             return _serve(cfg, store, status, devices.inter_op_threads(), lean=True)
         found = devices.probe()

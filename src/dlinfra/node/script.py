@@ -37,6 +37,7 @@ from dlinfra.progress import PROGRESS_FILE
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, TENSORBOARD, RunStore
 from dlinfra.runs.records import Metrics
+from dlinfra.training import staging
 
 MODEL_DIR = "DLINFRA_MODEL_DIR"
 CHECKPOINT_DIR = "DLINFRA_CHECKPOINT_DIR"
@@ -45,6 +46,8 @@ DATA_DIR = "DLINFRA_DATA_DIR"
 RUN_ID = "DLINFRA_RUN_ID"
 NODE = "DLINFRA_NODE"
 GPUS = "DLINFRA_GPUS"
+TRAIN_FILES = "DLINFRA_TRAIN_FILES"  # a packed data set's: this node's share of the train shards
+EVAL_FILES = "DLINFRA_EVAL_FILES"  # and the eval shards, on the node that evaluates
 POLL_SECONDS = 0.5
 MARKER_SECONDS = 1.0  # how often a node looks for the run's end in the store
 SYNC_SECONDS = 10.0
@@ -112,7 +115,7 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     stopping: list[int] = []
     for sig in CLEAN_STOP_SIGNALS:  # the beacon signals the whole group: the script gets it too
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
-    variables = dirs.environ(cfg)
+    variables = dirs.environ(cfg) | staged_files(cfg, work, code)
     argv = expand(command, variables)
     print(f"{RUNNING}{shlex.join(argv)} in {code}", flush=True)
     try:
@@ -273,6 +276,16 @@ def _finish(
     status.stop(state="done", step=progress.step or 0)
     print(f"done: the script exited 0, model at {model_uri}", flush=True)
     return EXIT_DONE
+
+
+def staged_files(cfg: NodeConfig, work: Path, code: Path) -> dict[str, str]:
+    """A packed data set's staged shards (see training.staging) as glob patterns relative to the
+    command's working directory, its code: under parameter servers the chief's coordinator hands its
+    one pattern to every worker, and each worker must find its own share by it."""
+    if cfg.training.dataset.format != "tfrecord":
+        return {}
+    up = Path(os.path.relpath(work, code))
+    return {TRAIN_FILES: str(up / staging.TRAIN_PATTERN), EVAL_FILES: str(up / staging.EVAL_PATTERN)}
 
 
 def script_environ(variables: dict[str, str]) -> dict[str, str]:

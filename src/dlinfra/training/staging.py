@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ EVAL_DIR = Path("shards/eval")
 TRAIN_PATTERN = f"{TRAIN_DIR}/*.tfrecord"
 EVAL_PATTERN = f"{EVAL_DIR}/*.tfrecord"
 PARALLEL_OBJECTS = 8  # objects in flight at once; each big one is also split into ranged parts
+GIB = 2**30
 
 
 class DataError(DlinfraError):
@@ -67,12 +69,6 @@ def read_manifest(store: Store, pinned: str | None) -> Pinned:
         raise DataError(f"training.dataset.uri: {where} is not a data manifest: {exc}") from None
 
 
-def pipelines(cfg: NodeConfig) -> int:
-    """How many input pipelines read the training shards: one per worker, under either strategy
-    (the mirrored chief is worker 0; the parameter-server chief only coordinates)."""
-    return cfg.num_workers
-
-
 def fit_problems(manifest: ShardManifest, workers: int, shape_given: bool) -> list[str]:
     """What keeps a packed set from training on `workers` workers, each with its fix (checked when
     the run is prepared, before anything is provisioned)."""
@@ -101,15 +97,51 @@ def share(shards: list[ShardFile], pipeline: int, count: int) -> list[ShardFile]
     return shards[pipeline::count]
 
 
-def train_share(cfg: NodeConfig, manifest: ShardManifest) -> list[ShardFile]:
-    """This node's training shards. The parameter-server chief trains nothing, but checks the first
-    batch and traces the workers' pipeline on its own copy of the first shard."""
-    shards = manifest.splits["train"].shards
-    if cfg.role == "chief":
-        return shards[:1]
-    if cfg.role == "ps":
-        return []
-    return share(shards, cfg.index, pipelines(cfg))
+@dataclass(frozen=True)
+class NodeShare:
+    train: list[ShardFile]
+    eval: list[ShardFile]
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.train + self.eval)
+
+
+def node_shares(manifest: ShardManifest, strategy: str, workers: int) -> dict[str, NodeShare]:
+    """What each node stages, by node name (a ps stages nothing): one input pipeline per worker,
+    and the eval shards where the run evaluates. The parameter-server chief trains nothing, but checks
+    the first batch and traces the workers' pipeline on its own copy of the first shard."""
+    train, held = manifest.splits["train"].shards, manifest.splits["eval"].shards
+    shares = {f"worker-{w}": NodeShare(share(train, w, workers), []) for w in range(workers)}
+    if strategy == "parameter_server":
+        shares["chief-0"] = NodeShare(train[:1], held)
+    else:  # worker 0 is the mirrored chief
+        shares["worker-0"] = NodeShare(shares["worker-0"].train, held)
+    return shares
+
+
+def room_problem(
+    shares: dict[str, NodeShare], volume_gib: int | None, free: tuple[str, int] | None
+) -> str | None:
+    """What keeps the staged shards off the disk they go to: each node's root volume of `volume_gib`
+    (aws), or one disk for every node, `free` = (where, bytes free) (local processes)."""
+    if volume_gib is not None:
+        node, most = max(((name, s.bytes) for name, s in shares.items()), key=lambda pair: pair[1])
+        if most > volume_gib * GIB:
+            return (
+                f"aws.root_volume_gb: {node} stages {most / GIB:.1f} GiB of shards on a root volume of "
+                f"{volume_gib} GiB. Fix: raise it above {math.ceil(most / GIB)} GiB plus what the image "
+                "itself takes, or deploy more workers (each stages its share of the train shards)"
+            )
+    if free is not None:
+        where, room = free
+        if (total := sum(s.bytes for s in shares.values())) > room:
+            return (
+                f"training.dataset.uri: the nodes stage {total / GIB:.1f} GiB of shards under {where}, "
+                f"which has {room / GIB:.1f} GiB free. Fix: free space there, or point DLINFRA_HOME at "
+                "a bigger disk"
+            )
+    return None
 
 
 def stage(store: Store, shards: list[ShardFile], into: Path) -> list[Path]:
@@ -153,8 +185,9 @@ def stage_node(cfg: NodeConfig, work: Path, starting: Callable[[], None]) -> Sha
     began = time.monotonic()
     store = Store.from_url(cfg.data.url, cfg.data.endpoint_url, cfg.data.region)
     pinned = read_manifest(store, cfg.training.dataset.sha256)
-    train = stage(store, train_share(cfg, pinned.manifest), work / TRAIN_DIR)
-    held = stage(store, pinned.manifest.splits["eval"].shards if cfg.is_chief else [], work / EVAL_DIR)
+    mine = node_shares(pinned.manifest, cfg.strategy, cfg.num_workers).get(cfg.name, NodeShare([], []))
+    train = stage(store, mine.train, work / TRAIN_DIR)
+    held = stage(store, mine.eval, work / EVAL_DIR)
     size = sum(path.stat().st_size for path in train + held)
     print(
         f"data: {pinned.manifest.source} (manifest {pinned.sha256[:12]}): {len(train)} train + "
