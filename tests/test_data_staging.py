@@ -181,3 +181,42 @@ def test_every_node_share_and_the_room_it_needs(packed: tuple[Path, shards.Shard
     local = staging.room_problem(huge, None, ("/home/me/.dlinfra", 100 * staging.GIB))
     assert local is not None and local.startswith("training.dataset.uri: the nodes stage 400.0 GiB")
     assert "100.0 GiB free" in local and staging.room_problem(huge, None, ("/x", 401 * staging.GIB)) is None
+
+
+def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_small(
+    tmp_path: Path, packed: tuple[Path, shards.ShardManifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlinfra.errors import SpecError
+    from dlinfra.prepare import pinned_shards
+    from dlinfra.spec.model import Spec
+
+    root, _ = packed
+    monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "home"))
+
+    def spec(target: str, uri: str, **cluster: object) -> Spec:
+        dataset = {"format": "tfrecord", "uri": uri}
+        return Spec.model_validate(
+            {"name": "x", "target": target, "training": {"dataset": dataset}, **cluster}
+        )
+
+    g5 = {"cluster": {"workers": {"count": 2, "instance_type": "g5.xlarge"}}}
+    pinned, note = pinned_shards(spec("aws", f"file://{root}", **g5))
+    assert pinned.training.dataset.sha256 is not None and note is not None
+    assert note.startswith("data: digits (manifest ") and "8 train + 2 eval shards" in note
+    assert "on its root volume of 100 GiB; g5.xlarge's 250 GB NVMe instance store is not used yet" in note
+    _, local = pinned_shards(spec("local", f"file://{root}"))
+    assert local is not None and f"under {tmp_path / 'home'} (" in local and "GiB free)" in local
+
+    # the same manifest, its shards 60 GiB each: 4 train shards a worker (parameter servers: the chief
+    # takes the eval ones) on a 100 GiB root volume
+    big = json.loads((root / "manifest.json").read_text())
+    for split in big["splits"].values():
+        for shard in split["shards"]:
+            shard["bytes"] = 60 * staging.GIB
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "manifest.json").write_text(json.dumps(big))
+    with pytest.raises(SpecError) as refused:
+        pinned_shards(spec("aws", f"file://{tmp_path / 'big'}", **g5))
+    assert "aws.root_volume_gb: worker-0 stages 240.0 GiB of shards on a root volume of 100 GiB" in str(
+        refused.value
+    )

@@ -103,6 +103,8 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
         upload=request.upload,
         user_data_limit=target.user_data_limit,
     )
+    for line in prepared.notes:
+        target.options.log(line)
     for warning in prepared.warnings:
         target.options.log(f"warning: {warning}")
     if origin and origin.locks is None and (original := origin.pins.get("rerun_of")):

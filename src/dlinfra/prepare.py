@@ -30,6 +30,7 @@ from dlinfra.runs.layout import RunStore, bundle_key
 from dlinfra.runs.records import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, home, package_version
 from dlinfra.runs.store import Store
+from dlinfra.spec.catalog import catalog
 from dlinfra.spec.model import Spec
 from dlinfra.training import staging
 
@@ -55,6 +56,7 @@ class Prepared:
     user_data: dict[str, str]
     upload: bool = True  # False: nothing was (or may be) written to the results store
     warnings: tuple[str, ...] = ()  # what the user should hear before the run starts
+    notes: tuple[str, ...] = ()  # what the nodes will do that the plan does not show (the data they stage)
 
     @property
     def store(self) -> RunStore:
@@ -98,7 +100,7 @@ def prepare(
     base = spec_path.absolute().parent if spec_path else Path.cwd()
     if code is None:
         code = pack_code(spec.training, base, home())
-    spec = pinned_shards(absolute_dataset(spec, base))
+    spec, data_note = pinned_shards(absolute_dataset(spec, base))
     dataset = dataset_pin(spec)
     # The flavors its nodes run, before the run exists: an environment that cannot be resolved is
     # refused (exit 2) with nothing created. Building configs is cheap; resolving is not.
@@ -149,7 +151,8 @@ def prepare(
         run.publish_manifest()
     field = "training.command" if spec.training.command else "training.entrypoint"
     warnings = tuple(code.warnings(field)) if code else ()
-    return Prepared(spec, run, plan, configs, user_data, upload, warnings)
+    notes = (data_note,) if data_note else ()
+    return Prepared(spec, run, plan, configs, user_data, upload, warnings, notes)
 
 
 @dataclass(frozen=True)
@@ -262,13 +265,14 @@ def _with_dataset(spec: Spec, **fields: Any) -> Spec:
     return spec.model_copy(update={"training": spec.training.model_copy(update={"dataset": dataset})})
 
 
-def pinned_shards(spec: Spec) -> Spec:
+def pinned_shards(spec: Spec) -> tuple[Spec, str | None]:
     """A packed data set read now, as the nodes will read it: its manifest must be there and fit the
-    cluster, and its sha256 (which names every shard's) is pinned in the spec, so every node and any
-    rerun reads these very shards. A spec that pins another sha256 is refused: the data changed."""
+    cluster and its disks, and its sha256 (which names every shard's) is pinned in the spec, so every
+    node and any rerun reads these very shards. A spec that pins another sha256 is refused: the data
+    changed. Returns the spec and a line saying what the nodes will stage, and where."""
     ds = spec.training.dataset
     if ds.format != "tfrecord" or ds.uri is None:
-        return spec
+        return spec, None
     where = StoreConfig.for_run(spec, ds.uri)
     try:
         pinned = staging.read_manifest(Store.from_url(where.url, where.endpoint_url, where.region), ds.sha256)
@@ -278,13 +282,28 @@ def pinned_shards(spec: Spec) -> Spec:
     if problems := staging.fit_problems(pinned.manifest, workers, "shape" in ds.model_fields_set):
         raise SpecError(problems)
     shares = staging.node_shares(pinned.manifest, spec.strategy, workers)
+    node, most = max(((name, share.bytes) for name, share in shares.items()), key=lambda pair: pair[1])
+    splits = pinned.manifest.splits
+    note = (
+        f"data: {pinned.manifest.source} (manifest {pinned.sha256[:12]}), {len(splits['train'].shards)} "
+        f"train + {len(splits['eval'].shards)} eval shards; "
+    )
     if spec.target == "aws":
         problem = staging.room_problem(shares, spec.aws.root_volume_gb, None)
+        volume = spec.aws.root_volume_gb
+        note += f"a node stages up to {staging.size(most)} ({node}) on its root volume of {volume} GiB"
+        kinds = {shape.instance_type for role, shape in spec.roles().items() if role != "ps"}
+        stores = [k for k in map(catalog().get, sorted(kinds)) if k and k.instance_store_gb]
+        for kind in stores:
+            note += f"; {kind.name}'s {kind.instance_store_text()} is not used yet"
     else:
-        problem = staging.room_problem(shares, None, (str(home()), shutil.disk_usage(_existing(home())).free))
+        free = shutil.disk_usage(_existing(home())).free
+        problem = staging.room_problem(shares, None, (str(home()), free))
+        total = sum(share.bytes for share in shares.values())
+        note += f"the nodes stage {staging.size(total)} under {home()} ({staging.size(free)} free)"
     if problem:
         raise SpecError([problem])
-    return _with_dataset(spec, sha256=pinned.sha256)
+    return _with_dataset(spec, sha256=pinned.sha256), note
 
 
 def _existing(path: Path) -> Path:

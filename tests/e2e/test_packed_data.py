@@ -157,6 +157,9 @@ def test_mirrored_workers_train_from_a_local_packed_directory(tmp_path: Path) ->
     assert 0 <= run.metrics["input_wait"] < 1
     assert re.search(r"step \d+/400 loss [\d.]+ \d+ examples/s, \d+% waiting on input", _log(run, "worker-0"))
     assert run.manifest["dataset"]["uri"] == f"file://{tmp_path / 'packed'}"
+    shards_line = rf"^data: digits \(manifest [0-9a-f]{{12}}\), {TRAIN_SHARDS} train \+ 2 eval shards; "
+    said = re.search(shards_line + "the nodes stage ", run.result.stdout, re.M)
+    assert said, run.result.stdout
     records = shards.ShardManifest.model_validate_json((tmp_path / "packed" / "manifest.json").read_text())
     _each_example_once(run, ["worker-0", "worker-1"], records.splits["train"].records)
 

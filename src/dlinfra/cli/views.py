@@ -332,13 +332,14 @@ def runs_table(rows: list[dict[str, Any]], width: int) -> Table:
 
 def instances_table(kinds: list[InstanceType], region: str, note: str) -> Table:
     table = Table(
-        caption=f"GiB: memory; Gbps: network, peak and baseline; $/h: on-demand, {region}; {note}",
+        caption=f"GiB: memory; Gbps: network, peak and baseline; NVMe: instance store, GB; $/h: on-demand, "
+        f"{region}; {note}",
         caption_justify="left",
         box=box.SIMPLE_HEAD if out.is_terminal else box.ASCII2,
         pad_edge=False,
     )
     widest_type = max((len(k.name) for k in kinds), default=len("type"))
-    for column in ("type", "vCPU", "GiB", "GPUs", "GPU", "GiB/GPU", "Gbps", "base", "EFA", "$/h"):
+    for column in ("type", "vCPU", "GiB", "GPUs", "GPU", "GiB/GPU", "Gbps", "base", "EFA", "NVMe", "$/h"):
         table.add_column(
             column,
             justify="left" if column in ("type", "GPU") else "right",
@@ -357,6 +358,7 @@ def instances_table(kinds: list[InstanceType], region: str, note: str) -> Table:
             f"{k.network_gbps:g}",
             f"{k.network_baseline_gbps:g}",
             "yes" if k.efa else "-",
+            str(k.instance_store_gb) if k.instance_store_gb else "-",
             _num(k.price(region), "{:.4f}"),
         )
     return table

@@ -29,6 +29,8 @@ class InstanceType(BaseModel):
     network_gbps: float  # advertised ("up to" for burstable types)
     network_baseline_gbps: float
     efa: bool
+    instance_store_gb: int = 0  # local NVMe SSD, all disks together (0: EBS only)
+    instance_store_disks: int = 0
     usd_per_hour: dict[str, float]  # region → on-demand Linux price
 
     @property
@@ -49,6 +51,14 @@ class InstanceType(BaseModel):
         memory = f" {self.gpu_memory_gib:g} GiB" if self.gpu_memory_gib else ""
         return f"{self.gpus} x {self.gpu_model}{memory}"
 
+    def instance_store_text(self) -> str | None:
+        """'250 GB NVMe instance store', '2 x 3800 GB …', or None (EBS only)."""
+        if not self.instance_store_gb:
+            return None
+        disks = self.instance_store_disks
+        each = f"{disks} x {self.instance_store_gb // disks}" if disks > 1 else str(self.instance_store_gb)
+        return f"{each} GB NVMe instance store"
+
 
 class Catalog(BaseModel):
     """The file as it is: `dlinfra instances --json` prints it back (filtered)."""
@@ -58,6 +68,7 @@ class Catalog(BaseModel):
     prices_as_of: str  # YYYY-MM
     price_source: str
     spec_source: str
+    storage_source: str
     regions: list[str]
     price_notes: str
     nat_gateway_usd_per_hour: dict[str, float]

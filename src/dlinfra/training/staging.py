@@ -120,6 +120,10 @@ def node_shares(manifest: ShardManifest, strategy: str, workers: int) -> dict[st
     return shares
 
 
+def size(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
 def room_problem(
     shares: dict[str, NodeShare], volume_gib: int | None, free: tuple[str, int] | None
 ) -> str | None:
@@ -188,10 +192,10 @@ def stage_node(cfg: NodeConfig, work: Path, starting: Callable[[], None]) -> Sha
     mine = node_shares(pinned.manifest, cfg.strategy, cfg.num_workers).get(cfg.name, NodeShare([], []))
     train = stage(store, mine.train, work / TRAIN_DIR)
     held = stage(store, mine.eval, work / EVAL_DIR)
-    size = sum(path.stat().st_size for path in train + held)
+    total = sum(path.stat().st_size for path in train + held)
     print(
         f"data: {pinned.manifest.source} (manifest {pinned.sha256[:12]}): {len(train)} train + "
-        f"{len(held)} eval shards, {size / 2**20:.1f} MiB, staged in {time.monotonic() - began:.1f}s",
+        f"{len(held)} eval shards, {size(total)}, staged in {time.monotonic() - began:.1f}s",
         flush=True,
     )
     return pinned.manifest
