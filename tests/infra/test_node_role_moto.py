@@ -1,0 +1,177 @@
+"""The node role held to its policies: `modules/node_iam` applied by real Terraform to a moto server of
+its own, the role assumed, and every S3 call a node makes tried with the role's credentials (moto
+checks an assumed role's actions and resources once auth is on; it ignores policy conditions). What a
+node needs is allowed, the rest is denied: the run's prefix, the packed data set's objects (the
+`read_objects` the aws target derives from `training.dataset.uri`), and nothing else.
+
+Auth is switched on only after the apply (moto's `reset-auth`), so the setup runs as moto's root: the
+one action left free is the AssumeRole a node's instance profile does for it on EC2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from infra.conftest import MotoServer
+
+from dlinfra.spec.model import Spec
+from dlinfra.targets.aws.tfvars import read_objects
+
+pytestmark = [pytest.mark.terraform, pytest.mark.slow]
+
+RESULTS, PREFIX = "dlinfra-results", "runs/r1"
+DATA_URI = "s3://team-data/digits/v1"
+
+ROOT_MODULE = """
+terraform {
+  required_providers {
+    aws = { source = "hashicorp/aws", version = "~> 5.0" }
+  }
+}
+variable "endpoint" { type = string }
+variable "read_objects" { type = list(string) }
+variable "bucket" { type = string }
+variable "prefix" { type = string }
+provider "aws" {
+  region = "us-east-1"
+  endpoints {
+    iam = var.endpoint
+    s3  = var.endpoint
+    sts = var.endpoint
+  }
+  skip_credentials_validation = true
+  skip_requesting_account_id  = true
+  skip_metadata_api_check     = true
+  s3_use_path_style           = true
+}
+module "node_iam" {
+  source       = "./node_iam"
+  name         = "dlinfra-r1-node"
+  bucket       = var.bucket
+  prefix       = var.prefix
+  read_objects = var.read_objects
+}
+output "role_arn" { value = module.node_iam.role_arn }
+"""
+
+
+@pytest.fixture(scope="module")
+def own_moto() -> Iterator[MotoServer]:
+    """A moto server in a process of its own: switching its auth on touches no other test's server."""
+    code = (
+        "from moto.server import ThreadedMotoServer as S; "
+        "s = S(ip_address='127.0.0.1', port=0, verbose=False); s.start(); "
+        "print(s.get_host_and_port()[1], flush=True); import time; time.sleep(3600)"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert server.stdout is not None
+        yield MotoServer(endpoint_url=f"http://127.0.0.1:{int(server.stdout.readline())}")
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def node_s3(
+    own_moto: MotoServer, infra_dir: Path, tf_cli_config: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
+    """S3 as a node sees it: the role's temporary credentials, auth on."""
+    import boto3
+
+    root = tmp_path_factory.mktemp("node-role")
+    shutil.copytree(
+        infra_dir / "modules" / "node_iam", root / "node_iam", ignore=shutil.ignore_patterns("tests")
+    )
+    (root / "main.tf").write_text(ROOT_MODULE)
+    spec = Spec.model_validate(
+        {"name": "x", "target": "aws", "training": {"dataset": {"format": "tfrecord", "uri": DATA_URI}}}
+    )
+    objects = read_objects(spec)
+    assert objects == ["team-data/digits/v1/*"]
+    (root / "run.tfvars.json").write_text(
+        json.dumps(
+            {"endpoint": own_moto.endpoint_url, "read_objects": objects, "bucket": RESULTS, "prefix": PREFIX}
+        )
+    )
+    tf = own_moto.terraform(root, tf_cli_config)
+    tf.init()
+    tf.apply("-var-file=run.tfvars.json")
+    arn = tf.output()["role_arn"]
+
+    s3 = own_moto.client("s3")
+    for bucket in (RESULTS, "team-data"):
+        s3.create_bucket(Bucket=bucket)
+    for key in (
+        "digits/v1/manifest.json",
+        "digits/v1/train-00000-of-00016.tfrecord",
+        "digits/v2/manifest.json",
+        "secrets/key",
+    ):
+        s3.put_object(Bucket="team-data", Key=key, Body=b"x")
+    s3.put_object(Bucket=RESULTS, Key="runs/r2/metrics.json", Body=b"{}")
+    reset = urllib.request.Request(
+        f"{own_moto.endpoint_url}/moto-api/reset-auth",
+        data=b"1",
+        method="POST",
+        headers={"Content-Type": "text/plain"},
+    )
+    assert json.loads(urllib.request.urlopen(reset).read())["status"] == "ok"
+    creds = own_moto.client("sts").assume_role(RoleArn=arn, RoleSessionName="worker-0")["Credentials"]
+    return boto3.client(
+        "s3",
+        endpoint_url=own_moto.endpoint_url,
+        region_name=own_moto.region,
+        aws_access_key_id=creds["AccessKeyId"],
+        aws_secret_access_key=creds["SecretAccessKey"],
+        aws_session_token=creds["SessionToken"],
+    )
+
+
+def _allowed(call: Any) -> bool:
+    try:
+        call()
+    except ClientError as exc:
+        assert exc.response["Error"]["Code"] == "AccessDenied", exc.response
+        return False
+    return True
+
+
+def test_a_node_reads_the_packed_data_prefix_and_nothing_else_of_that_bucket(
+    node_s3: Any, tmp_path: Path
+) -> None:
+    assert _allowed(lambda: node_s3.get_object(Bucket="team-data", Key="digits/v1/manifest.json"))
+    # what staging does: a streamed download of each shard, after its HEAD
+    shard = "digits/v1/train-00000-of-00016.tfrecord"
+    assert _allowed(lambda: node_s3.download_file("team-data", shard, str(tmp_path / "shard")))
+    assert not _allowed(lambda: node_s3.get_object(Bucket="team-data", Key="digits/v2/manifest.json"))
+    assert not _allowed(lambda: node_s3.get_object(Bucket="team-data", Key="secrets/key"))
+    assert not _allowed(
+        lambda: node_s3.put_object(Bucket="team-data", Key="digits/v1/manifest.json", Body=b"{}")
+    )
+    assert not _allowed(lambda: node_s3.list_buckets())
+
+
+def test_a_node_writes_its_run_prefix_but_not_the_pins_nor_another_run(node_s3: Any) -> None:
+    assert _allowed(
+        lambda: node_s3.put_object(Bucket=RESULTS, Key=f"{PREFIX}/status/worker-0.json", Body=b"{}")
+    )
+    assert _allowed(lambda: node_s3.get_object(Bucket=RESULTS, Key=f"{PREFIX}/status/worker-0.json"))
+    assert _allowed(lambda: node_s3.list_objects_v2(Bucket=RESULTS, Prefix=f"{PREFIX}/"))
+    for pinned in ("code/bundle.tar.gz", "manifest.json", "terraform/run.tfvars.json"):
+        assert not _allowed(
+            lambda key=pinned: node_s3.put_object(Bucket=RESULTS, Key=f"{PREFIX}/{key}", Body=b"x")
+        )
+    assert not _allowed(lambda: node_s3.get_object(Bucket=RESULTS, Key="runs/r2/metrics.json"))
+    assert not _allowed(lambda: node_s3.put_object(Bucket=RESULTS, Key="runs/r2/metrics.json", Body=b"{}"))
+    assert not _allowed(lambda: node_s3.delete_object(Bucket=RESULTS, Key=f"{PREFIX}/status/worker-0.json"))
