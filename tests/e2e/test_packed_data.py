@@ -1,6 +1,8 @@
-"""Runs that read a packed data set (`training.dataset.format: tfrecord`): digits packed into real
+"""Runs that read a packed data set (`training.dataset.format: tfrecord`): digits packed into 16 real
 TFRecord shards (in moto's S3 over HTTP, and in a local directory), each worker staging its own
-share, trained by real TensorFlow clusters under both strategies."""
+share, trained by real TensorFlow clusters under both strategies: the built-in model, a user's program
+that counts every example id it reads (the guarantees the README states, with and without a killed
+worker), and a user's script."""
 
 from __future__ import annotations
 
@@ -101,22 +103,16 @@ def s3_data(moto_endpoint: str) -> str:
     return uri
 
 
-def test_a_users_program_under_parameter_servers_reads_its_shards_from_s3_once_per_pass(
+def test_parameter_servers_train_from_shards_in_s3_with_no_user_code(
     tmp_path: Path, s3_data: str, moto_endpoint: str
 ) -> None:
-    """Each worker stages its own share from moto's S3; the user's program parses `Shard.records()` on
-    the workers (graph only) and every read is counted per example id."""
+    """The built-in model over a packed set: each worker stages its own share from moto's S3."""
     s3 = s3_client(moto_endpoint)
     manifest = s3.get_object(Bucket="training-data", Key="digits/v1/manifest.json")["Body"].read()
-    spec = _project(tmp_path, "parameter_server", s3_data, 600)
+    packed = ("--set", "training.dataset.format=tfrecord", "--set", f"training.dataset.uri={s3_data}")
+    endpoint = ("--set", f"storage.endpoint_url={moto_endpoint}")
     run = deploy(
-        tmp_path,
-        str(spec),
-        "--workers",
-        "3",
-        "--set",
-        f"storage.endpoint_url={moto_endpoint}",
-        env=FAKE_CREDS,
+        tmp_path, "--workers", "3", *packed, *endpoint, "--set", "training.steps=600", env=FAKE_CREDS
     )
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     assert run.metrics["eval_accuracy"] >= 0.85
@@ -124,49 +120,36 @@ def test_a_users_program_under_parameter_servers_reads_its_shards_from_s3_once_p
     pin = run.manifest["dataset"]
     assert pin["sha256"] == hashlib.sha256(manifest).hexdigest() and pin["pinned"]
     records = shards.ShardManifest.model_validate_json(manifest).splits["train"].records
-    workers = [f"worker-{i}" for i in range(3)]
-    _each_example_once(run, workers, records)
-    per_worker = _each_example_once_per_pass(run, workers)
-    # 600 steps of 64: every worker made several passes over its share
-    assert sum(reads for _, reads in per_worker.values()) >= 600 * 64, per_worker
+    _each_example_once(run, [f"worker-{i}" for i in range(3)], records)
     log = _log(run, "worker-1")
     assert "data: digits (manifest " in log and "5 train + 0 eval shards" in log
     assert "1 train + 2 eval shards" in _log(run, "chief-0")
 
 
 def test_a_users_program_under_mirrored_workers_reads_each_example_once_per_pass(tmp_path: Path) -> None:
+    """The user's program parses `Shard.records()` itself; every read is counted per example id."""
     _pack(str(tmp_path / "packed"), "--eval-shards", "2")
     spec = _project(tmp_path, "multi_worker_mirrored", "file://packed", 200)
     run = deploy(tmp_path, str(spec), "--workers", "3")
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     assert run.metrics["eval_accuracy"] >= 0.85
-    per_worker = _each_example_once_per_pass(run, [f"worker-{i}" for i in range(3)])
+    assert 0 <= run.metrics["input_wait"] < 1
+    assert re.search(r"step \d+/200 loss [\d.]+ \d+ examples/s, \d+% waiting on input", _log(run, "worker-0"))
+    assert run.manifest["dataset"]["uri"] == f"file://{tmp_path / 'packed'}"
+    shards_line = rf"^data: digits \(manifest [0-9a-f]{{12}}\), {TRAIN_SHARDS} train \+ 2 eval shards; "
+    assert re.search(shards_line + "the nodes stage ", run.result.stdout, re.M), run.result.stdout
+    workers = [f"worker-{i}" for i in range(3)]
+    records = shards.ShardManifest.model_validate_json((tmp_path / "packed" / "manifest.json").read_text())
+    _each_example_once(run, workers, records.splits["train"].records)
+    per_worker = _each_example_once_per_pass(run, workers)
     # in lockstep: every worker read 200 batches of 64 (and what its pipeline prefetched)
     assert all(reads >= 200 * 64 for _, reads in per_worker.values()), per_worker
 
 
-def test_mirrored_workers_train_from_a_local_packed_directory(tmp_path: Path) -> None:
-    _pack(str(tmp_path / "packed"), "--eval-shards", "2")
-    (tmp_path / "experiment.yaml").write_text(
-        "name: digits-packed\nstrategy: multi_worker_mirrored\ntraining:\n  steps: 400\n"
-        "  dataset:\n    format: tfrecord\n    uri: file://packed\n"
-    )
-    run = deploy(tmp_path, "experiment.yaml", "--workers", "2")
-    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
-    assert run.metrics["eval_accuracy"] >= 0.85
-    assert 0 <= run.metrics["input_wait"] < 1
-    assert re.search(r"step \d+/400 loss [\d.]+ \d+ examples/s, \d+% waiting on input", _log(run, "worker-0"))
-    assert run.manifest["dataset"]["uri"] == f"file://{tmp_path / 'packed'}"
-    shards_line = rf"^data: digits \(manifest [0-9a-f]{{12}}\), {TRAIN_SHARDS} train \+ 2 eval shards; "
-    said = re.search(shards_line + "the nodes stage ", run.result.stdout, re.M)
-    assert said, run.result.stdout
-    records = shards.ShardManifest.model_validate_json((tmp_path / "packed" / "manifest.json").read_text())
-    _each_example_once(run, ["worker-0", "worker-1"], records.splits["train"].records)
-
-
 def test_a_parameter_server_worker_killed_mid_pass_rereads_its_share_at_most_twice(tmp_path: Path) -> None:
-    """kill -9 of a worker mid-run: the run completes, the restarted worker's pipeline begins its share
-    again (TensorFlow rebuilds a lost worker's dataset), the others go on as they were."""
+    """The user's program under parameter servers (its parsing runs on the workers, graph only), and
+    kill -9 of a worker mid-run: the run completes, the restarted worker's pipeline begins its share
+    again (TensorFlow rebuilds a lost worker's dataset), the others read once per pass as before."""
     _pack(str(tmp_path / "packed"), "--eval-shards", "2")
     # a run long enough (a minute here) that the restarted worker rejoins and reads again
     steps = 4000
