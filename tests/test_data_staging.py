@@ -200,11 +200,11 @@ def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_sma
         )
 
     g5 = {"cluster": {"workers": {"count": 2, "instance_type": "g5.xlarge"}}}
-    pinned, note = pinned_shards(spec("aws", f"file://{root}", **g5))
+    pinned, note = pinned_shards(spec("aws", f"file://{root}", **g5), own_disks=True)
     assert pinned.training.dataset.sha256 is not None and note is not None
     assert note.startswith("data: digits (manifest ") and "8 train + 2 eval shards" in note
     assert "on its root volume of 100 GiB; g5.xlarge's 250 GB NVMe instance store is not used yet" in note
-    _, local = pinned_shards(spec("local", f"file://{root}"))
+    _, local = pinned_shards(spec("local", f"file://{root}"), own_disks=False)
     assert local is not None and f"under {tmp_path / 'home'} (" in local and "GiB free)" in local
 
     # the same manifest, its shards 60 GiB each: 4 train shards a worker (parameter servers: the chief
@@ -216,7 +216,7 @@ def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_sma
     (tmp_path / "big").mkdir()
     (tmp_path / "big" / "manifest.json").write_text(json.dumps(big))
     with pytest.raises(SpecError) as refused:
-        pinned_shards(spec("aws", f"file://{tmp_path / 'big'}", **g5))
+        pinned_shards(spec("aws", f"file://{tmp_path / 'big'}", **g5), own_disks=True)
     assert "aws.root_volume_gb: worker-0 stages 240.0 GiB of shards on a root volume of 100 GiB" in str(
         refused.value
     )

@@ -100,7 +100,7 @@ def prepare(
     base = spec_path.absolute().parent if spec_path else Path.cwd()
     if code is None:
         code = pack_code(spec.training, base, home())
-    spec, data_note = pinned_shards(absolute_dataset(spec, base))
+    spec, data_note = pinned_shards(absolute_dataset(spec, base), own_disks=typed)
     dataset = dataset_pin(spec)
     # The flavors its nodes run, before the run exists: an environment that cannot be resolved is
     # refused (exit 2) with nothing created. Building configs is cheap; resolving is not.
@@ -265,11 +265,13 @@ def _with_dataset(spec: Spec, **fields: Any) -> Spec:
     return spec.model_copy(update={"training": spec.training.model_copy(update={"dataset": dataset})})
 
 
-def pinned_shards(spec: Spec) -> tuple[Spec, str | None]:
+def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None]:
     """A packed data set read now, as the nodes will read it: its manifest must be there and fit the
     cluster and its disks, and its sha256 (which names every shard's) is pinned in the spec, so every
     node and any rerun reads these very shards. A spec that pins another sha256 is refused: the data
-    changed. Returns the spec and a line saying what the nodes will stage, and where."""
+    changed. Returns the spec and a line saying what the nodes will stage, and where: on `own_disks`
+    each node stages on its instance's root volume (aws.root_volume_gb), else all share this
+    machine's disk."""
     ds = spec.training.dataset
     if ds.format != "tfrecord" or ds.uri is None:
         return spec, None
@@ -288,7 +290,7 @@ def pinned_shards(spec: Spec) -> tuple[Spec, str | None]:
         f"data: {pinned.manifest.source} (manifest {pinned.sha256[:12]}), {len(splits['train'].shards)} "
         f"train + {len(splits['eval'].shards)} eval shards; "
     )
-    if spec.target == "aws":
+    if own_disks:
         problem = staging.room_problem(shares, spec.aws.root_volume_gb, None)
         volume = spec.aws.root_volume_gb
         note += f"a node stages up to {staging.size(most)} ({node}) on its root volume of {volume} GiB"
