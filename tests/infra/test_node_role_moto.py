@@ -30,38 +30,6 @@ pytestmark = [pytest.mark.terraform, pytest.mark.slow]
 RESULTS, PREFIX = "dlinfra-results", "runs/r1"
 DATA_URI = "s3://team-data/digits/v1"
 
-ROOT_MODULE = """
-terraform {
-  required_providers {
-    aws = { source = "hashicorp/aws", version = "~> 5.0" }
-  }
-}
-variable "endpoint" { type = string }
-variable "read_objects" { type = list(string) }
-variable "bucket" { type = string }
-variable "prefix" { type = string }
-provider "aws" {
-  region = "us-east-1"
-  endpoints {
-    iam = var.endpoint
-    s3  = var.endpoint
-    sts = var.endpoint
-  }
-  skip_credentials_validation = true
-  skip_requesting_account_id  = true
-  skip_metadata_api_check     = true
-  s3_use_path_style           = true
-}
-module "node_iam" {
-  source       = "./node_iam"
-  name         = "dlinfra-r1-node"
-  bucket       = var.bucket
-  prefix       = var.prefix
-  read_objects = var.read_objects
-}
-output "role_arn" { value = module.node_iam.role_arn }
-"""
-
 
 @pytest.fixture(scope="module")
 def own_moto() -> Iterator[MotoServer]:
@@ -89,22 +57,22 @@ def node_s3(
     """S3 as a node sees it: the role's temporary credentials, auth on."""
     import boto3
 
-    root = tmp_path_factory.mktemp("node-role")
-    shutil.copytree(
-        infra_dir / "modules" / "node_iam", root / "node_iam", ignore=shutil.ignore_patterns("tests")
+    # The module applied as it is, as the root: the provider it declares finds moto by the
+    # environment (AWS_ENDPOINT_URL, AWS_REGION), so no provider block of the test's own.
+    module = shutil.copytree(
+        infra_dir / "modules" / "node_iam",
+        tmp_path_factory.mktemp("node-role") / "node_iam",
+        ignore=shutil.ignore_patterns("tests"),
     )
-    (root / "main.tf").write_text(ROOT_MODULE)
     spec = Spec.model_validate(
         {"name": "x", "target": "aws", "training": {"dataset": {"format": "tfrecord", "uri": DATA_URI}}}
     )
     objects = read_objects(spec)
     assert objects == ["team-data/digits/v1/*"]
-    (root / "run.tfvars.json").write_text(
-        json.dumps(
-            {"endpoint": own_moto.endpoint_url, "read_objects": objects, "bucket": RESULTS, "prefix": PREFIX}
-        )
-    )
-    tf = own_moto.terraform(root, tf_cli_config)
+    inputs = {"name": "dlinfra-r1-node", "bucket": RESULTS, "prefix": PREFIX, "read_objects": objects}
+    (module / "run.tfvars.json").write_text(json.dumps(inputs))
+    tf = own_moto.terraform(module, tf_cli_config)
+    tf.env["AWS_ENDPOINT_URL"] = own_moto.endpoint_url
     tf.init()
     tf.apply("-var-file=run.tfvars.json")
     arn = tf.output()["role_arn"]
