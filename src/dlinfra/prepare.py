@@ -284,7 +284,6 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None]:
     if problems := staging.fit_problems(pinned.manifest, workers, "shape" in ds.model_fields_set):
         raise SpecError(problems)
     shares = staging.node_shares(pinned.manifest, spec.strategy, workers)
-    node, most = max(((name, share.bytes) for name, share in shares.items()), key=lambda pair: pair[1])
     splits = pinned.manifest.splits
     note = (
         f"data: {pinned.manifest.source} (manifest {pinned.sha256[:12]}), {len(splits['train'].shards)} "
@@ -293,6 +292,7 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None]:
     if own_disks:
         problem = staging.room_problem(shares, spec.aws.root_volume_gb, None)
         volume = spec.aws.root_volume_gb
+        node, most = staging.largest(shares)
         note += f"a node stages up to {staging.size(most)} ({node}) on its root volume of {volume} GiB"
         kinds = {shape.instance_type for role, shape in spec.roles().items() if role != "ps"}
         stores = [k for k in map(catalog().get, sorted(kinds)) if k and k.instance_store_gb]

@@ -124,13 +124,18 @@ def size(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
+def largest(shares: dict[str, NodeShare]) -> tuple[str, int]:
+    """The node that stages the most, and its bytes."""
+    return max(((name, share.bytes) for name, share in shares.items()), key=lambda pair: pair[1])
+
+
 def room_problem(
     shares: dict[str, NodeShare], volume_gib: int | None, free: tuple[str, int] | None
 ) -> str | None:
     """What keeps the staged shards off the disk they go to: each node's root volume of `volume_gib`
     (aws), or one disk for every node, `free` = (where, bytes free) (local processes)."""
     if volume_gib is not None:
-        node, most = max(((name, s.bytes) for name, s in shares.items()), key=lambda pair: pair[1])
+        node, most = largest(shares)
         if most > volume_gib * GIB:
             return (
                 f"aws.root_volume_gb: {node} stages {most / GIB:.1f} GiB of shards on a root volume of "
