@@ -11,11 +11,13 @@ import pytest
 import tensorflow as tf
 
 from dlinfra.contract import NodeConfig, StoreConfig
+from dlinfra.runs.layout import RunStore
 from dlinfra.runs.store import Store
 from dlinfra.spec.model import DatasetSpec, TrainingSpec
 from dlinfra.training import data, shards, staging
 from dlinfra.training.packed import packed_program
 from dlinfra.training.program import Shard
+from dlinfra.training.shards import ShardManifest
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +51,10 @@ def _node(root: Path, role: str, index: int, workers: int = 3, sha256: str | Non
     )
 
 
+def _stage(node: NodeConfig, work: Path) -> ShardManifest | None:
+    return staging.stage_node(node, RunStore.open(node.store), work, lambda: None)
+
+
 def _ids(paths: list[Path]) -> list[int]:
     return [i for path in paths for i, _, _ in shards.records(path)]
 
@@ -60,7 +66,7 @@ def test_workers_stage_disjoint_shares_that_cover_every_example(
     staged: dict[str, list[Path]] = {}
     for role, index in (("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2), ("ps", 0)):
         work = tmp_path / f"{role}-{index}"
-        staging.stage_node(_node(root, role, index), work, lambda: None)
+        _stage(_node(root, role, index), work)
         staged[f"{role}-{index}"] = sorted((work / staging.TRAIN_DIR).glob("*.tfrecord"))
     assert [len(staged[f"worker-{i}"]) for i in range(3)] == [3, 3, 2], "8 shards dealt round-robin"
     worker_ids = [_ids(staged[f"worker-{i}"]) for i in range(3)]
@@ -80,16 +86,16 @@ def test_a_restart_keeps_checked_files_and_a_corrupt_shard_is_refused(
     root, manifest = packed
     work = tmp_path / "worker-1"
     node = _node(root, "worker", 1)
-    staging.stage_node(node, work, lambda: None)
+    _stage(node, work)
     kept = work / staging.TRAIN_DIR / manifest.splits["train"].shards[1].name
     inode = kept.stat().st_ino
     (work / staging.TRAIN_DIR / "train-99999-of-99999.tfrecord").write_bytes(b"an earlier run's")
-    staging.stage_node(node, work, lambda: None)
+    _stage(node, work)
     assert kept.stat().st_ino == inode, "a file whose checksum matches is not fetched again"
     assert not (work / staging.TRAIN_DIR / "train-99999-of-99999.tfrecord").exists(), "stale shard removed"
 
     kept.write_bytes(kept.read_bytes()[:-1] + b"\x00")  # damaged on local disk: fetched again
-    staging.stage_node(node, work, lambda: None)
+    _stage(node, work)
     assert kept.stat().st_ino != inode
 
     # damaged in the store: refused by its checksum, nothing half-written left to read
@@ -99,8 +105,8 @@ def test_a_restart_keeps_checked_files_and_a_corrupt_shard_is_refused(
         if path.is_file():
             (copy / path.name).write_bytes(path.read_bytes())
     (copy / kept.name).write_bytes(b"not the packed shard")
-    with pytest.raises(staging.DataError, match=f"shard {kept.name} has sha256 .* its manifest says"):
-        staging.stage_node(_node(copy, "worker", 1), tmp_path / "other", lambda: None)
+    with pytest.raises(staging.DataError, match=f"{kept.name} has sha256 .* its manifest says"):
+        _stage(_node(copy, "worker", 1), tmp_path / "other")
     left = {p.name for p in (tmp_path / "other" / staging.TRAIN_DIR).iterdir()}
     assert kept.name not in left and f".{kept.name}.part" not in left
 
@@ -113,27 +119,27 @@ def test_the_pin_refuses_a_changed_manifest(
     pin = staging.read_manifest(store, None).sha256
     assert staging.read_manifest(store, pin).sha256 == pin
     with pytest.raises(staging.DataError, match="changed since the run pinned them"):
-        staging.stage_node(_node(root, "worker", 0, sha256="0" * 64), tmp_path, lambda: None)
+        _stage(_node(root, "worker", 0, sha256="0" * 64), tmp_path)
     with pytest.raises(staging.DataError, match=r"no manifest\.json at"):
         staging.read_manifest(Store.from_url(f"file://{tmp_path}"), None)
 
 
 def test_fit_problems_name_the_field_and_the_fix(packed: tuple[Path, shards.ShardManifest]) -> None:
     _, manifest = packed
-    assert staging.fit_problems(manifest, 8, shape_given=False) == []
-    (few,) = staging.fit_problems(manifest, 9, shape_given=False)
+    assert staging.fit_problems(manifest, 8, set(), builtin=True) == []
+    (few,) = staging.fit_problems(manifest, 9, set(), builtin=True)
     assert "8 train shards for 9 workers" in few and "--shards 9" in few
     mixed = manifest.model_copy(update={"shape": None})
-    (shape,) = staging.fit_problems(mixed, 2, shape_given=False)
+    (shape,) = staging.fit_problems(mixed, 2, set(), builtin=True)
     assert shape.startswith("training.dataset.shape:")
-    assert staging.fit_problems(mixed, 2, shape_given=True) == []
+    assert staging.fit_problems(mixed, 2, {"shape"}, builtin=True) == []
 
 
 def test_the_built_in_program_reads_the_source_pixels_from_staged_shards(
     tmp_path: Path, packed: tuple[Path, shards.ShardManifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root, manifest = packed
-    staging.stage_node(_node(root, "chief", 0), tmp_path, lambda: None)
+    _stage(_node(root, "chief", 0), tmp_path)
     monkeypatch.chdir(tmp_path)  # what the agent does: staged paths are relative to the work dir
     program = packed_program(
         TrainingSpec(dataset=DatasetSpec(format="tfrecord", uri=f"file://{root}")), manifest
@@ -200,11 +206,11 @@ def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_sma
         )
 
     g5 = {"cluster": {"workers": {"count": 2, "instance_type": "g5.xlarge"}}}
-    pinned, note = pinned_shards(spec("aws", f"file://{root}", **g5), own_disks=True)
-    assert pinned.training.dataset.sha256 is not None and note is not None
+    pinned, note, listing = pinned_shards(spec("aws", f"file://{root}", **g5), own_disks=True)
+    assert pinned.training.dataset.sha256 is not None and note is not None and listing is None
     assert note.startswith("data: digits (manifest ") and "8 train + 2 eval shards" in note
     assert "on its root volume of 100 GiB; g5.xlarge's 250 GB NVMe instance store is not used yet" in note
-    _, local = pinned_shards(spec("local", f"file://{root}"), own_disks=False)
+    _, local, _ = pinned_shards(spec("local", f"file://{root}"), own_disks=False)
     assert local is not None and f"under {tmp_path / 'home'} (" in local and "GiB free)" in local
 
     # the same manifest, its shards 60 GiB each: 4 train shards a worker (parameter servers: the chief

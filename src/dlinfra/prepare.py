@@ -26,13 +26,15 @@ from dlinfra.render import (
     render_cluster,
 )
 from dlinfra.runs.bundle import Bundle, file_sha256, pack_code
-from dlinfra.runs.layout import RunStore, bundle_key
+from dlinfra.runs.layout import RunStore, bundle_key, data_listing_key
 from dlinfra.runs.records import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, home, package_version
 from dlinfra.runs.store import Store
 from dlinfra.spec.catalog import catalog
+from dlinfra.spec.dataset import is_listing
 from dlinfra.spec.model import Spec
 from dlinfra.training import staging
+from dlinfra.training.listing import listed_manifest, listing_bytes, listing_sha256
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def prepare(
     base = spec_path.absolute().parent if spec_path else Path.cwd()
     if code is None:
         code = pack_code(spec.training, base, home())
-    spec, data_note = pinned_shards(absolute_dataset(spec, base), own_disks=typed)
+    spec, data_note, listing = pinned_shards(absolute_dataset(spec, base), own_disks=typed)
     dataset = dataset_pin(spec)
     # The flavors its nodes run, before the run exists: an environment that cannot be resolved is
     # refused (exit 2) with nothing created. Building configs is cheap; resolving is not.
@@ -128,6 +130,12 @@ def prepare(
         if upload:
             store.put_bundle(code.sha256, code.data)
         (run.dir / bundle_key(code.sha256)).write_bytes(code.data)
+    if listing is not None:
+        sha256 = spec.training.dataset.sha256
+        assert sha256 is not None
+        if upload:
+            store.put_data_listing(sha256, listing)
+        (run.dir / data_listing_key(sha256)).write_bytes(listing)
     if install.wheel is not None:
         if upload:
             store.put_wheel(install.wheel)
@@ -240,24 +248,39 @@ def node_index(spec: Spec, install: NodeInstall) -> Index:
 
 
 def absolute_dataset(spec: Spec, base: Path) -> Spec:
-    """The spec with a relative file:// dataset made absolute against `base` (the experiment file's
-    directory), so the pin hashes the very file the nodes read, whatever their working directory."""
+    """The spec with relative file:// dataset URIs made absolute against `base` (the experiment
+    file's directory), so the pin hashes the very file the nodes read, whatever their working
+    directory."""
     ds = spec.training.dataset
-    uri = ds.uri
-    if not uri or not uri.startswith("file://") or Path(uri[len("file://") :]).is_absolute():
-        return spec
-    local = (base / uri[len("file://") :]).resolve()
-    packed = ds.format == "tfrecord"
-    if not (local.is_dir() if packed else local.is_file()):
-        what = "directory `dlinfra data pack` wrote" if packed else "data file"
+    given = {name: uri for name, uri in (("uri", ds.uri), ("eval_uri", ds.eval_uri)) if uri}
+    update = {name: _absolute(uri, name, ds.format, base) for name, uri in given.items()}
+    return _with_dataset(spec, **update) if update != given else spec
+
+
+def _absolute(uri: str, field: str, fmt: str, base: Path) -> str:
+    if not uri.startswith("file://") or Path(uri[len("file://") :]).is_absolute():
+        return uri
+    listing = is_listing(uri)
+    relative, _, pattern = (
+        uri[len("file://") :].rpartition("/") if listing else (uri[len("file://") :], "", "")
+    )
+    local = (base / relative).resolve()
+    if not (local.is_dir() if fmt == "tfrecord" else local.is_file()):
+        what = (
+            "directory of your files"
+            if listing
+            else "directory `dlinfra data pack` wrote"
+            if fmt == "tfrecord"
+            else "data file"
+        )
         raise SpecError(
             [
-                f"training.dataset.uri: {uri} is relative to the experiment file's directory ({base}), "
-                f"and {local} is not a {'directory' if packed else 'file'}. Fix: point it at the {what}, "
-                f"relative to {base} or absolute (file:///path/to/data)"
+                f"training.dataset.{field}: {uri} is relative to the experiment file's directory ({base}), "
+                f"and {local} is not a {'directory' if fmt == 'tfrecord' else 'file'}. Fix: point it at the "
+                f"{what}, relative to {base} or absolute (file:///path/to/data)"
             ]
         )
-    return _with_dataset(spec, uri=f"file://{local}")
+    return f"file://{local}/{pattern}" if listing else f"file://{local}"
 
 
 def _with_dataset(spec: Spec, **fields: Any) -> Spec:
@@ -265,29 +288,48 @@ def _with_dataset(spec: Spec, **fields: Any) -> Spec:
     return spec.model_copy(update={"training": spec.training.model_copy(update={"dataset": dataset})})
 
 
-def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None]:
-    """A packed data set read now, as the nodes will read it: its manifest must be there and fit the
-    cluster and its disks, and its sha256 (which names every shard's) is pinned in the spec, so every
-    node and any rerun reads these very shards. A spec that pins another sha256 is refused: the data
-    changed. Returns the spec and a line saying what the nodes will stage, and where: on `own_disks`
-    each node stages on its instance's root volume (aws.root_volume_gb), else all share this
-    machine's disk."""
+def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes | None]:
+    """A TFRecord data set read now, as the nodes will read it: a packed set's manifest, or your own
+    files as a glob lists them. It must be there and fit the cluster and its disks, and its sha256
+    (which names every shard's, or every file's size and etag) is pinned in the spec, so every node
+    and any rerun reads these very files. A spec that pins another sha256 is refused: the data
+    changed. Returns the spec, a line saying what the nodes will stage, and where (on `own_disks`
+    each node stages on its instance's root volume, aws.root_volume_gb, else all share this
+    machine's disk), and a listing's bytes, which the run stores for its nodes."""
     ds = spec.training.dataset
     if ds.format != "tfrecord" or ds.uri is None:
-        return spec, None
+        return spec, None, None
     where = StoreConfig.for_run(spec, ds.uri)
+    listing = None
     try:
-        pinned = staging.read_manifest(Store.from_url(where.url, where.endpoint_url, where.region), ds.sha256)
+        if is_listing(ds.uri):
+            manifest = listed_manifest(ds, where.endpoint_url, where.region)
+            listing = listing_bytes(manifest)
+            pinned = staging.Pinned(manifest, listing_sha256(listing))
+            if ds.sha256 is not None and ds.sha256 != pinned.sha256:
+                raise SpecError(
+                    [
+                        f"training.dataset.uri: the files {ds.uri} lists changed since the run listed them "
+                        f"(sha256 {ds.sha256[:12]}, now {pinned.sha256[:12]}: a file added, removed or "
+                        "rewritten). Fix: restore them, or deploy anew to train on them as they are"
+                    ]
+                )
+        else:
+            store = Store.from_url(where.url, where.endpoint_url, where.region)
+            pinned = staging.read_manifest(store, ds.sha256)
+    except SpecError:
+        raise
     except DlinfraError as exc:  # the store's own errors (access, a missing bucket) and the pin's
         raise SpecError([str(exc)]) from None
     workers = spec.roles()["worker"].count
-    if problems := staging.fit_problems(pinned.manifest, workers, "shape" in ds.model_fields_set):
+    builtin = not (spec.training.entrypoint or spec.training.command)
+    if problems := staging.fit_problems(pinned.manifest, workers, ds.model_fields_set, builtin):
         raise SpecError(problems)
     shares = staging.node_shares(pinned.manifest, spec.strategy, workers)
     splits = pinned.manifest.splits
     note = (
-        f"data: {pinned.manifest.source} (manifest {pinned.sha256[:12]}), {len(splits['train'].shards)} "
-        f"train + {len(splits['eval'].shards)} eval shards; "
+        f"data: {pinned.manifest.source} ({staging.pin_name(pinned.manifest)} {pinned.sha256[:12]}), "
+        f"{len(splits['train'].shards)} train + {len(splits['eval'].shards)} eval shards; "
     )
     if own_disks:
         problem = staging.room_problem(shares, spec.aws.root_volume_gb, None)
@@ -305,7 +347,7 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None]:
         note += f"the nodes stage {staging.size(total)} under {home()} ({staging.size(free)} free)"
     if problem:
         raise SpecError([problem])
-    return _with_dataset(spec, sha256=pinned.sha256), note
+    return _with_dataset(spec, sha256=pinned.sha256), note, listing
 
 
 def _existing(path: Path) -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlinfra.training import shards
+from own_files import OWN_KEYS, write_own_digits
 from support import FAKE_CREDS, run_cli, s3_client
 
 from .conftest import Deployed, deploy, kill_at, start_deploy
@@ -96,33 +97,49 @@ def _project(tmp: Path, strategy: str, uri: str, steps: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def s3_data(moto_endpoint: str) -> str:
-    s3_client(moto_endpoint).create_bucket(Bucket="training-data")
-    uri = "s3://training-data/digits/v1"
-    _pack(uri, "--endpoint-url", moto_endpoint, env={**os.environ, **FAKE_CREDS})
-    return uri
-
-
-def test_parameter_servers_train_from_shards_in_s3_with_no_user_code(
-    tmp_path: Path, s3_data: str, moto_endpoint: str
-) -> None:
-    """The built-in model over a packed set: each worker stages its own share from moto's S3."""
+def s3_own_files(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A user's own TFRecord files (not packed by dlinfra) in moto's S3: s3://own-data/digits/…"""
     s3 = s3_client(moto_endpoint)
-    manifest = s3.get_object(Bucket="training-data", Key="digits/v1/manifest.json")["Body"].read()
-    packed = ("--set", "training.dataset.format=tfrecord", "--set", f"training.dataset.uri={s3_data}")
+    s3.create_bucket(Bucket="own-data")
+    root = write_own_digits(tmp_path_factory.mktemp("own"), TRAIN_SHARDS)
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            s3.upload_file(str(path), "own-data", f"digits/{path.relative_to(root).as_posix()}")
+    return "s3://own-data/digits"
+
+
+def test_parameter_servers_train_the_built_in_model_on_your_own_files_in_s3(
+    tmp_path: Path, s3_own_files: str, moto_endpoint: str
+) -> None:
+    """Your TFRecords, by globs and your keys, no user code: each worker stages its own share of the
+    files the run listed (and stored with the run) from moto's S3."""
+    own = {
+        "format": "tfrecord",
+        "uri": f"{s3_own_files}/train/train-*",
+        "eval_uri": f"{s3_own_files}/validation/validation-*",
+        "features.image": OWN_KEYS["image"],
+        "features.label": OWN_KEYS["label"],
+        "shape": "[8,8,1]",
+        "classes": "10",
+    }
+    sets = [arg for key, value in own.items() for arg in ("--set", f"training.dataset.{key}={value}")]
     endpoint = ("--set", f"storage.endpoint_url={moto_endpoint}")
-    run = deploy(
-        tmp_path, "--workers", "3", *packed, *endpoint, "--set", "training.steps=600", env=FAKE_CREDS
-    )
+    run = deploy(tmp_path, "--workers", "3", *sets, *endpoint, "--set", "training.steps=600", env=FAKE_CREDS)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     assert run.metrics["eval_accuracy"] >= 0.85
     assert 0 <= run.metrics["input_wait"] < 1 and "input wait" in run.result.stdout
     pin = run.manifest["dataset"]
-    assert pin["sha256"] == hashlib.sha256(manifest).hexdigest() and pin["pinned"]
-    records = shards.ShardManifest.model_validate_json(manifest).splits["train"].records
-    _each_example_once(run, [f"worker-{i}" for i in range(3)], records)
-    log = _log(run, "worker-1")
-    assert "data: digits (manifest " in log and "5 train + 0 eval shards" in log
+    listing = (run.run_dir / "code" / f"data-{pin['sha256']}.json").read_bytes()
+    assert hashlib.sha256(listing).hexdigest() == pin["sha256"] and pin["pinned"]
+    listed = [s.name for s in shards.ShardManifest.model_validate_json(listing).splits["train"].shards]
+    assert len(listed) == TRAIN_SHARDS and "README.txt" not in listed
+    staged = [
+        sorted(p.stem for p in (run.run_dir / "work" / f"worker-{w}" / "shards" / "train").iterdir())
+        for w in range(3)
+    ]
+    assert sorted(name for names in staged for name in names) == sorted(listed), "each file on one worker"
+    assert staged[1] == listed[1::3]
+    assert f"data: {own['uri']} (listing {pin['sha256'][:12]}), 16 train + 2 eval shards" in run.result.stdout
     assert "1 train + 2 eval shards" in _log(run, "chief-0")
 
 

@@ -70,7 +70,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         if cfg.lock_sha256 and (problem := _off_lock(cfg, status)):
             return give_up(cfg, store, status, problem, "", verdict="environment")
         # Before serving: a parameter-server worker's pipeline lists its files as soon as it is up.
-        packed = staging.stage_node(cfg, work, lambda: status.update(state="staging data"))
+        packed = staging.stage_node(cfg, store, work, lambda: status.update(state="staging data"))
         if cfg.training.command:  # the user's own program: no TensorFlow of ours in this process
             from dlinfra.node import script
 

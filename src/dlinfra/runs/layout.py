@@ -12,6 +12,7 @@
     notices/<node>.<ms>.json      Notice: a spot notice a node's beacon saw, and how the node left
     code/bundle-<sha256>.tar.gz   the user's code; code/<wheel>: the dlinfra that cloud nodes install
     code/env-<flavor>.lock        the run's environment, locked with hashes (cpu or gpu build of TF)
+    code/data-<sha256>.json       the data files a glob listed when the run was prepared (their pin)
     terraform/                    the provider lock file and tfvars of a cloud run
 
 No other module names a key: they ask a RunStore.
@@ -266,6 +267,12 @@ class RunStore:
     def lock(self, name: str, sha256: str) -> str:
         return self._pinned(f"code/{name}", sha256).decode()
 
+    def put_data_listing(self, sha256: str, data: bytes) -> None:
+        self.store.put_bytes(data_listing_key(sha256), data)
+
+    def data_listing(self, sha256: str) -> bytes:
+        return self._pinned(data_listing_key(sha256), sha256)
+
     def put_terraform_pins(self, lock_file: Path, tfvars_text: str) -> None:
         """A cloud run's provider lock and inputs: what a rerun months later must apply again."""
         self.store.put_file("terraform/.terraform.lock.hcl", lock_file)
@@ -279,6 +286,10 @@ class RunStore:
         if hashlib.sha256(data).hexdigest() != sha256:
             raise StoreError(f"{self.store.uri(key)} does not match its pinned sha256 {sha256[:12]}…")
         return data
+
+
+def data_listing_key(sha256: str) -> str:
+    return f"code/data-{sha256}.json"
 
 
 def bundle_key(sha256: str) -> str:

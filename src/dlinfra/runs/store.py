@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlencode
 
 from dlinfra.errors import StoreError
@@ -45,6 +45,14 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+class Listed(NamedTuple):
+    """A file directly under a store's root: what a glob of data files is matched against."""
+
+    name: str
+    bytes: int
+    etag: str  # S3's ETag; a local file's modification time (ns): either changes with the content
+
+
 class Store:
     url: str
 
@@ -69,6 +77,10 @@ class Store:
 
     def list_keys(self, prefix: str) -> list[str]:
         """Keys under `prefix` (a folder: "notices/"), relative to the store, sorted."""
+        raise NotImplementedError
+
+    def files(self) -> list[Listed]:
+        """The files directly under the root (not in its sub-directories), by name."""
         raise NotImplementedError
 
     def get_file(self, key: str, path: Path) -> bool:
@@ -149,6 +161,15 @@ class FileStore(Store):
         os.close(fd)
         shutil.copyfile(path, tmp)
         os.replace(tmp, dest)
+
+    def files(self) -> list[Listed]:
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            Listed(p.name, (st := p.stat()).st_size, str(st.st_mtime_ns))
+            for p in self.root.iterdir()
+            if p.is_file() and not p.name.startswith(".")
+        )
 
     def get_file(self, key: str, path: Path) -> bool:
         """Copied, not read into memory: a data shard may be gigabytes."""
@@ -244,6 +265,20 @@ class S3Store(Store):
             )
             skip = len(self.prefix) + 1 if self.prefix else 0
             return sorted(o["Key"][skip:] for page in pages for o in page.get("Contents", []))
+
+        return self._retrying(listed, "list")
+
+    def files(self) -> list[Listed]:
+        def listed() -> list[Listed]:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "", Delimiter="/"
+            )
+            return sorted(
+                Listed(o["Key"].rsplit("/", 1)[-1], o["Size"], o["ETag"].strip('"'))
+                for page in pages
+                for o in page.get("Contents", [])
+                if not o["Key"].endswith("/")
+            )
 
         return self._retrying(listed, "list")
 

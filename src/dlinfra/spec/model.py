@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from dlinfra.spec.aws import AwsSpec
+from dlinfra.spec.dataset import DatasetSpec
 from dlinfra.spec.grammar import INSTANCE_TYPE_RE, NAME_RE, S3_URL_RE, http_url
 from dlinfra.spec.input import StrictModel, shown
 from dlinfra.spec.layers import ModelSpec
@@ -29,7 +30,6 @@ from dlinfra.spec.requirements import problem as requirement_problem
 from dlinfra.spec.spot import SpotPolicy, SpotSpec, spot_shorthand
 
 STORE_SCHEMES = ("file://", "s3://")
-DATA_SCHEMES = ("file://", "s3://", "https://", "http://")
 
 PositiveInt = Annotated[int, Field(ge=1)]
 HOUR = 3600
@@ -137,56 +137,6 @@ class ClusterSpec(StrictModel):
 
 
 # ---------------------------------------------------------------- training
-
-
-class DatasetSpec(StrictModel):
-    format: Literal["digits", "cifar10", "synthetic", "tfrecord"] = Field(
-        "digits",
-        description="digits: scikit-learn's handwritten digits; cifar10: the python tarball; tfrecord: "
-        "shards written by `dlinfra data pack`.",
-    )
-    uri: str | None = Field(
-        None,
-        description="cifar10: the tarball (file://, s3:// or https://); tfrecord: the packed directory "
-        "(file:// or s3://), where its manifest.json is.",
-    )
-    sha256: str | None = Field(
-        None,
-        pattern=r"^[0-9a-f]{64}$",
-        description="Expected checksum of uri (tfrecord: of its manifest; deploy pins it when unset).",
-    )
-    test_fraction: float = Field(0.2, gt=0, lt=1, description="Held-out share (digits, synthetic).")
-    shape: list[PositiveInt] = Field(
-        [8, 8, 1],
-        description="Example shape (synthetic); tfrecord: what images of differing sizes are resized to.",
-    )
-    classes: int = Field(10, ge=2, description="Number of classes (synthetic).")
-    size: PositiveInt = Field(2048, description="Number of examples (synthetic).")
-
-    @field_validator("uri")
-    @classmethod
-    def _uri_scheme(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(DATA_SCHEMES):
-            raise ValueError(f"must start with one of {', '.join(DATA_SCHEMES)} (got {shown(v)})")
-        if v is not None and v.startswith("http"):
-            http_url(v)  # no credentials in a URL every node and log sees
-        return v
-
-    @model_validator(mode="after")
-    def _uri_needed(self) -> DatasetSpec:
-        if self.format == "cifar10" and not self.uri:
-            raise ValueError("format cifar10 needs 'uri' (the cifar-10-python.tar.gz location)")
-        if self.format == "tfrecord" and not (self.uri and self.uri.startswith(("file://", "s3://"))):
-            raise ValueError(
-                "format tfrecord needs 'uri': the file:// or s3:// directory `dlinfra data pack` wrote"
-            )
-        if self.format == "tfrecord" and not re.fullmatch(r"s3://[^/]+/.*[^/].*|file://.+", self.uri or ""):
-            # nodes get read access to what is under the prefix: never a whole bucket
-            raise ValueError("format tfrecord: 'uri' needs a prefix under the bucket, e.g. s3://data/digits")
-        if self.uri and self.uri.startswith("http://") and not self.sha256:
-            # the tarball is unpickled: bytes changed on an unencrypted path would run as code
-            raise ValueError("a plain-HTTP uri needs its sha256 (training.dataset.sha256), or use https://")
-        return self
 
 
 class TrainingSpec(StrictModel):

@@ -48,9 +48,10 @@ def needs_host_network(spec: Spec) -> str | None:
     """Why the nodes of this run must reach beyond their cluster, or None."""
     if spec.storage.url and spec.storage.url.startswith("s3://"):
         return f"storage.url {spec.storage.url} is written by the nodes"
-    uri = spec.training.dataset.uri
-    if uri and not uri.startswith("file://"):
-        return f"training.dataset.uri {uri} is fetched by the nodes"
+    ds = spec.training.dataset
+    for field, uri in (("uri", ds.uri), ("eval_uri", ds.eval_uri)):
+        if uri and not uri.startswith("file://"):
+            return f"training.dataset.{field} {uri} is fetched by the nodes"
     return None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlinfra.spec.dataset import FeaturesSpec
 from dlinfra.spec.model import TrainingSpec
 from dlinfra.training.shards import ShardManifest
 from dlinfra.training.staging import EVAL_PATTERN
@@ -18,24 +19,28 @@ def image_shape(manifest: ShardManifest, training: TrainingSpec) -> tuple[int, i
     return height, width, channels
 
 
-def parser(shape: tuple[int, int, int], resize: bool) -> Any:
-    """A record → (image in [0, 1], label); `resize` for images of differing sizes."""
+def parser(shape: tuple[int, int, int], resize: bool, features: FeaturesSpec) -> Any:
+    """A record → (image in [0, 1], label); `resize` for images of differing sizes. `features` names
+    the keys (a packed set's are its defaults) and how the image is stored."""
     import tensorflow as tf
 
     spec = {
-        "image": tf.io.FixedLenFeature([], tf.string),
-        "label": tf.io.FixedLenFeature([], tf.int64),
+        features.image: tf.io.FixedLenFeature([], tf.string),
+        features.label: tf.io.FixedLenFeature([], tf.int64),
     }
     height, width, channels = shape
 
     def parse(raw: Any) -> Any:
         ex = tf.io.parse_single_example(raw, spec)
-        image = tf.io.decode_image(ex["image"], channels=channels, expand_animations=False)
+        if features.encoding == "raw":
+            image = tf.reshape(tf.io.decode_raw(ex[features.image], tf.uint8), shape)
+        else:
+            image = tf.io.decode_image(ex[features.image], channels=channels, expand_animations=False)
         image = tf.image.convert_image_dtype(image, tf.float32)
-        if resize:
+        if resize and features.encoding != "raw":
             image = tf.image.resize(image, (height, width))
         image = tf.ensure_shape(image, shape)
-        return image, ex["label"]
+        return image, ex[features.label]
 
     return parse
 
@@ -49,7 +54,9 @@ def packed_program(training: TrainingSpec, manifest: ShardManifest) -> Any:
     from dlinfra.training.program import Program, Shard
 
     shape = image_shape(manifest, training)
-    parse = parser(shape, resize=manifest.shape is None)
+    # your own files may hold images of any size: each is resized to training.dataset.shape
+    resize = manifest.shape is None or manifest.locations is not None
+    parse = parser(shape, resize, training.dataset.features)
 
     def train_data(shard: Shard) -> Any:
         return shard.records().map(parse, num_parallel_calls=tf.data.AUTOTUNE)

@@ -39,17 +39,18 @@ class ShardFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    records: int
+    records: int | None  # None: a file of your own, not counted (nothing reads 200 GB to plan a run)
     bytes: int
-    sha256: str
+    sha256: str | None  # None: a file of your own, known by its size and etag instead
+    etag: str | None = None
 
 
 class Split(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     shards: list[ShardFile]
-    records: int
-    per_class: dict[str, int]  # class name → examples
+    records: int | None
+    per_class: dict[str, int] = {}  # class name → examples (counted when packed)
 
 
 class ShardManifest(BaseModel):
@@ -64,6 +65,8 @@ class ShardManifest(BaseModel):
     classes: list[str]  # label i is classes[i]
     splits: dict[str, Split]  # "train", "eval"
     created: float
+    # Where each split's files are, when not beside this manifest: your own files, listed by a glob.
+    locations: dict[str, str] | None = None
     dlinfra_version: str = __version__
 
 

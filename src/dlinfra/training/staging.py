@@ -24,8 +24,9 @@ from pathlib import Path
 from dlinfra.contract import NodeConfig
 from dlinfra.errors import DlinfraError
 from dlinfra.runs.bundle import file_sha256
-from dlinfra.runs.layout import DATA_MANIFEST
+from dlinfra.runs.layout import DATA_MANIFEST, RunStore
 from dlinfra.runs.store import Store
+from dlinfra.spec.dataset import is_listing
 from dlinfra.training.shards import ShardFile, ShardManifest
 
 # Relative to the trainer's working directory (its work dir): the same string on every node.
@@ -69,27 +70,47 @@ def read_manifest(store: Store, pinned: str | None) -> Pinned:
         raise DataError(f"training.dataset.uri: {where} is not a data manifest: {exc}") from None
 
 
-def fit_problems(manifest: ShardManifest, workers: int, shape_given: bool) -> list[str]:
-    """What keeps a packed set from training on `workers` workers, each with its fix (checked when
-    the run is prepared, before anything is provisioned)."""
+def fit_problems(manifest: ShardManifest, workers: int, given: set[str], builtin: bool) -> list[str]:
+    """What keeps a data set from training on `workers` workers, each with its fix (checked when the
+    run is prepared, before anything is provisioned). `given`: the training.dataset fields the spec
+    sets; `builtin`: the built-in model trains (no program of the user's parses the records)."""
     problems = []
+    listed = manifest.locations is not None
     shards = len(manifest.splits["train"].shards)
     if shards < workers:
+        more = "split your files into more" if listed else f"pack again with --shards {workers} or more"
         problems.append(
             f"training.dataset.uri: {shards} train shards for {workers} workers, and each worker reads "
-            f"whole shards of its own. Fix: pack again with --shards {workers} or more (10 per worker "
-            "keeps them even), or deploy fewer workers"
+            f"whole shards of its own. Fix: {more} (10 per worker keeps them even), or deploy fewer workers"
         )
-    if not manifest.splits["eval"].shards:
+    if listed and builtin:
+        if not manifest.splits["eval"].shards:
+            problems.append(
+                "training.dataset.eval_uri: the built-in model evaluates on files of their own. Fix: set "
+                "it to a glob of them, e.g. s3://data/imagenet/validation-*"
+            )
+        problems += [
+            f"training.dataset.{name}: your own files' {what}. Fix: set it, e.g. {name}: {example}"
+            for name, what, example in (
+                ("shape", "image shape", "[224, 224, 3]"),
+                ("classes", "number of classes", 1000),
+            )
+            if name not in given
+        ]
+    elif not listed and not manifest.splits["eval"].shards:
         problems.append(
             "training.dataset.uri: the set has no eval shards. Fix: pack again with --eval-shards 1"
         )
-    if manifest.shape is None and not shape_given:
+    if manifest.shape is None and "shape" not in given:
         problems.append(
             "training.dataset.shape: the packed images differ in size (packed as they were). Fix: set "
             "the shape every image is resized to, e.g. shape: [64, 64, 3]"
         )
     return problems
+
+
+def pin_name(manifest: ShardManifest) -> str:
+    return "listing" if manifest.locations is not None else "manifest"
 
 
 def share(shards: list[ShardFile], pipeline: int, count: int) -> list[ShardFile]:
@@ -153,31 +174,48 @@ def room_problem(
     return None
 
 
+def local_name(shard: ShardFile) -> str:
+    """Your own files may be named `train-00001-of-01024`: staged under a name the patterns match."""
+    return shard.name if shard.name.endswith(".tfrecord") else f"{shard.name}.tfrecord"
+
+
+def _mismatch(path: Path, shard: ShardFile) -> str | None:
+    """How a fetched file differs from what the run pinned: a packed shard's sha256, or (your own
+    file, pinned by the run's listing) its size."""
+    if shard.sha256 is not None:
+        got = file_sha256(path)
+        return (
+            None if got == shard.sha256 else f"has sha256 {got[:12]}, its manifest says {shard.sha256[:12]}"
+        )
+    size = path.stat().st_size
+    return None if size == shard.bytes else f"has {size} bytes, {shard.bytes} when the run listed it"
+
+
 def stage(store: Store, shards: list[ShardFile], into: Path) -> list[Path]:
-    """Each shard at `into`/name, checked against its sha256: fetched several at a time, and kept
-    from an earlier life of the node when its checksum still matches (a restart fetches nothing)."""
+    """Each shard at `into`, checked against the run's pin: fetched several at a time, and kept from
+    an earlier life of the node when it still matches (a restart fetches nothing)."""
     into.mkdir(parents=True, exist_ok=True)
-    wanted = {s.name for s in shards}
+    wanted = {local_name(s) for s in shards}
     for stale in into.glob("*.tfrecord"):  # another run's, or a share that changed with the cluster
         if stale.name not in wanted:
             stale.unlink()
 
     def fetch(shard: ShardFile) -> Path:
-        path = into / shard.name
-        if path.is_file() and path.stat().st_size == shard.bytes and file_sha256(path) == shard.sha256:
+        path = into / local_name(shard)
+        # files land by rename, so a staged one is whole
+        if path.is_file() and path.stat().st_size == shard.bytes and _mismatch(path, shard) is None:
             return path
-        partial = path.with_name(f".{shard.name}.part")
+        fix = (
+            "Fix: pack the set again (`dlinfra data pack`)"
+            if shard.sha256
+            else "Fix: restore it, or deploy anew to list the files as they are now"
+        )
+        partial = path.with_name(f".{path.name}.part")
         if not store.get_file(shard.name, partial):
-            raise DataError(
-                f"training.dataset.uri: shard {shard.name} is missing from {store.uri()}. "
-                "Fix: pack the set again (`dlinfra data pack`)"
-            )
-        if (got := file_sha256(partial)) != shard.sha256:
+            raise DataError(f"training.dataset.uri: {shard.name} is missing from {store.uri()}. {fix}")
+        if problem := _mismatch(partial, shard):
             partial.unlink()
-            raise DataError(
-                f"training.dataset.uri: shard {shard.name} has sha256 {got[:12]}, its manifest says "
-                f"{shard.sha256[:12]}. Fix: pack the set again (`dlinfra data pack`)"
-            )
+            raise DataError(f"training.dataset.uri: {shard.name} {problem}. {fix}")
         partial.replace(path)
         return path
 
@@ -185,22 +223,41 @@ def stage(store: Store, shards: list[ShardFile], into: Path) -> list[Path]:
         return list(pool.map(fetch, shards))
 
 
-def stage_node(cfg: NodeConfig, work: Path, starting: Callable[[], None]) -> ShardManifest | None:
+def node_set(cfg: NodeConfig, run: RunStore) -> Pinned:
+    """The data set this run pinned: your own files as the run listed them (stored with the run), or
+    a packed set's manifest, read from beside its shards and checked against the pin."""
+    assert cfg.data is not None
+    sha256 = cfg.training.dataset.sha256
+    if is_listing(cfg.training.dataset.uri):
+        assert sha256 is not None  # prepare pins every listing
+        return Pinned(ShardManifest.model_validate_json(run.data_listing(sha256)), sha256)
+    return read_manifest(Store.from_url(cfg.data.url, cfg.data.endpoint_url, cfg.data.region), sha256)
+
+
+def split_store(cfg: NodeConfig, manifest: ShardManifest, split: str) -> Store:
+    assert cfg.data is not None
+    where = manifest.locations[split] if manifest.locations else cfg.data.url
+    return Store.from_url(where, cfg.data.endpoint_url, cfg.data.region)
+
+
+def stage_node(
+    cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[], None]
+) -> ShardManifest | None:
     """What this node reads of a packed data set, staged under `work`: its training share, and the
     eval shards where it evaluates. None when it reads no packed set (a ps never does)."""
     if cfg.training.dataset.format != "tfrecord" or cfg.data is None or cfg.role == "ps":
         return None
     starting()
     began = time.monotonic()
-    store = Store.from_url(cfg.data.url, cfg.data.endpoint_url, cfg.data.region)
-    pinned = read_manifest(store, cfg.training.dataset.sha256)
+    pinned = node_set(cfg, run)
     mine = node_shares(pinned.manifest, cfg.strategy, cfg.num_workers).get(cfg.name, NodeShare([], []))
-    train = stage(store, mine.train, work / TRAIN_DIR)
-    held = stage(store, mine.eval, work / EVAL_DIR)
+    train = stage(split_store(cfg, pinned.manifest, "train"), mine.train, work / TRAIN_DIR)
+    held = stage(split_store(cfg, pinned.manifest, "eval"), mine.eval, work / EVAL_DIR)
     total = sum(path.stat().st_size for path in train + held)
     print(
-        f"data: {pinned.manifest.source} (manifest {pinned.sha256[:12]}): {len(train)} train + "
-        f"{len(held)} eval shards, {size(total)}, staged in {time.monotonic() - began:.1f}s",
+        f"data: {pinned.manifest.source} ({pin_name(pinned.manifest)} {pinned.sha256[:12]}): "
+        f"{len(train)} train + {len(held)} eval shards, {size(total)}, "
+        f"staged in {time.monotonic() - began:.1f}s",
         flush=True,
     )
     return pinned.manifest

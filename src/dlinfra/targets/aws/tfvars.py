@@ -7,6 +7,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from dlinfra.runs.store import parse_s3_url
+from dlinfra.spec.dataset import is_listing
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared
@@ -56,14 +57,14 @@ def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None =
 
 def read_objects(spec: Spec) -> list[str]:
     """S3 objects outside the run prefix the nodes read ("bucket/key"): an s3:// data set; a packed
-    one is every object under its prefix (the manifest and the shards it names: no listing)."""
-    uri = spec.training.dataset.uri
-    if not uri or not uri.startswith("s3://"):
-        return []
-    bucket, key = parse_s3_url(uri)
-    if spec.training.dataset.format == "tfrecord":
-        return [f"{bucket}/{key}/*" if key else f"{bucket}/*"]
-    return [f"{bucket}/{key}"]
+    one is every object under its prefix (the manifest and the shards it names: no listing), and your
+    own files every object in the directories their globs match in (the run's listing names them)."""
+    ds = spec.training.dataset
+    uris = [uri for uri in (ds.uri, ds.eval_uri) if uri and uri.startswith("s3://")]
+    if ds.format != "tfrecord":
+        return [f"{bucket}/{key}" for bucket, key in map(parse_s3_url, uris)]
+    prefixes = [uri.rpartition("/")[0] if is_listing(uri) else uri for uri in uris]
+    return sorted({f"{bucket}/{key}/*" for bucket, key in map(parse_s3_url, prefixes)})
 
 
 def state_backend(spec: Spec, run_id: str) -> dict[str, Any] | None:

@@ -1,0 +1,127 @@
+"""training.dataset: where the examples come from, and how a record becomes an image and a label."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dlinfra.spec.grammar import http_url
+from dlinfra.spec.input import StrictModel, shown
+
+DATA_SCHEMES = ("file://", "s3://", "https://", "http://")
+GLOB_CHARS = ("*", "?", "[")
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+def is_listing(uri: str | None) -> bool:
+    """A glob over one directory's files (`s3://data/imagenet/train-*`), not a packed directory."""
+    return uri is not None and any(ch in uri.rsplit("/", 1)[-1] for ch in GLOB_CHARS)
+
+
+def _listing_problem(uri: str, field: str) -> str | None:
+    directory, _, pattern = uri.rpartition("/")
+    if any(ch in directory for ch in GLOB_CHARS):
+        return f"{field}: {shown(uri)} has a wildcard in a directory; only the file name may have one"
+    if not re.fullmatch(r"s3://[^/]+/.+|file://.+", directory):
+        return f"{field}: {shown(uri)} is not under an s3:// prefix or a file:// directory"
+    if pattern == "*" and directory.startswith("s3://") and "/" not in directory.removeprefix("s3://"):
+        return f"{field}: {shown(uri)} names a whole bucket; nodes read under a prefix only"
+    return None
+
+
+class FeaturesSpec(StrictModel):
+    """Your files' tf.train.Example keys, for the built-in model (a program of your own parses
+    `Shard.records()` itself)."""
+
+    image: str = Field("image", min_length=1, description="Key of the image bytes.")
+    label: str = Field("label", min_length=1, description="Key of the int64 class label (0 to classes-1).")
+    encoding: Literal["encoded", "raw"] = Field(
+        "encoded",
+        description="encoded: JPEG/PNG/GIF/BMP bytes; raw: uint8 pixels of training.dataset.shape.",
+    )
+
+
+class DatasetSpec(StrictModel):
+    format: Literal["digits", "cifar10", "synthetic", "tfrecord"] = Field(
+        "digits",
+        description="digits: scikit-learn's handwritten digits; cifar10: the python tarball; tfrecord: "
+        "TFRecord files of tf.train.Example records (shards `dlinfra data pack` wrote, or your own).",
+    )
+    uri: str | None = Field(
+        None,
+        description="cifar10: the tarball (file://, s3:// or https://); tfrecord: the packed directory "
+        "(file:// or s3://), where its manifest.json is, or a glob of your own files "
+        "(s3://data/imagenet/train-*).",
+    )
+    eval_uri: str | None = Field(
+        None,
+        description="tfrecord with a glob uri: the glob of the eval files (s3://data/imagenet/validation-*).",
+    )
+    features: FeaturesSpec = Field(
+        default_factory=FeaturesSpec,
+        description="tfrecord: the records' keys and image encoding, for the built-in model.",
+    )
+    sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Expected checksum of uri (tfrecord: of its manifest or file list; deploy pins it "
+        "when unset).",
+    )
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="Held-out share (digits, synthetic).")
+    shape: list[PositiveInt] = Field(
+        [8, 8, 1],
+        description="Example shape (synthetic); tfrecord: what images of differing sizes are resized "
+        "to, and the shape of your own files' images.",
+    )
+    classes: int = Field(10, ge=2, description="Number of classes (synthetic; tfrecord: your own files).")
+    size: PositiveInt = Field(2048, description="Number of examples (synthetic).")
+
+    @field_validator("uri", "eval_uri")
+    @classmethod
+    def _uri_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(DATA_SCHEMES):
+            raise ValueError(f"must start with one of {', '.join(DATA_SCHEMES)} (got {shown(v)})")
+        if v is not None and v.startswith("http"):
+            http_url(v)  # no credentials in a URL every node and log sees
+        return v
+
+    @model_validator(mode="after")
+    def _uri_needed(self) -> DatasetSpec:
+        if self.format == "cifar10" and not self.uri:
+            raise ValueError("format cifar10 needs 'uri' (the cifar-10-python.tar.gz location)")
+        if self.format == "tfrecord":
+            self._check_tfrecord()
+        elif self.eval_uri is not None:
+            raise ValueError("'eval_uri' is for format tfrecord with a glob uri; remove it")
+        if self.uri and self.uri.startswith("http://") and not self.sha256:
+            # the tarball is unpickled: bytes changed on an unencrypted path would run as code
+            raise ValueError("a plain-HTTP uri needs its sha256 (training.dataset.sha256), or use https://")
+        return self
+
+    def _check_tfrecord(self) -> None:
+        if not (self.uri and self.uri.startswith(("file://", "s3://"))):
+            raise ValueError(
+                "format tfrecord needs 'uri': the file:// or s3:// directory `dlinfra data pack` wrote, "
+                "or a glob of your own files (s3://data/imagenet/train-*)"
+            )
+        if is_listing(self.uri):
+            for field, uri in (("uri", self.uri), ("eval_uri", self.eval_uri)):
+                if uri is not None and (problem := _listing_problem(uri, field)):
+                    raise ValueError(problem)
+            if self.eval_uri is not None and not is_listing(self.eval_uri):
+                raise ValueError(
+                    f"eval_uri: {shown(self.eval_uri)} is no glob; name the eval files as uri names the "
+                    "train files, e.g. s3://data/imagenet/validation-*"
+                )
+            return
+        if self.eval_uri is not None:
+            raise ValueError(
+                "'eval_uri': a packed directory names its own eval shards (its manifest.json); remove it, "
+                "or give uri as a glob of your own files"
+            )
+        if not re.fullmatch(r"s3://[^/]+/.*[^/].*|file://.+", self.uri):
+            # nodes get read access to what is under the prefix: never a whole bucket
+            raise ValueError("format tfrecord: 'uri' needs a prefix under the bucket, e.g. s3://data/digits")
