@@ -73,8 +73,14 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
         "a packed directory names its own eval shards",
     ),
     (
+        "own-files-at-the-bucket-root",
+        "training:\n  dataset:\n    format: tfrecord\n    uri: s3://data/train-*\n",
+        [],
+        "Fix: keep the files under a prefix",
+    ),
+    (
         "own-files-eval-uri-no-glob",
-        "training:\n  dataset:\n    format: tfrecord\n    uri: s3://data/train-*\n    eval_uri: s3://data/val\n",
+        "training:\n  dataset:\n    format: tfrecord\n    uri: s3://data/in/train-*\n    eval_uri: s3://data/val\n",
         [],
         "eval_uri: 's3://data/val' is no glob",
     ),

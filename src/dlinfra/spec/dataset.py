@@ -24,11 +24,16 @@ def is_listing(uri: str | None) -> bool:
 def _listing_problem(uri: str, field: str) -> str | None:
     directory, _, pattern = uri.rpartition("/")
     if any(ch in directory for ch in GLOB_CHARS):
-        return f"{field}: {shown(uri)} has a wildcard in a directory; only the file name may have one"
+        return (
+            f"{field}: {shown(uri)} has a wildcard in a directory; only the file name may have one. "
+            "Fix: name one directory, e.g. s3://data/imagenet/train/train-*"
+        )
     if not re.fullmatch(r"s3://[^/]+/.+|file://.+", directory):
-        return f"{field}: {shown(uri)} is not under an s3:// prefix or a file:// directory"
-    if pattern == "*" and directory.startswith("s3://") and "/" not in directory.removeprefix("s3://"):
-        return f"{field}: {shown(uri)} names a whole bucket; nodes read under a prefix only"
+        # nodes get read access to the directory: never a whole bucket
+        return (
+            f"{field}: {shown(uri)} is not under an s3:// prefix or a file:// directory. "
+            "Fix: keep the files under a prefix, e.g. s3://data/imagenet/train-*"
+        )
     return None
 
 
@@ -95,7 +100,7 @@ class DatasetSpec(StrictModel):
         if self.format == "tfrecord":
             self._check_tfrecord()
         elif self.eval_uri is not None:
-            raise ValueError("'eval_uri' is for format tfrecord with a glob uri; remove it")
+            raise ValueError("'eval_uri' is for format tfrecord with a glob uri. Fix: remove it")
         if self.uri and self.uri.startswith("http://") and not self.sha256:
             # the tarball is unpickled: bytes changed on an unencrypted path would run as code
             raise ValueError("a plain-HTTP uri needs its sha256 (training.dataset.sha256), or use https://")
@@ -108,19 +113,19 @@ class DatasetSpec(StrictModel):
                 "or a glob of your own files (s3://data/imagenet/train-*)"
             )
         if is_listing(self.uri):
+            if self.eval_uri is not None and not is_listing(self.eval_uri):
+                raise ValueError(
+                    f"eval_uri: {shown(self.eval_uri)} is no glob. Fix: name the eval files as uri names "
+                    "the train files, e.g. s3://data/imagenet/validation-*"
+                )
             for field, uri in (("uri", self.uri), ("eval_uri", self.eval_uri)):
                 if uri is not None and (problem := _listing_problem(uri, field)):
                     raise ValueError(problem)
-            if self.eval_uri is not None and not is_listing(self.eval_uri):
-                raise ValueError(
-                    f"eval_uri: {shown(self.eval_uri)} is no glob; name the eval files as uri names the "
-                    "train files, e.g. s3://data/imagenet/validation-*"
-                )
             return
         if self.eval_uri is not None:
             raise ValueError(
-                "'eval_uri': a packed directory names its own eval shards (its manifest.json); remove it, "
-                "or give uri as a glob of your own files"
+                "'eval_uri': a packed directory names its own eval shards (its manifest.json). Fix: remove "
+                "it, or give uri as a glob of your own files"
             )
         if not re.fullmatch(r"s3://[^/]+/.*[^/].*|file://.+", self.uri):
             # nodes get read access to what is under the prefix: never a whole bucket
