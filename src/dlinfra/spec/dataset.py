@@ -22,7 +22,7 @@ def is_listing(uri: str | None) -> bool:
 
 
 def _listing_problem(uri: str, field: str) -> str | None:
-    directory, _, pattern = uri.rpartition("/")
+    directory = uri.rpartition("/")[0]
     if any(ch in directory for ch in GLOB_CHARS):
         return (
             f"{field}: {shown(uri)} has a wildcard in a directory; only the file name may have one. "
