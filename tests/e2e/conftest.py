@@ -19,7 +19,10 @@ from typing import Any
 import pytest
 
 from dlinfra.node.status import read_state, state_file
+from own_files import OWN_KEYS, write_own_digits
 from support import FAKE_CREDS, alive_node_pids, aws_client, run_cli
+
+OWN_TRAIN_FILES = 16
 
 
 @pytest.fixture(autouse=True)
@@ -190,6 +193,33 @@ def aws_emulation(endpoint: str, tf_cli_config: Path, home: Path, bucket: str) -
 
 def start_deploy(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Live:
     return Live(tmp, args, env)
+
+
+@pytest.fixture(scope="session")
+def s3_own_files(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A user's own TFRecord files (not packed by dlinfra: tests/own_files.py) in moto's S3, 16 train
+    files under s3://own-data/digits/train/ and 2 under …/validation/."""
+    s3 = aws_client(moto_endpoint, "s3")
+    s3.create_bucket(Bucket="own-data")
+    root = write_own_digits(tmp_path_factory.mktemp("own"), OWN_TRAIN_FILES)
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            s3.upload_file(str(path), "own-data", f"digits/{path.relative_to(root).as_posix()}")
+    return "s3://own-data/digits"
+
+
+def own_files_args(uri: str) -> list[str]:
+    """`--set`s that train the built-in model on them, by globs and their keys."""
+    own = {
+        "format": "tfrecord",
+        "uri": f"{uri}/train/train-*",
+        "eval_uri": f"{uri}/validation/validation-*",
+        "features.image": OWN_KEYS["image"],
+        "features.label": OWN_KEYS["label"],
+        "shape": "[8,8,1]",
+        "classes": "10",
+    }
+    return [arg for key, value in own.items() for arg in ("--set", f"training.dataset.{key}={value}")]
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from dlinfra.spec.catalog import catalog
-from e2e.conftest import aws_emulation, start_deploy
+from e2e.conftest import aws_emulation, own_files_args, start_deploy
 from support import FAKE_CREDS, alive_node_pids, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
@@ -43,8 +43,9 @@ def aws_env(
 
 
 @pytest.fixture(scope="module")
-def kept_run(aws_env: dict[str, Any]) -> dict[str, Any]:
-    """`deploy --target aws --workers 3 --yes --emulate-instances --keep`: trained, stack still up."""
+def kept_run(aws_env: dict[str, Any], s3_own_files: str) -> dict[str, Any]:
+    """`deploy --target aws --workers 3 --yes --emulate-instances --keep`: trained on a user's own
+    TFRecord files in S3 (globs), stack still up."""
     result = run_cli(
         "deploy",
         "--target",
@@ -54,6 +55,7 @@ def kept_run(aws_env: dict[str, Any]) -> dict[str, Any]:
         "--yes",
         "--emulate-instances",
         "--keep",
+        *own_files_args(s3_own_files),
         *aws_env["args"],
         env=aws_env["env"],
         cwd=aws_env["cwd"],
@@ -144,9 +146,17 @@ def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(
     s3 = _client(aws_env["endpoint"], "s3")
     prefix = f"runs/{run_id}/"
     metrics = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "metrics.json")["Body"].read())
-    assert metrics["eval_accuracy"] >= 0.90
+    assert metrics["eval_accuracy"] >= 0.85
     s3.head_object(Bucket=BUCKET, Key=prefix + "model/saved_model/saved_model.pb")
     assert alive_node_pids(run_id) == []
+    # the user's own files: listed, the listing stored with the run, each worker staging its share
+    sha256 = json.loads((run_dir / "manifest.json").read_text())["dataset"]["sha256"]
+    s3.head_object(Bucket=BUCKET, Key=prefix + f"code/data-{sha256}.json")
+    assert f"(listing {sha256[:12]}), 16 train + 2 eval shards; a node stages up to" in result.stdout
+    tfvars = json.loads((run_dir / "tfvars.json").read_text())
+    assert tfvars["read_objects"] == ["own-data/digits/train/*", "own-data/digits/validation/*"]
+    log = s3.get_object(Bucket=BUCKET, Key=prefix + "logs/worker-2.log")["Body"].read().decode()
+    assert re.search(r"data: s3://own-data/digits/train/train-\* \(listing [0-9a-f]{12}\): 5 train \+ 0", log)
 
 
 def test_no_credential_reaches_tfvars_user_data_plan_outputs_logs_or_store(
@@ -286,33 +296,34 @@ def test_state_bucket_puts_each_runs_state_under_its_own_key_with_a_lockfile(aws
 
 
 def test_terminated_instance_is_replaced_by_reapply_and_the_run_completes(aws_env: dict[str, Any]) -> None:
-    """A spot reclaim, emulated: moto terminates worker-1's instance mid-run; the watcher re-applies
+    """A spot reclaim, emulated: moto terminates the worker's instance mid-run; the watcher re-applies
     the run's tfvars, a new instance boots at the same private IP from the same user-data, rejoins,
     and the run finishes. Only that instance is replaced."""
     here = aws_env["home"] / "healing"
     here.mkdir()
-    # Enough steps that the replacement (a terraform apply, then a process importing TensorFlow) rejoins
-    # before the run ends under a loaded CI: at 3000 the run twice ended first, worker-0 alone (the
-    # status then was the watcher's "replacing", restarts 0).
-    args = ("--target", "aws", "--workers", "2", "--steps", "8000", "--yes", "--emulate-instances")
+    # One worker: the run cannot end before its replacement trains (the chief's calls wait for a
+    # worker), so no step count has to outlast the heal on a loaded machine. With two workers the
+    # other one finished 3000 steps alone before the replacement rejoined, twice.
+    steps = 2000  # enough that the kill lands mid-run: the heal itself need not fit in them
+    args = ("--target", "aws", "--workers", "1", "--steps", str(steps), "--yes", "--emulate-instances")
     live = start_deploy(here, *args, *aws_env["args"], env=aws_env["env"])
     ec2 = _client(aws_env["endpoint"], "ec2")
-    live.wait_for_step("chief-0", 300)
+    live.wait_for_step("chief-0", 200)
     before = json.loads((live.run_dir / "manifest.json").read_text())["instances"]
-    old = ec2.describe_instances(InstanceIds=[before["worker-1"]])["Reservations"][0]["Instances"][0]
-    ec2.terminate_instances(InstanceIds=[before["worker-1"]])
+    old = ec2.describe_instances(InstanceIds=[before["worker-0"]])["Reservations"][0]["Instances"][0]
+    ec2.terminate_instances(InstanceIds=[before["worker-0"]])
     _release_private_ip_as_aws_does(old)
     terminated_at = time.time()
     done = live.finish(timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     manifest = json.loads((live.run_dir / "manifest.json").read_text())
-    assert [h["node"] for h in manifest["heals"]] == ["worker-1"]
+    assert [h["node"] for h in manifest["heals"]] == ["worker-0"]
     after = manifest["instances"]
-    assert after["worker-1"] != before["worker-1"]
-    assert {k: v for k, v in after.items() if k != "worker-1"} == {
-        k: v for k, v in before.items() if k != "worker-1"
+    assert after["worker-0"] != before["worker-0"]
+    assert {k: v for k, v in after.items() if k != "worker-0"} == {
+        k: v for k, v in before.items() if k != "worker-0"
     }, "only the vanished instance is replaced"
-    new = ec2.describe_instances(InstanceIds=[after["worker-1"]])["Reservations"][0]["Instances"][0]
+    new = ec2.describe_instances(InstanceIds=[after["worker-0"]])["Reservations"][0]["Instances"][0]
     assert new["PrivateIpAddress"] == old["PrivateIpAddress"]
     user_data = [
         ec2.describe_instance_attribute(InstanceId=i, Attribute="userData")["UserData"]["Value"]
@@ -321,18 +332,18 @@ def test_terminated_instance_is_replaced_by_reapply_and_the_run_completes(aws_en
     assert user_data[0] == user_data[1]
     s3 = _client(aws_env["endpoint"], "s3")
     prefix = f"runs/{live.run_dir.name}/"
-    status = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "status/worker-1.json")["Body"].read())
+    status = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "status/worker-0.json")["Body"].read())
     # once seen 0 under load, not reproduced alone: the status and the log say which life wrote it
     log = (
-        s3.get_object(Bucket=BUCKET, Key=prefix + "logs/worker-1.log")["Body"].read().decode(errors="replace")
+        s3.get_object(Bucket=BUCKET, Key=prefix + "logs/worker-0.log")["Body"].read().decode(errors="replace")
     )
     assert status["state"] != "replacing", (
         f"the run ended before the replacement rejoined:\n{done.stdout[-3000:]}"
     )
     assert status["restarts"] == 1, f"{status}\n{log[-4000:]}\n{done.stdout[-3000:]}"
     metrics = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "metrics.json")["Body"].read())
-    assert metrics["steps"] == 8000
-    assert any("worker-1: replaced by" in line for line in done.stdout.splitlines()), done.stdout
+    assert metrics["steps"] == steps
+    assert any("worker-0: replaced by" in line for line in done.stdout.splitlines()), done.stdout
     healed_at = datetime.fromisoformat(manifest["heals"][0]["time"]).timestamp()
     print(
         "\nFAULT instance terminated: "

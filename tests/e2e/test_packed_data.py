@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from dlinfra.training import shards
-from own_files import OWN_KEYS, write_own_digits
-from support import FAKE_CREDS, run_cli, s3_client
+from support import FAKE_CREDS, run_cli
 
-from .conftest import Deployed, deploy, kill_at, start_deploy
+from .conftest import Deployed, deploy, kill_at, own_files_args, start_deploy
 from .script_projects import user_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -96,33 +95,12 @@ def _project(tmp: Path, strategy: str, uri: str, steps: int) -> Path:
     return spec
 
 
-@pytest.fixture(scope="module")
-def s3_own_files(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A user's own TFRecord files (not packed by dlinfra) in moto's S3: s3://own-data/digits/…"""
-    s3 = s3_client(moto_endpoint)
-    s3.create_bucket(Bucket="own-data")
-    root = write_own_digits(tmp_path_factory.mktemp("own"), TRAIN_SHARDS)
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            s3.upload_file(str(path), "own-data", f"digits/{path.relative_to(root).as_posix()}")
-    return "s3://own-data/digits"
-
-
 def test_parameter_servers_train_the_built_in_model_on_your_own_files_in_s3(
     tmp_path: Path, s3_own_files: str, moto_endpoint: str
 ) -> None:
     """Your TFRecords, by globs and your keys, no user code: each worker stages its own share of the
     files the run listed (and stored with the run) from moto's S3."""
-    own = {
-        "format": "tfrecord",
-        "uri": f"{s3_own_files}/train/train-*",
-        "eval_uri": f"{s3_own_files}/validation/validation-*",
-        "features.image": OWN_KEYS["image"],
-        "features.label": OWN_KEYS["label"],
-        "shape": "[8,8,1]",
-        "classes": "10",
-    }
-    sets = [arg for key, value in own.items() for arg in ("--set", f"training.dataset.{key}={value}")]
+    sets = own_files_args(s3_own_files)
     endpoint = ("--set", f"storage.endpoint_url={moto_endpoint}")
     run = deploy(tmp_path, "--workers", "3", *sets, *endpoint, "--set", "training.steps=600", env=FAKE_CREDS)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
@@ -139,7 +117,10 @@ def test_parameter_servers_train_the_built_in_model_on_your_own_files_in_s3(
     ]
     assert sorted(name for names in staged for name in names) == sorted(listed), "each file on one worker"
     assert staged[1] == listed[1::3]
-    assert f"data: {own['uri']} (listing {pin['sha256'][:12]}), 16 train + 2 eval shards" in run.result.stdout
+    assert (
+        f"data: {s3_own_files}/train/train-* (listing {pin['sha256'][:12]}), 16 train + 2 eval shards"
+        in run.result.stdout
+    )
     assert "1 train + 2 eval shards" in _log(run, "chief-0")
 
 
