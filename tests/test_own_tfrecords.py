@@ -204,3 +204,48 @@ def test_a_glob_in_moto_s3_lists_one_directory_and_nodes_may_read_only_there(
         Bucket="own-data", Prefix="imagenet/train/train-")["Contents"]}  # fmt: skip
     assert {s["name"]: s["etag"] for s in train} == etags
     assert read_objects(spec) == ["own-data/imagenet/train/*", "own-data/imagenet/validation/*"]
+
+
+def test_files_of_any_format_are_staged_by_name_for_the_users_own_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """format files: CSV parts (and a JSON one: the glob decides, not the suffix) staged under their
+    own names, found by the pattern a program's Shard and a script's $DLINFRA_TRAIN_FILES give."""
+    from dlinfra.node.script import TRAIN_FILES, staged_files
+    from dlinfra.training.loop import input_shard
+
+    monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "home"))
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for p in range(4):
+        (parts / f"part-{p}.csv").write_text("".join(f"{p * 100 + i},{i % 2}\n" for i in range(5)))
+    (parts / "part-4.json").write_text('{"id": 404}\n')
+    uri = f"file://{parts}/part-*"
+    bare = Spec.model_validate({"training": {"dataset": {"format": "files", "uri": uri}}})
+    with pytest.raises(SpecError, match=r"training\.dataset\.format: files are read by a program or script"):
+        pinned_shards(bare, own_disks=False)
+    given = Spec.model_validate(
+        {"training": {"command": ["python", "train.py"], "dataset": {"format": "files", "uri": uri}}}
+    )
+    spec, note, listing = pinned_shards(given, own_disks=False)
+    assert listing is not None and "5 train + 0 eval shards" in (note or "")
+    sha256 = spec.training.dataset.sha256
+    assert sha256 is not None
+    results = tmp_path / "results"
+    RunStore(Store.from_url(f"file://{results}")).put_data_listing(sha256, listing)
+    cfg = _node(spec, "worker", 1, results)
+    work = tmp_path / "worker-1"
+    staging.stage_node(cfg, RunStore.open(cfg.store), work, lambda: None)
+    assert sorted(p.name for p in (work / "shards" / "train").iterdir()) == ["part-1.csv", "part-4.json"]
+
+    monkeypatch.chdir(work)  # the trainer's working directory
+    shard = input_shard(cfg, 0, 1)
+    assert [p.name for p in shard.files] == ["part-1.csv", "part-4.json"]
+    lines = tf.data.Dataset.list_files(shard.pattern, shuffle=False).flat_map(tf.data.TextLineDataset)
+    expected = [f"10{i},{i % 2}" for i in range(5)] + ['{"id": 404}']
+    assert [line.decode() for line in lines.as_numpy_iterator()] == expected
+    code = work / "code"
+    code.mkdir()
+    pattern = staged_files(cfg, work, code)[TRAIN_FILES]
+    assert pattern == "../shards/train/*"
+    assert sorted(p.name for p in code.glob(pattern)) == ["part-1.csv", "part-4.json"]

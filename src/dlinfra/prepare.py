@@ -265,18 +265,19 @@ def _absolute(uri: str, field: str, fmt: str, base: Path) -> str:
         uri[len("file://") :].rpartition("/") if listing else (uri[len("file://") :], "", "")
     )
     local = (base / relative).resolve()
-    if not (local.is_dir() if fmt == "tfrecord" else local.is_file()):
+    staged = fmt in ("tfrecord", "files")
+    if not (local.is_dir() if staged else local.is_file()):
         what = (
             "directory of your files"
             if listing
             else "directory `dlinfra data pack` wrote"
-            if fmt == "tfrecord"
+            if staged
             else "data file"
         )
         raise SpecError(
             [
                 f"training.dataset.{field}: {uri} is relative to the experiment file's directory ({base}), "
-                f"and {local} is not a {'directory' if fmt == 'tfrecord' else 'file'}. Fix: point it at the "
+                f"and {local} is not a {'directory' if staged else 'file'}. Fix: point it at the "
                 f"{what}, relative to {base} or absolute (file:///path/to/data)"
             ]
         )
@@ -297,7 +298,7 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
     each node stages on its instance's root volume, aws.root_volume_gb, else all share this
     machine's disk), and a listing's bytes, which the run stores for its nodes."""
     ds = spec.training.dataset
-    if ds.format != "tfrecord" or ds.uri is None:
+    if not ds.staged or ds.uri is None:
         return spec, None, None
     where = StoreConfig.for_run(spec, ds.uri)
     listing = None
@@ -366,8 +367,8 @@ def dataset_pin(spec: Spec) -> dict[str, Any]:
         pin["source"] = f"scikit-learn {package_version('scikit-learn')}"
     elif ds.format == "synthetic":
         pin["source"] = f"generated from training.seed {spec.training.seed}"
-    elif ds.format == "tfrecord":
-        pin["source"] = "the shard manifest's sha256 (it names each shard's)"
+    elif ds.staged:
+        pin["source"] = "the sha256 of the shard manifest or of the run's listing (it names each file's)"
     elif ds.sha256 is None and ds.uri and ds.uri.startswith("file://"):
         local = Path(ds.uri[len("file://") :])
         if local.is_file():

@@ -282,10 +282,11 @@ def staged_files(cfg: NodeConfig, work: Path, code: Path) -> dict[str, str]:
     """A packed data set's staged shards (see training.staging) as glob patterns relative to the
     command's working directory, its code: under parameter servers the chief's coordinator hands its
     one pattern to every worker, and each worker must find its own share by it."""
-    if cfg.training.dataset.format != "tfrecord":
+    if not cfg.training.dataset.staged:
         return {}
     up = Path(os.path.relpath(work, code))
-    return {TRAIN_FILES: str(up / staging.TRAIN_PATTERN), EVAL_FILES: str(up / staging.EVAL_PATTERN)}
+    train, held = staging.patterns(cfg.training.dataset.format)
+    return {TRAIN_FILES: str(up / train), EVAL_FILES: str(up / held)}
 
 
 def script_environ(variables: dict[str, str]) -> dict[str, str]:

@@ -28,7 +28,7 @@ def build_node_configs(
     heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
     hardware = cluster_hardware(spec, typed)
     dataset = spec.training.dataset
-    data = StoreConfig.for_run(spec, dataset.uri) if dataset.format == "tfrecord" and dataset.uri else None
+    data = StoreConfig.for_run(spec, dataset.uri) if dataset.staged and dataset.uri else None
     shapes = spec.roles()
     # Nodes that share a machine (local processes) take consecutive slices of its GPUs.
     gpu_offset: dict[str, int] = {}

@@ -50,10 +50,11 @@ class FeaturesSpec(StrictModel):
 
 
 class DatasetSpec(StrictModel):
-    format: Literal["digits", "cifar10", "synthetic", "tfrecord"] = Field(
+    format: Literal["digits", "cifar10", "synthetic", "tfrecord", "files"] = Field(
         "digits",
         description="digits: scikit-learn's handwritten digits; cifar10: the python tarball; tfrecord: "
-        "TFRecord files of tf.train.Example records (shards `dlinfra data pack` wrote, or your own).",
+        "TFRecord files of tf.train.Example records (shards `dlinfra data pack` wrote, or your own); "
+        "files: your own files of any format, staged like shards, read by your program or script.",
     )
     uri: str | None = Field(
         None,
@@ -93,11 +94,20 @@ class DatasetSpec(StrictModel):
             http_url(v)  # no credentials in a URL every node and log sees
         return v
 
+    @property
+    def staged(self) -> bool:
+        """Files each node copies to its disk before training (see training.staging)."""
+        return self.format in ("tfrecord", "files")
+
     @model_validator(mode="after")
     def _uri_needed(self) -> DatasetSpec:
         if self.format == "cifar10" and not self.uri:
             raise ValueError("format cifar10 needs 'uri' (the cifar-10-python.tar.gz location)")
-        if self.format == "tfrecord":
+        if self.format == "files" and not is_listing(self.uri):
+            raise ValueError(
+                "format files needs 'uri' as a glob of your files, e.g. s3://data/logs/part-*.csv"
+            )
+        if self.staged:
             self._check_tfrecord()
         elif self.eval_uri is not None:
             raise ValueError("'eval_uri' is for format tfrecord with a glob uri. Fix: remove it")

@@ -24,13 +24,16 @@ class ListingError(DlinfraError):
     """A glob that lists no usable files; the message says what to change."""
 
 
-def split_files(uri: str, field: str, endpoint_url: str | None, region: str | None) -> list[ShardFile]:
+def split_files(
+    uri: str, field: str, endpoint_url: str | None, region: str | None, records: bool
+) -> list[ShardFile]:
+    """`records`: TFRecord files, never a JSON file (a packed set's manifest) that `*` would match."""
     directory, _, pattern = uri.rpartition("/")
     store = Store.from_url(directory, endpoint_url, region)
     found = [
         ShardFile(name=f.name, records=None, bytes=f.bytes, sha256=None, etag=f.etag)
         for f in store.files()
-        if fnmatchcase(f.name, pattern) and not f.name.endswith(".json")
+        if fnmatchcase(f.name, pattern) and not (records and f.name.endswith(".json"))
     ]
     if not found:
         raise ListingError(
@@ -45,11 +48,13 @@ def listed_manifest(ds: DatasetSpec, endpoint_url: str | None, region: str | Non
     assert ds.uri is not None
     splits, locations = {}, {}
     for split, field, uri in (("train", "uri", ds.uri), ("eval", "eval_uri", ds.eval_uri)):
-        files = split_files(uri, field, endpoint_url, region) if uri else []
+        files = split_files(uri, field, endpoint_url, region, ds.format == "tfrecord") if uri else []
         splits[split] = Split(shards=files, records=None)
-        locations[split] = uri.rpartition("/")[0] if uri else ""
+        # no eval_uri: no eval files, and the train files' directory stands as their location
+        locations[split] = (uri or ds.uri).rpartition("/")[0]
     encoding = "raw" if ds.features.encoding == "raw" else "as-is"
     return ShardManifest(
+        format="files" if ds.format == "files" else "tfrecord",
         source=ds.uri,
         encoding=encoding,
         # your own files: the shape and classes the spec gives (its defaults, unless set)

@@ -322,8 +322,8 @@ def set_up(program: Program, strategy: Any, cfg: NodeConfig) -> Objective:
 def input_shard(cfg: NodeConfig, index: int, count: int) -> Shard:
     """What one input pipeline reads. A packed data set's node has staged its own share, so its
     files are the whole of its part (see training.staging)."""
-    if cfg.training.dataset.format == "tfrecord":
-        return Shard(0, 1, staging.TRAIN_PATTERN)
+    if cfg.training.dataset.staged:
+        return Shard(0, 1, staging.patterns(cfg.training.dataset.format)[0])
     return Shard(index, count)
 
 

@@ -37,8 +37,10 @@ READ_PARALLEL = 4  # files one input pipeline reads at once
 @dataclass(frozen=True)
 class Shard:
     """Which part of the training data one input pipeline reads: examples i with i % count == index.
-    With a packed data set (training.dataset.format: tfrecord) the node's staged files are already
-    its part (index 0 of 1): `records()` reads them, `files` lists them."""
+    With staged files (training.dataset.format: tfrecord or files) the node's staged files are
+    already its part (index 0 of 1): `records()` reads TFRecords, `files` lists them, and `pattern`
+    names them for a reader of your own (`tf.data.Dataset.list_files(shard.pattern)`, then e.g.
+    `tf.data.TextLineDataset`), which also runs on parameter-server workers."""
 
     index: int
     count: int

@@ -58,7 +58,7 @@ class ShardManifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    format: Literal["tfrecord"] = "tfrecord"
+    format: Literal["tfrecord", "files"] = "tfrecord"  # files: your own, of any format (listed)
     source: str
     encoding: str  # png | jpeg (as packed) | as-is (an image directory's files, unchanged)
     shape: list[int] | None  # every image's (height, width, channels), when they share one

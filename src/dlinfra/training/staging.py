@@ -34,6 +34,9 @@ TRAIN_DIR = Path("shards/train")
 EVAL_DIR = Path("shards/eval")
 TRAIN_PATTERN = f"{TRAIN_DIR}/*.tfrecord"
 EVAL_PATTERN = f"{EVAL_DIR}/*.tfrecord"
+# format files: your own files keep their names (staging ends before training starts, and removes
+# what a killed fetch left, so the directory then holds nothing else)
+FILES_PATTERNS = (f"{TRAIN_DIR}/*", f"{EVAL_DIR}/*")
 PARALLEL_OBJECTS = 8  # objects in flight at once; each big one is also split into ranged parts
 GIB = 2**30
 
@@ -83,7 +86,13 @@ def fit_problems(manifest: ShardManifest, workers: int, given: set[str], builtin
             f"training.dataset.uri: {shards} train shards for {workers} workers, and each worker reads "
             f"whole shards of its own. Fix: {more} (10 per worker keeps them even), or deploy fewer workers"
         )
-    if listed and builtin:
+    if manifest.format == "files" and builtin:
+        problems.append(
+            "training.dataset.format: files are read by a program or script of yours (the built-in "
+            "model reads TFRecords). Fix: set training.entrypoint or training.command, or pack images "
+            "into shards (`dlinfra data pack`)"
+        )
+    elif listed and builtin:
         if not manifest.splits["eval"].shards:
             problems.append(
                 "training.dataset.eval_uri: the built-in model evaluates on files of their own. Fix: set "
@@ -174,9 +183,17 @@ def room_problem(
     return None
 
 
-def local_name(shard: ShardFile) -> str:
-    """Your own files may be named `train-00001-of-01024`: staged under a name the patterns match."""
-    return shard.name if shard.name.endswith(".tfrecord") else f"{shard.name}.tfrecord"
+def patterns(fmt: str) -> tuple[str, str]:
+    """The staged train and eval files, relative to the node's work directory."""
+    return FILES_PATTERNS if fmt == "files" else (TRAIN_PATTERN, EVAL_PATTERN)
+
+
+def local_name(shard: ShardFile, fmt: str) -> str:
+    """Your own TFRecords may be named `train-00001-of-01024`: staged under a name the patterns
+    match. Files of any other format keep their names."""
+    if fmt == "files" or shard.name.endswith(".tfrecord"):
+        return shard.name
+    return f"{shard.name}.tfrecord"
 
 
 def _mismatch(path: Path, shard: ShardFile) -> str | None:
@@ -191,17 +208,18 @@ def _mismatch(path: Path, shard: ShardFile) -> str | None:
     return None if size == shard.bytes else f"has {size} bytes, {shard.bytes} when the run listed it"
 
 
-def stage(store: Store, shards: list[ShardFile], into: Path) -> list[Path]:
+def stage(store: Store, shards: list[ShardFile], into: Path, fmt: str = "tfrecord") -> list[Path]:
     """Each shard at `into`, checked against the run's pin: fetched several at a time, and kept from
     an earlier life of the node when it still matches (a restart fetches nothing)."""
     into.mkdir(parents=True, exist_ok=True)
-    wanted = {local_name(s) for s in shards}
-    for stale in into.glob("*.tfrecord"):  # another run's, or a share that changed with the cluster
-        if stale.name not in wanted:
+    wanted = {local_name(s, fmt) for s in shards}
+    # another run's, a share that changed with the cluster, or a fetch a kill cut short
+    for stale in into.iterdir():
+        if stale.is_file() and stale.name not in wanted:
             stale.unlink()
 
     def fetch(shard: ShardFile) -> Path:
-        path = into / local_name(shard)
+        path = into / local_name(shard, fmt)
         # files land by rename, so a staged one is whole
         if path.is_file() and path.stat().st_size == shard.bytes and _mismatch(path, shard) is None:
             return path
@@ -245,14 +263,15 @@ def stage_node(
 ) -> ShardManifest | None:
     """What this node reads of a packed data set, staged under `work`: its training share, and the
     eval shards where it evaluates. None when it reads no packed set (a ps never does)."""
-    if cfg.training.dataset.format != "tfrecord" or cfg.data is None or cfg.role == "ps":
+    if not cfg.training.dataset.staged or cfg.data is None or cfg.role == "ps":
         return None
     starting()
     began = time.monotonic()
     pinned = node_set(cfg, run)
     mine = node_shares(pinned.manifest, cfg.strategy, cfg.num_workers).get(cfg.name, NodeShare([], []))
-    train = stage(split_store(cfg, pinned.manifest, "train"), mine.train, work / TRAIN_DIR)
-    held = stage(split_store(cfg, pinned.manifest, "eval"), mine.eval, work / EVAL_DIR)
+    fmt = pinned.manifest.format
+    train = stage(split_store(cfg, pinned.manifest, "train"), mine.train, work / TRAIN_DIR, fmt)
+    held = stage(split_store(cfg, pinned.manifest, "eval"), mine.eval, work / EVAL_DIR, fmt)
     total = sum(path.stat().st_size for path in train + held)
     print(
         f"data: {pinned.manifest.source} ({pin_name(pinned.manifest)} {pinned.sha256[:12]}): "

@@ -61,7 +61,7 @@ def read_objects(spec: Spec) -> list[str]:
     own files every object in the directories their globs match in (the run's listing names them)."""
     ds = spec.training.dataset
     uris = [uri for uri in (ds.uri, ds.eval_uri) if uri and uri.startswith("s3://")]
-    if ds.format != "tfrecord":
+    if not ds.staged:
         return [f"{bucket}/{key}" for bucket, key in map(parse_s3_url, uris)]
     prefixes = [uri.rpartition("/")[0] if is_listing(uri) else uri for uri in uris]
     return sorted({f"{bucket}/{key}/*" for bucket, key in map(parse_s3_url, prefixes)})
