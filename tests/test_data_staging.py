@@ -4,6 +4,7 @@ the manifest the run pinned, and the built-in program parses them into the sourc
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -180,10 +181,27 @@ def test_every_node_share_and_the_room_it_needs(packed: tuple[Path, shards.Shard
     }
     huge = staging.node_shares(manifest.model_copy(update={"splits": big}), "multi_worker_mirrored", 2)
     assert huge["worker-0"].bytes == (4 + 2) * 40 * staging.GIB  # 4 train shards and the 2 eval ones
-    refused = staging.room_problem(huge, 200, None)
-    assert refused is not None and refused.startswith("aws.root_volume_gb: worker-0 stages 240.0 GiB")
-    assert "raise it above 240 GiB" in refused
-    assert staging.room_problem(huge, 250, None) is None
+
+    def root(gib: int) -> dict[str, staging.NodeDisk]:
+        return {
+            n: staging.NodeDisk(gib * staging.GIB, f"its root volume of {gib} GiB", "aws.root_volume_gb")
+            for n in huge
+        }
+
+    refused = staging.room_problem(huge, root(200), None)
+    assert refused is not None and refused.startswith(
+        "aws.root_volume_gb: worker-0 stages 240.0 GiB of shards on its root volume of 200 GiB. "
+        "Fix: raise it above 240 GiB"
+    )
+    assert staging.room_problem(huge, root(250), None) is None
+    store = staging.NodeDisk(
+        250 * 10**9, "g5.xlarge's 250 GB NVMe instance store", "cluster.workers.instance_type"
+    )
+    refused = staging.room_problem(huge, root(250) | {"worker-0": store}, None)
+    assert refused is not None and refused.startswith(
+        "cluster.workers.instance_type: worker-0 stages 240.0 GiB of shards on g5.xlarge's 250 GB NVMe "
+        "instance store. Fix: choose a type whose instance store holds 240 GiB"
+    )
     local = staging.room_problem(huge, None, ("/home/me/.dlinfra", 100 * staging.GIB))
     assert local is not None and local.startswith("training.dataset.uri: the nodes stage 400.0 GiB")
     assert "100.0 GiB free" in local and staging.room_problem(huge, None, ("/x", 401 * staging.GIB)) is None
@@ -209,7 +227,9 @@ def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_sma
     pinned, note, listing = pinned_shards(spec("aws", f"file://{root}", **g5), own_disks=True)
     assert pinned.training.dataset.sha256 is not None and note is not None and listing is None
     assert note.startswith("data: digits (manifest ") and "8 train + 2 eval shards" in note
-    assert "on its root volume of 100 GiB; g5.xlarge's 250 GB NVMe instance store is not used yet" in note
+    assert re.search(
+        r"a node stages up to [\d.]+ MiB \(worker-\d\) on g5.xlarge's 250 GB NVMe instance store$", note
+    )
     _, local, _ = pinned_shards(spec("local", f"file://{root}"), own_disks=False)
     assert local is not None and f"under {tmp_path / 'home'} (" in local and "GiB free)" in local
 
@@ -223,6 +243,14 @@ def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_sma
     (tmp_path / "big" / "manifest.json").write_text(json.dumps(big))
     with pytest.raises(SpecError) as refused:
         pinned_shards(spec("aws", f"file://{tmp_path / 'big'}", **g5), own_disks=True)
-    assert "aws.root_volume_gb: worker-0 stages 240.0 GiB of shards on a root volume of 100 GiB" in str(
+    # the chief (m5.xlarge: EBS only) stages one train shard and the two eval ones on its root volume
+    assert "aws.root_volume_gb: chief-0 stages 180.0 GiB of shards on its root volume of 100 GiB" in str(
         refused.value
+    )
+    roomy = {"cluster": {"chief": {"instance_type": "g5.8xlarge"}, **g5["cluster"]}}
+    with pytest.raises(SpecError) as refused:
+        pinned_shards(spec("aws", f"file://{tmp_path / 'big'}", **roomy), own_disks=True)
+    assert (
+        "cluster.workers.instance_type: worker-0 stages 240.0 GiB of shards on g5.xlarge's 250 GB NVMe "
+        "instance store" in str(refused.value)
     )

@@ -333,14 +333,10 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
         f"{len(splits['train'].shards)} train + {len(splits['eval'].shards)} eval shards; "
     )
     if own_disks:
-        problem = staging.room_problem(shares, spec.aws.root_volume_gb, None)
-        volume = spec.aws.root_volume_gb
+        disks = {node: node_disk(spec, node) for node in shares}
+        problem = staging.room_problem(shares, disks, None)
         node, most = staging.largest(shares)
-        note += f"a node stages up to {staging.size(most)} ({node}) on its root volume of {volume} GiB"
-        kinds = {shape.instance_type for role, shape in spec.roles().items() if role != "ps"}
-        stores = [k for k in map(catalog().get, sorted(kinds)) if k and k.instance_store_gb]
-        for kind in stores:
-            note += f"; {kind.name}'s {kind.instance_store_text()} is not used yet"
+        note += f"a node stages up to {staging.size(most)} ({node}) on {disks[node].where}"
     else:
         free = shutil.disk_usage(_existing(home())).free
         problem = staging.room_problem(shares, None, (str(home()), free))
@@ -349,6 +345,21 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
     if problem:
         raise SpecError([problem])
     return _with_dataset(spec, sha256=pinned.sha256), note, listing
+
+
+def node_disk(spec: Spec, node: str) -> staging.NodeDisk:
+    """The disk an instance stages data on: its type's NVMe instance store (the first disk of it),
+    else its root volume (see node.instance_store)."""
+    role = node.rsplit("-", 1)[0]
+    kind = catalog().get(spec.roles()[role].instance_type)
+    if kind is None or not kind.instance_store_gb:
+        gib = spec.aws.root_volume_gb
+        return staging.NodeDisk(gib * staging.GIB, f"its root volume of {gib} GiB", "aws.root_volume_gb")
+    disks = kind.instance_store_disks or 1
+    first = f"the first of {kind.name}'s {kind.instance_store_text()}s" if disks > 1 else None
+    where = first or f"{kind.name}'s {kind.instance_store_text()}"
+    field = "cluster.chief.instance_type" if role == "chief" else "cluster.workers.instance_type"
+    return staging.NodeDisk(kind.instance_store_gb // disks * 10**9, where, field)
 
 
 def _existing(path: Path) -> Path:

@@ -463,9 +463,10 @@ def test_detached_aws_run_ends_alone_and_destroy_ended_removes_what_is_left(aws_
 
 
 def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_parameter_resolved_then(
-    aws_env: dict[str, Any],
+    aws_env: dict[str, Any], s3_own_files: str
 ) -> None:
-    """A 172.20.0.0/16 VPC (the NAT subnet derived clear of the cluster's) deploys end to end, and the
+    """A 172.20.0.0/16 VPC (the NAT subnet derived clear of the cluster's) deploys end to end, its
+    two mirrored workers training on a user's own TFRecord files in S3, and the
     base AMI comes from an SSM parameter. The parameter stands in for AWS's public Deep Learning AMI
     parameter, which cannot exist in moto (its /aws/ names are reserved). When it moves on to a newer
     image, a rerun still boots the original one; once that image is gone, the rerun is refused."""
@@ -483,15 +484,20 @@ def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_paramete
     del args[at - 1 : at + 1]  # the AMI comes from the parameter instead
     network = ["aws.vpc_cidr=172.20.0.0/16", "aws.subnet_cidr=172.20.8.0/24"]
     network.append(f"aws.ami_ssm_parameter={parameter}")
-    sets = [x for s in [*network, "training.steps=40"] for x in ("--set", s)]
+    sets = [x for s in [*network, "training.steps=200"] for x in ("--set", s)]
+    mirrored = ("--strategy", "multi_worker_mirrored", *own_files_args(s3_own_files))
     result = run_cli(
-        "deploy", "--target", "aws", "--workers", "2", "--yes", "--emulate-instances", *args, *sets,
-        env=env, cwd=aws_env["cwd"], timeout=900,
+        "deploy", "--target", "aws", "--workers", "2", "--yes", "--emulate-instances", *mirrored, *args,
+        *sets, env=env, cwd=aws_env["cwd"], timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     [run_dir] = (home / "runs").iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "DONE" and manifest["destroyed"]
+    s3 = _client(aws_env["endpoint"], "s3")
+    metrics = s3.get_object(Bucket=BUCKET, Key=f"runs/{run_dir.name}/metrics.json")["Body"].read()
+    assert json.loads(metrics)["eval_accuracy"] >= 0.85
+    assert "(listing " in result.stdout and "16 train + 2 eval shards; a node stages up to" in result.stdout
     assert manifest["ami_id"] == first
     assert f"base AMI {first}" in result.stdout
     tfvars = json.loads((run_dir / "tfvars.json").read_text())
@@ -502,7 +508,7 @@ def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_paramete
         "egress": "nat",
     }
     assert tfvars["ami_id"] is None and tfvars["ami_ssm_parameter"] == parameter
-    assert manifest["addresses"]["chief"] == ["172.20.8.10:2222"]
+    assert manifest["addresses"] == {"worker": ["172.20.8.128:2222", "172.20.8.129:2222"]}
 
     # a month later the parameter names a newer image; the rerun plans on the original (no --yes and
     # no terminal: it stops at the approval, after the plan)

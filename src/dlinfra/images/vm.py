@@ -96,6 +96,10 @@ class Vm:
     segment: Segment
     dir: Path
     nat: ipaddress.IPv4Network
+    # An instance type's NVMe instance store, stood in for by a blank sparse disk of this size on
+    # qemu's NVMe controller (0: the type has none). The guest sees the model "QEMU NVMe Ctrl", not
+    # EC2's, which node.instance_store accepts as it accepts any NVMe disk that is not EBS.
+    store_gib: int = 0
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -147,6 +151,18 @@ class Vm:
     def _vpc_mac(self) -> str:
         return _mac(1, self.seed.private_ip)
 
+    def _store_args(self) -> list[str]:
+        if not self.store_gib:
+            return []
+        store = self.dir / "instance-store.raw"
+        store.unlink(missing_ok=True)  # a replaced instance's store comes up blank, as on EC2
+        with open(store, "wb") as blank:
+            blank.truncate(self.store_gib * 2**30)
+        return [
+            "-drive", f"file={store},if=none,id=store,format=raw,cache=unsafe",
+            "-device", "nvme,serial=dlinfra-instance-store,drive=store",
+        ]  # fmt: skip
+
     def command(self, iso: Path, disk: Path) -> list[str]:
         tcg = ["-accel", "tcg,tb-size=256", "-cpu", "max"]
         accel = ["-accel", "kvm", "-cpu", "host"] if kvm_usable() else tcg
@@ -161,6 +177,7 @@ class Vm:
             "-append", "root=/dev/vda rw console=ttyS0 quiet",  # quiet: every console byte is emulated I/O
             "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe",
             "-drive", f"file={iso},if=virtio,format=raw,readonly=on",
+            *self._store_args(),
             "-device", "virtio-rng-pci",
             "-chardev", "file,id=console,path=console.log",
             "-serial", "chardev:console",

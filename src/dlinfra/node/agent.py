@@ -20,6 +20,7 @@ from dlinfra.errors import DlinfraError
 from dlinfra.node import devices, serving, spot
 from dlinfra.node.beacon import port_open
 from dlinfra.node.checkpoints import CheckpointSync, log_clock
+from dlinfra.node.instance_store import OWN_MACHINE_ENV, stage_on_instance_store
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import backoff_seconds, is_transient
 from dlinfra.runs import bundle
@@ -69,6 +70,9 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     try:
         if cfg.lock_sha256 and (problem := _off_lock(cfg, status)):
             return give_up(cfg, store, status, problem, "", verdict="environment")
+        own_disk = os.environ.get(OWN_MACHINE_ENV) == "1" and staging.stages(cfg)
+        if own_disk and (line := stage_on_instance_store(work / staging.SHARDS_DIR)):
+            print(line, flush=True)
         # Before serving: a parameter-server worker's pipeline lists its files as soon as it is up.
         packed = staging.stage_node(cfg, store, work, lambda: status.update(state="staging data"))
         if cfg.training.command:  # the user's own program: no TensorFlow of ours in this process

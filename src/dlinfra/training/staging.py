@@ -30,8 +30,9 @@ from dlinfra.spec.dataset import is_listing
 from dlinfra.training.shards import ShardFile, ShardManifest
 
 # Relative to the trainer's working directory (its work dir): the same string on every node.
-TRAIN_DIR = Path("shards/train")
-EVAL_DIR = Path("shards/eval")
+SHARDS_DIR = Path("shards")  # on an instance with an instance store, that disk (node.instance_store)
+TRAIN_DIR = SHARDS_DIR / "train"
+EVAL_DIR = SHARDS_DIR / "eval"
 TRAIN_PATTERN = f"{TRAIN_DIR}/*.tfrecord"
 EVAL_PATTERN = f"{EVAL_DIR}/*.tfrecord"
 # format files: your own files keep their names (staging ends before training starts, and removes
@@ -159,19 +160,37 @@ def largest(shares: dict[str, NodeShare]) -> tuple[str, int]:
     return max(((name, share.bytes) for name, share in shares.items()), key=lambda pair: pair[1])
 
 
+@dataclass(frozen=True)
+class NodeDisk:
+    """Where an instance stages its share: `bytes` of room, `where` for the plan, and the `field`
+    that changes it."""
+
+    bytes: int
+    where: str  # "its root volume of 100 GiB", "g5.xlarge's 250 GB NVMe instance store"
+    field: str  # aws.root_volume_gb, cluster.workers.instance_type
+
+
 def room_problem(
-    shares: dict[str, NodeShare], volume_gib: int | None, free: tuple[str, int] | None
+    shares: dict[str, NodeShare], disks: dict[str, NodeDisk] | None, free: tuple[str, int] | None
 ) -> str | None:
-    """What keeps the staged shards off the disk they go to: each node's root volume of `volume_gib`
-    (aws), or one disk for every node, `free` = (where, bytes free) (local processes)."""
-    if volume_gib is not None:
-        node, most = largest(shares)
-        if most > volume_gib * GIB:
-            return (
-                f"aws.root_volume_gb: {node} stages {most / GIB:.1f} GiB of shards on a root volume of "
-                f"{volume_gib} GiB. Fix: raise it above {math.ceil(most / GIB)} GiB plus what the image "
-                "itself takes, or deploy more workers (each stages its share of the train shards)"
-            )
+    """What keeps the staged shards off the disk they go to: each instance's own `disks` (aws), or
+    one disk for every node, `free` = (where, bytes free) (local processes)."""
+    for node, share in sorted(shares.items()):
+        if disks is None:
+            break
+        disk = disks[node]
+        if share.bytes <= disk.bytes:
+            continue
+        need = math.ceil(share.bytes / GIB)
+        fix = (
+            f"raise it above {need} GiB plus what the image itself takes"
+            if disk.field == "aws.root_volume_gb"
+            else f"choose a type whose instance store holds {need} GiB"
+        )
+        return (
+            f"{disk.field}: {node} stages {share.bytes / GIB:.1f} GiB of shards on {disk.where}. Fix: "
+            f"{fix}, or deploy more workers (each stages its share of the train shards)"
+        )
     if free is not None:
         where, room = free
         if (total := sum(s.bytes for s in shares.values())) > room:
@@ -258,12 +277,17 @@ def split_store(cfg: NodeConfig, manifest: ShardManifest, split: str) -> Store:
     return Store.from_url(where, cfg.data.endpoint_url, cfg.data.region)
 
 
+def stages(cfg: NodeConfig) -> bool:
+    """Whether this node copies data files to its disk (a ps never does)."""
+    return cfg.training.dataset.staged and cfg.data is not None and cfg.role != "ps"
+
+
 def stage_node(
     cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[], None]
 ) -> ShardManifest | None:
     """What this node reads of a packed data set, staged under `work`: its training share, and the
     eval shards where it evaluates. None when it reads no packed set (a ps never does)."""
-    if not cfg.training.dataset.staged or cfg.data is None or cfg.role == "ps":
+    if not stages(cfg):
         return None
     starting()
     began = time.monotonic()

@@ -22,10 +22,12 @@ from dlinfra.images import images_home
 from dlinfra.images.local import LocalImage, find, missing_tools
 from dlinfra.images.vm import Seed, Segment, Vm, host_address, nat_network
 from dlinfra.runs.run import Run
+from dlinfra.spec.catalog import catalog
 from dlinfra.spec.model import Spec
 from dlinfra.targets.base import Log
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+STAND_IN_STORE_GIB = 2
 POWER_OFF_GRACE = 180.0  # an emulated shutdown takes tens of seconds under TCG
 
 
@@ -134,7 +136,7 @@ class VmCluster:
         vendor = vendor_data(self.spec, host_address(nat))
         for name in sorted(user_data, key=lambda n: n.startswith("chief")):
             seed = Seed(self.instances[name], name, user_data[name], vendor, self.private_ips[name])
-            vm = Vm(name, self.image, seed, segment, self.run.vm_dir(name), nat)
+            vm = Vm(name, self.image, seed, segment, self.run.vm_dir(name), nat, self._store_gib(name))
             vm.start()
             self.vms[name] = vm
             self.terminated.discard(self.instances[name])
@@ -143,6 +145,12 @@ class VmCluster:
 
     def exit_codes(self) -> dict[str, int | None]:
         return {name: vm.poll() for name, vm in self.vms.items()}
+
+    def _store_gib(self, name: str) -> int:
+        """The stand-in for the node's instance store: a few GiB where its type has one (this
+        machine's disk holds every VM's)."""
+        kind = catalog().get(self.spec.roles()[name.rsplit("-", 1)[0]].instance_type)
+        return STAND_IN_STORE_GIB if kind is not None and kind.instance_store_gb else 0
 
     def poll(self, why: str = "the VM powered off") -> dict[str, int | None]:
         codes = self.exit_codes()
