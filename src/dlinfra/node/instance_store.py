@@ -56,7 +56,7 @@ def _filesystem(device: str) -> str:
 
 def use_for_data(disk: Disk, target: Path, mounted: dict[str, str]) -> str:
     """Make `target` (the node's staging directory) live on `disk`; returns what was done."""
-    size = f"{disk.bytes / 2**30:.0f} GiB"
+    size = f"{disk.bytes / 2**30:.1f} GiB"
     if where := mounted.get(disk.device):
         # the image mounted it: our directory on it, linked where staging looks
         on_disk = Path(where) / "dlinfra-shards" / target.parent.name
