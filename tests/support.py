@@ -200,3 +200,24 @@ def prepare_aws_review(spec, **options):
         upload=False,
         **options,
     )
+
+
+def staging_node(role: str, index: int, training, results: Path, data_url: str, workers: int = 3):
+    """A parameter-server node's config for tests of what it stages (no cluster runs): results go
+    to `results`, data comes from `data_url`."""
+    from dlinfra.contract import NodeConfig, StoreConfig
+
+    peers = {"chief": ["h:1"], "worker": [f"h:{2 + i}" for i in range(workers)], "ps": ["h:9"]}
+    return NodeConfig(
+        run_id="r",
+        role=role,
+        index=index,
+        strategy="parameter_server",
+        cluster=peers,
+        store=StoreConfig(url=f"file://{results}"),
+        training=training,
+        data=StoreConfig(url=data_url),
+        startup_timeout=60,
+        heartbeat_interval=1,
+        max_runtime=60,
+    )

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlinfra.contract import NodeConfig, StoreConfig
+from dlinfra.contract import NodeConfig
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.store import Store
 from dlinfra.spec.model import DatasetSpec, TrainingSpec
@@ -19,6 +19,7 @@ from dlinfra.training import data, shards, staging
 from dlinfra.training.packed import packed_program
 from dlinfra.training.program import Shard
 from dlinfra.training.shards import ShardManifest
+from support import staging_node
 
 pytestmark = pytest.mark.slow
 
@@ -36,19 +37,8 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, shards.Shard
 
 def _node(root: Path, role: str, index: int, workers: int = 3, sha256: str | None = None) -> NodeConfig:
     dataset = DatasetSpec(format="tfrecord", uri=f"file://{root}", sha256=sha256)
-    peers = {"chief": ["h:1"], "worker": [f"h:{2 + i}" for i in range(workers)], "ps": ["h:9"]}
-    return NodeConfig(
-        run_id="r",
-        role=role,  # type: ignore[arg-type]
-        index=index,
-        strategy="parameter_server",
-        cluster=peers,
-        store=StoreConfig(url=f"file://{root}/results"),
-        training=TrainingSpec(dataset=dataset),
-        data=StoreConfig(url=f"file://{root}"),
-        startup_timeout=60,
-        heartbeat_interval=1,
-        max_runtime=60,
+    return staging_node(
+        role, index, TrainingSpec(dataset=dataset), root / "results", f"file://{root}", workers
     )
 
 

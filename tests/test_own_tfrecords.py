@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlinfra.contract import NodeConfig, StoreConfig
+from dlinfra.contract import NodeConfig
 from dlinfra.errors import SpecError
 from dlinfra.prepare import pinned_shards
 from dlinfra.runs.layout import RunStore
@@ -25,7 +25,7 @@ from dlinfra.training.packed import packed_program
 from dlinfra.training.program import Shard
 from dlinfra.training.shards import ShardManifest
 from own_files import OWN_KEYS, write_own_digits
-from support import FAKE_CREDS, s3_client
+from support import FAKE_CREDS, s3_client, staging_node
 
 pytestmark = pytest.mark.slow
 TRAIN_FILES = 8
@@ -46,20 +46,7 @@ def _spec(uri: str, eval_uri: str | None, workers: int = 3, **dataset: object) -
 
 
 def _node(spec: Spec, role: str, index: int, results: Path) -> NodeConfig:
-    peers = {"chief": ["h:1"], "worker": [f"h:{2 + i}" for i in range(3)], "ps": ["h:9"]}
-    return NodeConfig(
-        run_id="r",
-        role=role,  # type: ignore[arg-type]
-        index=index,
-        strategy="parameter_server",
-        cluster=peers,
-        store=StoreConfig(url=f"file://{results}"),
-        training=spec.training,
-        data=StoreConfig(url=spec.training.dataset.uri or ""),
-        startup_timeout=60,
-        heartbeat_interval=1,
-        max_runtime=60,
-    )
+    return staging_node(role, index, spec.training, results, spec.training.dataset.uri or "")
 
 
 def test_a_glob_lists_your_files_and_each_node_stages_its_share_from_the_runs_listing(
