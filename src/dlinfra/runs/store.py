@@ -79,8 +79,9 @@ class Store:
         """Keys under `prefix` (a folder: "notices/"), relative to the store, sorted."""
         raise NotImplementedError
 
-    def files(self) -> list[Listed]:
-        """The files directly under the root (not in its sub-directories), by name."""
+    def files(self, starting: str = "") -> list[Listed]:
+        """The files directly under the root (not in its sub-directories) whose names begin with
+        `starting`, by name (S3 lists only those: a glob's literal head spares a big prefix's pages)."""
         raise NotImplementedError
 
     def get_file(self, key: str, path: Path) -> bool:
@@ -162,13 +163,13 @@ class FileStore(Store):
         shutil.copyfile(path, tmp)
         os.replace(tmp, dest)
 
-    def files(self) -> list[Listed]:
+    def files(self, starting: str = "") -> list[Listed]:
         if not self.root.is_dir():
             return []
         return sorted(
             Listed(p.name, (st := p.stat()).st_size, str(st.st_mtime_ns))
             for p in self.root.iterdir()
-            if p.is_file() and not p.name.startswith(".")
+            if p.is_file() and not p.name.startswith(".") and p.name.startswith(starting)
         )
 
     def get_file(self, key: str, path: Path) -> bool:
@@ -268,10 +269,11 @@ class S3Store(Store):
 
         return self._retrying(listed, "list")
 
-    def files(self) -> list[Listed]:
+    def files(self, starting: str = "") -> list[Listed]:
         def listed() -> list[Listed]:
+            head = f"{self.prefix}/" if self.prefix else ""
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "", Delimiter="/"
+                Bucket=self.bucket, Prefix=head + starting, Delimiter="/"
             )
             return sorted(
                 Listed(o["Key"].rsplit("/", 1)[-1], o["Size"], o["ETag"].strip('"'))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from fnmatch import fnmatchcase
 
 from dlinfra.errors import DlinfraError
@@ -32,7 +33,7 @@ def split_files(
     store = Store.from_url(directory, endpoint_url, region)
     found = [
         ShardFile(name=f.name, records=None, bytes=f.bytes, sha256=None, etag=f.etag)
-        for f in store.files()
+        for f in store.files(re.split(r"[*?\[]", pattern, maxsplit=1)[0])
         if fnmatchcase(f.name, pattern) and not (records and f.name.endswith(".json"))
     ]
     if not found:
