@@ -15,10 +15,9 @@ from dlinfra.contract import NodeConfig
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.store import Store
 from dlinfra.spec.model import DatasetSpec, TrainingSpec
-from dlinfra.training import data, shards, staging
+from dlinfra.training import data, node_data, shards, staging
 from dlinfra.training.packed import packed_program
 from dlinfra.training.program import Shard
-from dlinfra.training.shards import ShardManifest
 from support import staging_node
 
 pytestmark = pytest.mark.slow
@@ -42,8 +41,8 @@ def _node(root: Path, role: str, index: int, workers: int = 3, sha256: str | Non
     )
 
 
-def _stage(node: NodeConfig, work: Path) -> ShardManifest | None:
-    return staging.stage_node(node, RunStore.open(node.store), work, lambda: None)
+def _stage(node: NodeConfig, work: Path) -> node_data.Staged | None:
+    return node_data.stage_node(node, RunStore.open(node.store), work, lambda: None)
 
 
 def _ids(paths: list[Path]) -> list[int]:
@@ -218,7 +217,7 @@ def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_sma
     assert pinned.training.dataset.sha256 is not None and note is not None and listing is None
     assert note.startswith("data: digits (manifest ") and "8 train + 2 eval shards" in note
     assert re.search(
-        r"a node stages up to [\d.]+ MiB \(worker-\d\) on g5.xlarge's 250 GB NVMe instance store$", note
+        r"a node stages up to [\d.]+ [KM]iB \(worker-\d\) on g5.xlarge's 250 GB NVMe instance store$", note
     )
     _, local, _ = pinned_shards(spec("local", f"file://{root}"), own_disks=False)
     assert local is not None and f"under {tmp_path / 'home'} (" in local and "GiB free)" in local

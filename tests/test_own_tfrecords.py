@@ -19,7 +19,7 @@ from dlinfra.runs.layout import RunStore
 from dlinfra.runs.store import Store
 from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.tfvars import read_objects
-from dlinfra.training import data, staging
+from dlinfra.training import data, node_data, staging
 from dlinfra.training.listing import listing_sha256
 from dlinfra.training.packed import packed_program
 from dlinfra.training.program import Shard
@@ -73,7 +73,7 @@ def test_a_glob_lists_your_files_and_each_node_stages_its_share_from_the_runs_li
     for role, index in (("worker", 0), ("worker", 1), ("worker", 2), ("chief", 0)):
         work = tmp_path / f"{role}-{index}"
         cfg = _node(spec, role, index, results)
-        staging.stage_node(cfg, RunStore.open(cfg.store), work, lambda: None)
+        node_data.stage_node(cfg, RunStore.open(cfg.store), work, lambda: None)
         staged[f"{role}-{index}"] = sorted(p.name for p in (work / staging.TRAIN_DIR).iterdir())
     assert staged["worker-1"] == ["train-00001-of-00008.tfrecord", "train-00004-of-00008.tfrecord",
                                   "train-00007-of-00008.tfrecord"]  # fmt: skip
@@ -125,7 +125,7 @@ def test_the_listing_pin_refuses_files_changed_added_or_cut_short(
     with pytest.raises(
         staging.DataError, match=r"train-00001-of-00008 has 100 bytes, \d+ when the run listed it"
     ):
-        staging.stage_node(cfg, RunStore.open(cfg.store), tmp_path / "w1", lambda: None)
+        node_data.stage_node(cfg, RunStore.open(cfg.store), tmp_path / "w1", lambda: None)
     assert not any(p.name.endswith(".part") for p in (tmp_path / "w1" / staging.TRAIN_DIR).iterdir())
 
 
@@ -222,7 +222,7 @@ def test_files_of_any_format_are_staged_by_name_for_the_users_own_reader(
     RunStore(Store.from_url(f"file://{results}")).put_data_listing(sha256, listing)
     cfg = _node(spec, "worker", 1, results)
     work = tmp_path / "worker-1"
-    staging.stage_node(cfg, RunStore.open(cfg.store), work, lambda: None)
+    node_data.stage_node(cfg, RunStore.open(cfg.store), work, lambda: None)
     assert sorted(p.name for p in (work / "shards" / "train").iterdir()) == ["part-1.csv", "part-4.json"]
 
     monkeypatch.chdir(work)  # the trainer's working directory

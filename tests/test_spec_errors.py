@@ -84,6 +84,19 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
         [],
         "eval_uri: 's3://data/val' is no glob",
     ),
+    (
+        "cache-for-a-set-read-into-memory",
+        "training:\n  dataset:\n    format: digits\n    cache_gb: 2\n",
+        [],
+        "'cache_gb' streams TFRecord files; format digits is read into memory. Fix: remove it",
+    ),
+    (
+        "cache-for-a-script",
+        "training:\n  command: [python, t.py]\n  dataset:\n    format: tfrecord\n    uri: s3://data/in/train-*\n"
+        "    cache_gb: 2\n",
+        [],
+        "a script reads $DLINFRA_TRAIN_FILES, staged whole. Fix: remove cache_gb",
+    ),
     ("dataset-sha-malformed", "training:\n  dataset:\n    sha256: abc\n", [], "training.dataset.sha256"),
     ("entrypoint-without-function", "training:\n  entrypoint: train.py\n", [], "training.entrypoint"),
     ("command-one-string", "training:\n  command: python train.py\n", [], "training.command"),

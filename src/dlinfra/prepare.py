@@ -33,7 +33,7 @@ from dlinfra.runs.store import Store
 from dlinfra.spec.catalog import catalog
 from dlinfra.spec.dataset import is_listing
 from dlinfra.spec.model import Spec
-from dlinfra.training import staging
+from dlinfra.training import staging, streaming
 from dlinfra.training.listing import listed_manifest, listing_bytes, listing_sha256
 
 
@@ -326,7 +326,10 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
     builtin = not (spec.training.entrypoint or spec.training.command)
     if problems := staging.fit_problems(pinned.manifest, workers, ds.model_fields_set, builtin):
         raise SpecError(problems)
-    shares = staging.node_shares(pinned.manifest, spec.strategy, workers)
+    if ds.cache_gb is not None and (problem := streaming.cache_problem(pinned.manifest, ds.cache_gb)):
+        raise SpecError([problem])
+    cache = None if ds.cache_gb is None else streaming.cache_bytes(ds.cache_gb)
+    shares = staging.node_shares(pinned.manifest, spec.strategy, workers, cache)
     splits = pinned.manifest.splits
     note = (
         f"data: {pinned.manifest.source} ({staging.pin_name(pinned.manifest)} {pinned.sha256[:12]}), "
@@ -337,11 +340,15 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
         problem = staging.room_problem(shares, disks, None)
         node, most = staging.largest(shares)
         note += f"a node stages up to {staging.size(most)} ({node}) on {disks[node].where}"
+        if cache is not None:
+            note += f", its train files streamed through a {staging.size(cache)} cache"
     else:
         free = shutil.disk_usage(_existing(home())).free
         problem = staging.room_problem(shares, None, (str(home()), free))
         total = sum(share.bytes for share in shares.values())
         note += f"the nodes stage {staging.size(total)} under {home()} ({staging.size(free)} free)"
+        if cache is not None:
+            note += f", each one's train files streamed through a {staging.size(cache)} cache"
     if problem:
         raise SpecError([problem])
     return _with_dataset(spec, sha256=pinned.sha256), note, listing

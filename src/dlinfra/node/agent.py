@@ -26,10 +26,11 @@ from dlinfra.node.supervision import backoff_seconds, is_transient
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import MeanSd, Metrics
-from dlinfra.training import staging
+from dlinfra.training import node_data, staging
 from dlinfra.training.objective import ProgramError, hint
 from dlinfra.training.shards import ShardManifest
 from dlinfra.training.staging import DataError
+from dlinfra.training.streaming import Stream
 
 T = TypeVar("T")
 POLL_SECONDS = 1.0
@@ -67,6 +68,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     if delay := backoff_seconds(status.restarts):
         status.update(state=f"restarting in {delay:.0f}s")
         time.sleep(delay)
+    stream: Stream | None = None
     try:
         if cfg.lock_sha256 and (problem := _off_lock(cfg, status)):
             return give_up(cfg, store, status, problem, "", verdict="environment")
@@ -74,7 +76,9 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         if own_disk and (line := stage_on_instance_store(work / staging.SHARDS_DIR)):
             print(line, flush=True)
         # Before serving: a parameter-server worker's pipeline lists its files as soon as it is up.
-        packed = staging.stage_node(cfg, store, work, lambda: status.update(state="staging data"))
+        staged = node_data.stage_node(cfg, store, work, lambda: status.update(state="staging data"))
+        packed = staged.manifest if staged else None
+        stream = staged.stream if staged else None
         if cfg.training.command:  # the user's own program: no TensorFlow of ours in this process
             from dlinfra.node import script
 
@@ -98,6 +102,8 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     except DataError as exc:  # the packed data is not what the run pinned
         return give_up(cfg, store, status, str(exc), "", verdict="data")
     except Exception as exc:
+        if stream is not None and stream.error:  # the reader failed because a file could not come
+            return give_up(cfg, store, status, stream.error, "", verdict="data")
         trace = traceback.format_exc()
         print(trace, file=sys.stderr, flush=True)
         error = f"{type(exc).__name__}: {exc}{hint(str(exc))}"

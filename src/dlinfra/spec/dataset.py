@@ -84,6 +84,13 @@ class DatasetSpec(StrictModel):
     )
     classes: int = Field(10, ge=2, description="Number of classes (synthetic; tfrecord: your own files).")
     size: PositiveInt = Field(2048, description="Number of examples (synthetic).")
+    cache_gb: float | None = Field(
+        None,
+        gt=0,
+        description="tfrecord: stream each node's train files through a cache of at most this many GB "
+        "(10**9 bytes): training starts when the first file lands, and files already read are evicted "
+        "when the node's share does not fit. Unset: each node stages its whole share before training.",
+    )
 
     @field_validator("uri", "eval_uri")
     @classmethod
@@ -111,6 +118,11 @@ class DatasetSpec(StrictModel):
             self._check_tfrecord()
         elif self.eval_uri is not None:
             raise ValueError("'eval_uri' is for format tfrecord with a glob uri. Fix: remove it")
+        if self.cache_gb is not None and self.format != "tfrecord":
+            raise ValueError(
+                f"'cache_gb' streams TFRecord files; format {self.format} "
+                f"{'is staged whole' if self.staged else 'is read into memory'}. Fix: remove it"
+            )
         if self.uri and self.uri.startswith("http://") and not self.sha256:
             # the tarball is unpickled: bytes changed on an unencrypted path would run as code
             raise ValueError("a plain-HTTP uri needs its sha256 (training.dataset.sha256), or use https://")

@@ -229,6 +229,12 @@ class TrainingSpec(StrictModel):
                 "entrypoint and command are both set: give one. Fix: entrypoint for a Program that "
                 "dlinfra's loop trains, command to run your own training script as it is"
             )
+        if self.command and self.dataset.cache_gb is not None:
+            raise ValueError(
+                "dataset.cache_gb streams files to Shard.records(); a script reads "
+                "$DLINFRA_TRAIN_FILES, staged whole. Fix: remove cache_gb, or train with a Program "
+                "(training.entrypoint)"
+            )
         return self
 
     @field_validator("entrypoint")

@@ -322,8 +322,9 @@ def set_up(program: Program, strategy: Any, cfg: NodeConfig) -> Objective:
 def input_shard(cfg: NodeConfig, index: int, count: int) -> Shard:
     """What one input pipeline reads. A packed data set's node has staged its own share, so its
     files are the whole of its part (see training.staging)."""
-    if cfg.training.dataset.staged:
-        return Shard(0, 1, staging.patterns(cfg.training.dataset.format)[0])
+    ds = cfg.training.dataset
+    if ds.staged:
+        return Shard(0, 1, staging.patterns(ds.format)[0], streamed=ds.cache_gb is not None)
     return Shard(index, count)
 
 

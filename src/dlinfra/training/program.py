@@ -31,9 +31,6 @@ if TYPE_CHECKING:
     from dlinfra.training.data import S3Access
 
 
-READ_PARALLEL = 4  # files one input pipeline reads at once
-
-
 @dataclass(frozen=True)
 class Shard:
     """Which part of the training data one input pipeline reads: examples i with i % count == index.
@@ -45,6 +42,7 @@ class Shard:
     index: int
     count: int
     pattern: str | None = None  # the staged files, relative to the trainer's working directory
+    streamed: bool = False  # the files arrive as they are read (training.dataset.cache_gb)
 
     def records(self) -> Any:
         """A tf.data.Dataset of the raw serialized records of this pipeline's files, read on the node
@@ -53,17 +51,23 @@ class Shard:
             raise ValueError("Shard.records(): the run reads no packed data (training.dataset.format)")
         import tensorflow as tf
 
+        from dlinfra.training import streaming
+
+        if self.streamed:
+            return streaming.gated_records()
+
         # Listed when the pipeline runs, on the node that runs it; files interleaved in a fixed order.
         return tf.data.Dataset.list_files(self.pattern, shuffle=False).interleave(
             tf.data.TFRecordDataset,
-            cycle_length=READ_PARALLEL,
+            cycle_length=streaming.READ_PARALLEL,
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )
 
     @property
     def files(self) -> list[Path]:
-        """This process's staged files (under parameter servers, the chief's: use records())."""
+        """This process's staged files (under parameter servers, the chief's: use records()); when
+        streamed, those on disk now."""
         return sorted(Path().glob(self.pattern)) if self.pattern else []
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,27 +130,34 @@ def share(shards: list[ShardFile], pipeline: int, count: int) -> list[ShardFile]
 class NodeShare:
     train: list[ShardFile]
     eval: list[ShardFile]
+    cache: int | None = None  # the train files stream through this many bytes (dataset.cache_gb)
 
     @property
     def bytes(self) -> int:
-        return sum(s.bytes for s in self.train + self.eval)
+        """The most its node holds on disk at once."""
+        train = sum(s.bytes for s in self.train)
+        return sum(s.bytes for s in self.eval) + (train if self.cache is None else min(train, self.cache))
 
 
-def node_shares(manifest: ShardManifest, strategy: str, workers: int) -> dict[str, NodeShare]:
+def node_shares(
+    manifest: ShardManifest, strategy: str, workers: int, cache: int | None = None
+) -> dict[str, NodeShare]:
     """What each node stages, by node name (a ps stages nothing): one input pipeline per worker,
     and the eval shards where the run evaluates. The parameter-server chief trains nothing, but checks
     the first batch and traces the workers' pipeline on its own copy of the first shard."""
     train, held = manifest.splits["train"].shards, manifest.splits["eval"].shards
-    shares = {f"worker-{w}": NodeShare(share(train, w, workers), []) for w in range(workers)}
+    shares = {f"worker-{w}": NodeShare(share(train, w, workers), [], cache) for w in range(workers)}
     if strategy == "parameter_server":
-        shares["chief-0"] = NodeShare(train[:1], held)
+        shares["chief-0"] = NodeShare(train[:1], held, cache)
     else:  # worker 0 is the mirrored chief
-        shares["worker-0"] = NodeShare(shares["worker-0"].train, held)
+        shares["worker-0"] = NodeShare(shares["worker-0"].train, held, cache)
     return shares
 
 
 def size(n: int) -> str:
-    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+    if n >= GIB:
+        return f"{n / GIB:.1f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def largest(shares: dict[str, NodeShare]) -> tuple[str, int]:
@@ -227,37 +232,38 @@ def _mismatch(path: Path, shard: ShardFile) -> str | None:
     return None if size == shard.bytes else f"has {size} bytes, {shard.bytes} when the run listed it"
 
 
+def fetch(store: Store, shard: ShardFile, into: Path, fmt: str) -> Path:
+    """One shard at `into`, checked against the run's pin; kept when an earlier life of the node
+    left it there whole."""
+    path = into / local_name(shard, fmt)
+    # files land by rename, so a staged one is whole
+    if path.is_file() and path.stat().st_size == shard.bytes and _mismatch(path, shard) is None:
+        return path
+    fix = (
+        "Fix: pack the set again (`dlinfra data pack`)"
+        if shard.sha256
+        else "Fix: restore it, or deploy anew to list the files as they are now"
+    )
+    partial = path.with_name(f".{path.name}.part")
+    if not store.get_file(shard.name, partial):
+        raise DataError(f"training.dataset.uri: {shard.name} is missing from {store.uri()}. {fix}")
+    if problem := _mismatch(partial, shard):
+        partial.unlink()
+        raise DataError(f"training.dataset.uri: {shard.name} {problem}. {fix}")
+    partial.replace(path)
+    return path
+
+
 def stage(store: Store, shards: list[ShardFile], into: Path, fmt: str = "tfrecord") -> list[Path]:
-    """Each shard at `into`, checked against the run's pin: fetched several at a time, and kept from
-    an earlier life of the node when it still matches (a restart fetches nothing)."""
+    """Each shard at `into` (see fetch), several at a time."""
     into.mkdir(parents=True, exist_ok=True)
     wanted = {local_name(s, fmt) for s in shards}
     # another run's, a share that changed with the cluster, or a fetch a kill cut short
     for stale in into.iterdir():
         if stale.is_file() and stale.name not in wanted:
             stale.unlink()
-
-    def fetch(shard: ShardFile) -> Path:
-        path = into / local_name(shard, fmt)
-        # files land by rename, so a staged one is whole
-        if path.is_file() and path.stat().st_size == shard.bytes and _mismatch(path, shard) is None:
-            return path
-        fix = (
-            "Fix: pack the set again (`dlinfra data pack`)"
-            if shard.sha256
-            else "Fix: restore it, or deploy anew to list the files as they are now"
-        )
-        partial = path.with_name(f".{path.name}.part")
-        if not store.get_file(shard.name, partial):
-            raise DataError(f"training.dataset.uri: {shard.name} is missing from {store.uri()}. {fix}")
-        if problem := _mismatch(partial, shard):
-            partial.unlink()
-            raise DataError(f"training.dataset.uri: {shard.name} {problem}. {fix}")
-        partial.replace(path)
-        return path
-
     with ThreadPoolExecutor(max_workers=PARALLEL_OBJECTS) as pool:
-        return list(pool.map(fetch, shards))
+        return list(pool.map(lambda shard: fetch(store, shard, into, fmt), shards))
 
 
 def node_set(cfg: NodeConfig, run: RunStore) -> Pinned:
@@ -280,27 +286,3 @@ def split_store(cfg: NodeConfig, manifest: ShardManifest, split: str) -> Store:
 def stages(cfg: NodeConfig) -> bool:
     """Whether this node copies data files to its disk (a ps never does)."""
     return cfg.training.dataset.staged and cfg.data is not None and cfg.role != "ps"
-
-
-def stage_node(
-    cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[], None]
-) -> ShardManifest | None:
-    """What this node reads of a packed data set, staged under `work`: its training share, and the
-    eval shards where it evaluates. None when it reads no packed set (a ps never does)."""
-    if not stages(cfg):
-        return None
-    starting()
-    began = time.monotonic()
-    pinned = node_set(cfg, run)
-    mine = node_shares(pinned.manifest, cfg.strategy, cfg.num_workers).get(cfg.name, NodeShare([], []))
-    fmt = pinned.manifest.format
-    train = stage(split_store(cfg, pinned.manifest, "train"), mine.train, work / TRAIN_DIR, fmt)
-    held = stage(split_store(cfg, pinned.manifest, "eval"), mine.eval, work / EVAL_DIR, fmt)
-    total = sum(path.stat().st_size for path in train + held)
-    print(
-        f"data: {pinned.manifest.source} ({pin_name(pinned.manifest)} {pinned.sha256[:12]}): "
-        f"{len(train)} train + {len(held)} eval shards, {size(total)}, "
-        f"staged in {time.monotonic() - began:.1f}s",
-        flush=True,
-    )
-    return pinned.manifest

@@ -1,0 +1,69 @@
+"""What a node reads of a packed data set or your own files, before it trains: its share staged
+whole (training.staging), or its train files streamed as they are read (training.streaming)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlinfra.contract import NodeConfig
+from dlinfra.runs.layout import RunStore
+from dlinfra.training.shards import ShardManifest
+from dlinfra.training.staging import (
+    EVAL_DIR,
+    TRAIN_DIR,
+    NodeShare,
+    node_set,
+    node_shares,
+    pin_name,
+    size,
+    split_store,
+    stage,
+    stages,
+)
+from dlinfra.training.streaming import Stream, cache_bytes
+
+
+@dataclass(frozen=True)
+class Staged:
+    manifest: ShardManifest
+    stream: Stream | None  # the train files, served as the reader asks (training.dataset.cache_gb)
+
+
+def stage_node(cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[], None]) -> Staged | None:
+    """What this node reads of a packed data set, under `work`: its training share, staged whole or
+    streamed through the cache, and the eval shards where it evaluates, staged whole. None when it
+    reads no packed set (a ps never does)."""
+    if not stages(cfg):
+        return None
+    starting()
+    began = time.monotonic()
+    pinned = node_set(cfg, run)
+    mine = node_shares(pinned.manifest, cfg.strategy, cfg.num_workers).get(cfg.name, NodeShare([], []))
+    fmt = pinned.manifest.format
+    held = stage(split_store(cfg, pinned.manifest, "eval"), mine.eval, work / EVAL_DIR, fmt)
+    cache_gb = cfg.training.dataset.cache_gb
+    stream = None
+    if cache_gb is None:
+        train = stage(split_store(cfg, pinned.manifest, "train"), mine.train, work / TRAIN_DIR, fmt)
+        what = f"{len(train)} train + {len(held)} eval shards, {size(_bytes(train + held))}"
+    else:
+        budget = cache_bytes(cache_gb)
+        stream = Stream(split_store(cfg, pinned.manifest, "train"), mine.train, work, budget).start()
+        evicts = "read ones evicted" if stream.evicts else "kept for every epoch"
+        what = (
+            f"{len(held)} eval shards, {size(_bytes(held))}; {len(mine.train)} train shards, "
+            f"{size(sum(s.bytes for s in mine.train))}, streamed through a {size(budget)} cache ({evicts})"
+        )
+    print(
+        f"data: {pinned.manifest.source} ({pin_name(pinned.manifest)} {pinned.sha256[:12]}): "
+        f"{what}, staged in {time.monotonic() - began:.1f}s",
+        flush=True,
+    )
+    return Staged(pinned.manifest, stream)
+
+
+def _bytes(paths: list[Path]) -> int:
+    return sum(path.stat().st_size for path in paths)

@@ -1,0 +1,227 @@
+"""Train files streamed through a bounded cache (`training.dataset.cache_gb`): training starts when
+a node's first file lands, and files already read are evicted when its share does not fit.
+
+A parameter-server worker's pipeline runs no Python of ours (see training.staging), so the reader
+and the node agent talk through the file system, with TensorFlow ops alone. For each train file the
+agent makes a named pipe (a FIFO) in `gates/`. The reader's pipeline, per file:
+
+  1. writes `asked/<file>`: which file it waits for (a restarted reader starts over at file 0);
+  2. opens the file's gate: opening a FIFO blocks until the agent opens its other end, which the
+     agent does once the file is whole on disk;
+  3. reads the file's records;
+  4. writes `done/<file>` after its last record: the agent may then evict it.
+
+The agent fetches ahead of the reader, in the reader's order, as far as the cache allows, several
+objects at once. Each example is still read once per epoch: the gates change when a file is read,
+never what is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from dlinfra.runs.store import Store
+from dlinfra.training.shards import ShardFile, ShardManifest
+from dlinfra.training.staging import PARALLEL_OBJECTS, SHARDS_DIR, TRAIN_DIR, fetch, local_name, size
+
+GATES_DIR = SHARDS_DIR / "gates"
+ASKED_DIR = SHARDS_DIR / "asked"
+DONE_DIR = SHARDS_DIR / "done"
+GATE_PATTERN = f"{GATES_DIR}/*"
+READ_PARALLEL = 4  # files one input pipeline reads at once (program.Shard.records)
+TICK = 0.02  # seconds between the agent's looks at the reader's markers
+GB = 10**9
+
+
+def cache_problem(manifest: ShardManifest, cache_gb: float) -> str | None:
+    """A cache too small to stream through: the reader holds READ_PARALLEL files open at once, and
+    the agent must fit the next one beside them, or the reader waits on a file that never comes."""
+    largest = max(s.bytes for s in manifest.splits["train"].shards)
+    need = (READ_PARALLEL + 1) * largest
+    if cache_bytes(cache_gb) >= need:
+        return None
+    decimals = 2 - math.floor(math.log10(need / GB))  # three significant digits, rounded up
+    return (
+        f"training.dataset.cache_gb: {cache_gb:g} GB cannot stream files of up to {size(largest)}: a "
+        f"reader holds {READ_PARALLEL} files at once and the next must fit beside them. Fix: set it to "
+        f"{math.ceil(need / GB * 10**decimals) / 10**decimals:g} or more, or split the files smaller"
+    )
+
+
+def cache_bytes(cache_gb: float) -> int:
+    return round(cache_gb * GB)
+
+
+def gated_records() -> Any:
+    """The reader's side: a tf.data.Dataset of the raw records of this node's train files, each file
+    read once the agent has it on disk (pure TensorFlow ops: it runs on parameter-server workers)."""
+    import tensorflow as tf
+
+    def marker(path: Any) -> Any:
+        # an element that writes a file and is then dropped: a side effect at one point of the stream
+        write = tf.data.Dataset.from_tensors(path).map(lambda p: (tf.io.write_file(p, ""), p)[1])
+        return write.filter(lambda _: False)
+
+    def one_file(gate: Any) -> Any:
+        def beside(directory: Path) -> Any:
+            return tf.strings.regex_replace(gate, f"{GATES_DIR}/", f"{directory}/")
+
+        # a FIFO holds no bytes: the gate yields no record, it only waits to be opened
+        opened = tf.data.FixedLengthRecordDataset(gate, 1)
+        records = tf.data.TFRecordDataset(beside(TRAIN_DIR))  # opened only once the gate has passed
+        return (
+            marker(beside(ASKED_DIR))
+            .concatenate(opened)
+            .concatenate(records)
+            .concatenate(marker(beside(DONE_DIR)))
+        )
+
+    # not a parallel interleave: that opens as many files again ahead of the cycle, past the cache
+    return tf.data.Dataset.list_files(GATE_PATTERN, shuffle=False).interleave(
+        one_file, cycle_length=READ_PARALLEL
+    )
+
+
+class Stream:
+    """The agent's side: serves this node's train files to the reader through `work`'s gates, with at
+    most `budget` bytes of them on disk (fetching, or fetched and not yet read to the end)."""
+
+    def __init__(self, store: Store, shards: list[ShardFile], work: Path, budget: int) -> None:
+        self.store = store
+        self.files = sorted(shards, key=lambda s: local_name(s, "tfrecord"))
+        self.index = {local_name(s, "tfrecord"): k for k, s in enumerate(self.files)}
+        self.work = work
+        self.budget = budget
+        self.evicts = sum(s.bytes for s in shards) > budget  # a share that fits stays for every epoch
+        self.present: set[int] = set()
+        self.fetching: dict[int, Future[Path]] = {}
+        self.reading: set[int] = set()  # passed its gate, not done
+        self.hint = 0  # the file the reader will ask for next
+        self.fetches = 0
+        self.peak = 0  # the most bytes on disk at once
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=PARALLEL_OBJECTS)
+        self._thread = threading.Thread(target=self._serve, name="dlinfra-stream", daemon=True)
+
+    def start(self) -> Stream:
+        for directory in (GATES_DIR, ASKED_DIR, DONE_DIR, TRAIN_DIR):
+            (self.work / directory).mkdir(parents=True, exist_ok=True)
+        for directory in (GATES_DIR, ASKED_DIR, DONE_DIR):  # a restarted agent's reader starts over
+            for old in (self.work / directory).iterdir():
+                old.unlink()
+        kept = {p.name for p in (self.work / TRAIN_DIR).iterdir()}
+        room = self.budget
+        for name, k in self.index.items():
+            os.mkfifo(self.work / GATES_DIR / name)
+            if name in kept and self.files[k].bytes <= room:  # an earlier life's: fetch() checks it
+                room -= self.files[k].bytes
+                kept.remove(name)
+                self.fetching[k] = self._pool.submit(self._fetch, k)
+        for stale in kept:  # another share's, beyond the cache, or a fetch a kill cut short
+            (self.work / TRAIN_DIR / stale).unlink()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def on_disk(self) -> int:
+        return sum(self.files[k].bytes for k in self.present | set(self.fetching))
+
+    def _fetch(self, k: int) -> Path:
+        return fetch(self.store, self.files[k], self.work / TRAIN_DIR, "tfrecord")
+
+    def _serve(self) -> None:
+        while not self._stop.wait(TICK):
+            if self.error is not None:
+                self._let_go()
+                continue
+            try:
+                self._tick()
+            except Exception as exc:  # said by the agent when its reader fails
+                self.error = str(exc)
+                print(f"data: streaming stopped: {exc}", flush=True)
+                for k in list(self.present):  # so that every reader fails at its next file
+                    self._evict(k)
+
+    def _tick(self) -> None:
+        for marker in _markers(self.work / DONE_DIR):
+            k = self.index[marker.name]
+            self.reading.discard(k)
+            if self.evicts:
+                self._evict(k)
+        for k, future in list(self.fetching.items()):
+            if future.done():
+                future.result()  # a missing or changed file: DataError
+                del self.fetching[k]
+                self.present.add(k)
+        for marker in _markers(self.work / ASKED_DIR, remove=False):
+            k = self.index[marker.name]
+            if k in self.reading:  # asked again before done: a new reader, started over
+                self.reading.clear()
+            if k in self.present and _open_gate(self.work / GATES_DIR / marker.name):
+                marker.unlink()
+                self.reading.add(k)
+                self.hint = (k + 1) % len(self.files)
+            elif k not in self.present and k not in self.fetching:
+                self._make_room(self.files[k].bytes)
+                self._start_fetch(k)
+        self._fetch_ahead()
+        self.peak = max(self.peak, self.on_disk())
+
+    def _fetch_ahead(self) -> None:
+        for step in range(len(self.files)):
+            k = (self.hint + step) % len(self.files)
+            if k in self.present or k in self.fetching:
+                continue
+            if len(self.fetching) >= PARALLEL_OBJECTS or self.on_disk() + self.files[k].bytes > self.budget:
+                return
+            self._start_fetch(k)
+
+    def _start_fetch(self, k: int) -> None:
+        self.fetches += 1
+        self.fetching[k] = self._pool.submit(self._fetch, k)
+
+    def _make_room(self, wanted: int) -> None:
+        """Evict files fetched ahead and not yet read, the farthest from the reader first, until
+        `wanted` more bytes fit (after a reader started over, what it will read first comes first)."""
+        ahead = sorted(self.present - self.reading, key=lambda k: (k - self.hint) % len(self.files))
+        while ahead and self.on_disk() + wanted > self.budget:
+            self._evict(ahead.pop())
+
+    def _evict(self, k: int) -> None:
+        self.present.discard(k)
+        with contextlib.suppress(FileNotFoundError):
+            (self.work / TRAIN_DIR / local_name(self.files[k], "tfrecord")).unlink()
+
+    def _let_go(self) -> None:
+        """Open every gate a reader waits on: with no file behind it, the reader fails."""
+        for marker in _markers(self.work / ASKED_DIR, remove=False):
+            if _open_gate(self.work / GATES_DIR / marker.name):
+                marker.unlink()
+
+
+def _markers(directory: Path, remove: bool = True) -> list[Path]:
+    found = sorted(directory.iterdir())
+    if remove:
+        for path in found:
+            path.unlink()
+    return found
+
+
+def _open_gate(gate: Path) -> bool:
+    """Let the reader waiting on `gate` through: False when no reader has it open yet."""
+    try:
+        os.close(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # ENXIO: nobody at the other end yet
+        return False
+    return True

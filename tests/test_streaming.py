@@ -1,0 +1,142 @@
+"""Train files streamed through a bounded cache (`training.dataset.cache_gb`): a real node agent's
+stream serving real shards to a real tf.data reader through its gates, the reader counting every
+example id it gets."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from dlinfra.contract import NodeConfig
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.store import Store
+from dlinfra.spec.model import DatasetSpec, TrainingSpec
+from dlinfra.training import data, node_data, shards, staging, streaming
+from dlinfra.training.loop import input_shard
+from dlinfra.training.streaming import Stream
+from support import staging_node
+
+pytestmark = pytest.mark.slow
+FILES = 8
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, shards.ShardManifest]:
+    """digits in 8 train shards of PNGs, about 20 KiB each."""
+    root = tmp_path_factory.mktemp("packed")
+    arrays = data.load(data.DatasetSpec(), Path("/nonexistent"))
+    source = shards.array_source(
+        "digits", arrays.x_train, arrays.y_train, arrays.x_test, arrays.y_test, "png"
+    )
+    return root, shards.pack(source, Store.from_url(f"file://{root}"), shards=FILES, eval_shards=1)
+
+
+def _smallest_cache(manifest: shards.ShardManifest) -> int:
+    """The least cache_gb allows (see streaming.cache_problem), in bytes: 5 of the 8 files."""
+    return (streaming.READ_PARALLEL + 1) * max(s.bytes for s in manifest.splits["train"].shards)
+
+
+def _worker(root: Path, cache: int, results: Path) -> NodeConfig:
+    """The only worker of a run, so its share is every train file."""
+    dataset = DatasetSpec(format="tfrecord", uri=f"file://{root}", cache_gb=cache / streaming.GB)
+    return staging_node("worker", 0, TrainingSpec(dataset=dataset), results, f"file://{root}", workers=1)
+
+
+@pytest.fixture
+def streamed(
+    tmp_path: Path, packed: tuple[Path, shards.ShardManifest], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[NodeConfig, Stream]]:
+    """A worker whose stream has started, in its work directory (the trainer's)."""
+    root, manifest = packed
+    cfg = _worker(root, _smallest_cache(manifest), tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    staged = node_data.stage_node(cfg, RunStore.open(cfg.store), tmp_path, lambda: None)
+    assert staged is not None and staged.stream is not None
+    yield cfg, staged.stream
+    staged.stream.stop()
+
+
+def _ids(dataset: tf.data.Dataset) -> Iterator[int]:
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64)}
+    for raw in dataset:
+        yield int(tf.io.parse_single_example(raw, spec)["id"])
+
+
+def _on_disk(work: Path) -> list[Path]:
+    return [p for p in (work / staging.TRAIN_DIR).iterdir() if not p.name.startswith(".")]
+
+
+def test_a_share_bigger_than_the_cache_is_read_once_per_epoch_and_never_holds_more(
+    streamed: tuple[NodeConfig, Stream], packed: tuple[Path, shards.ShardManifest], tmp_path: Path
+) -> None:
+    cfg, stream = streamed
+    _, manifest = packed
+    assert stream.evicts, "8 files through a cache of 5"
+    reads: Counter[int] = Counter()
+    files_at_first = None
+    for i in _ids(input_shard(cfg, 0, 1).records().repeat(3)):
+        if files_at_first is None:
+            files_at_first = len(_on_disk(tmp_path))
+        reads[i] += 1
+    train_ids = {i for s in manifest.splits["train"].shards for i, _, _ in shards.records(packed[0] / s.name)}
+    assert set(reads) == train_ids and set(reads.values()) == {3}, Counter(reads.values())
+    assert files_at_first is not None and files_at_first < FILES, "training began before every file was there"
+    assert stream.peak <= stream.budget, (stream.peak, stream.budget)
+    assert stream.fetches >= FILES + 2 * (FILES - 5), "evicted files are fetched again the next epoch"
+    assert sum(p.stat().st_size for p in _on_disk(tmp_path)) <= stream.budget
+
+
+def test_a_reader_that_starts_over_reads_every_file_again_from_the_first(
+    streamed: tuple[NodeConfig, Stream], packed: tuple[Path, shards.ShardManifest]
+) -> None:
+    """What a restarted trainer (or a parameter-server worker whose dataset TensorFlow rebuilt)
+    does: its first reader stops mid-epoch, and a new one asks for file 0 again."""
+    cfg, stream = streamed
+    _, manifest = packed
+    first = iter(_ids(input_shard(cfg, 0, 1).records()))
+    for _ in range(400):  # of about 1437: the reader holds four files, the cache five
+        next(first)
+    del first
+    again = Counter(_ids(input_shard(cfg, 0, 1).records()))
+    assert sum(again.values()) == manifest.splits["train"].records and set(again.values()) == {1}
+    assert stream.peak <= stream.budget and stream.error is None
+
+
+def test_a_file_that_cannot_come_fails_the_reader_and_the_stream_names_it(
+    tmp_path: Path, packed: tuple[Path, shards.ShardManifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, manifest = packed
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in root.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    gone = manifest.splits["train"].shards[6].name
+    (copy / gone).unlink()
+    cfg = _worker(copy, _smallest_cache(manifest), tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    staged = node_data.stage_node(cfg, RunStore.open(cfg.store), tmp_path, lambda: None)
+    assert staged is not None and staged.stream is not None
+    with pytest.raises(tf.errors.NotFoundError):
+        sum(1 for _ in _ids(input_shard(cfg, 0, 1).records()))
+    staged.stream.stop()
+    assert staged.stream.error is not None and f"{gone} is missing from" in staged.stream.error
+
+
+def test_a_cache_too_small_for_the_readers_files_is_refused_with_the_size_that_works(
+    packed: tuple[Path, shards.ShardManifest],
+) -> None:
+    _, manifest = packed
+    least = _smallest_cache(manifest)
+    assert streaming.cache_problem(manifest, least / streaming.GB) is None
+    refused = streaming.cache_problem(manifest, (least - 1) / streaming.GB)
+    assert refused is not None and refused.startswith("training.dataset.cache_gb: ")
+    assert "a reader holds 4 files at once" in refused
+    fix = re.search(r"Fix: set it to ([\d.e-]+) or more", refused)
+    assert fix and streaming.cache_problem(manifest, float(fix[1])) is None, refused
+    share = staging.node_shares(manifest, "parameter_server", 1, cache=least)["worker-0"]
+    assert share.bytes == least < sum(s.bytes for s in manifest.splits["train"].shards)
