@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.training import shards
+from dlinfra.training import shards, staging, streaming
 from support import FAKE_CREDS, run_cli
 
 from .conftest import Deployed, deploy, kill_at, own_files_args, start_deploy
@@ -32,8 +32,13 @@ def _pack(dest: str, *args: str, env: dict[str, str] | None = None) -> None:
     assert packed.returncode == 0, packed.stdout + packed.stderr
 
 
-def _staged(run: Deployed, node: str) -> dict[str, list[int]]:
-    """Shard name → the example ids in that node's staged copy."""
+def _staged(run: Deployed, node: str, streamed_from: Path | None = None) -> dict[str, list[int]]:
+    """Shard name → the example ids in that node's staged copy, or in the packed set's copy of its
+    share when its files were `streamed_from` there through a cache that evicts them."""
+    if streamed_from is not None:
+        read = shards.ShardManifest.model_validate_json((streamed_from / "manifest.json").read_text())
+        share = staging.node_shares(read, "parameter_server", 3)[node].train
+        return {s.name: [i for i, _, _ in shards.records(streamed_from / s.name)] for s in share}
     folder = run.run_dir / "work" / node / "shards" / "train"
     return {p.name: [i for i, _, _ in shards.records(p)] for p in sorted(folder.glob("*.tfrecord"))}
 
@@ -63,7 +68,7 @@ def _reads(run: Deployed, node: str, since: float = 0.0) -> Counter[int]:
 
 
 def _each_example_once_per_pass(
-    run: Deployed, workers: list[str], restarted: tuple[str, ...] = ()
+    run: Deployed, workers: list[str], restarted: tuple[str, ...] = (), streamed_from: Path | None = None
 ) -> dict[str, tuple[int, int]]:
     """The guarantee the README states for each worker reading its own shards: every example of the
     worker's share is read, none of another's, and no example a second time before every other one of
@@ -73,7 +78,7 @@ def _each_example_once_per_pass(
     seen: dict[str, tuple[int, int]] = {}
     for node in workers:
         bound = 2 if node in restarted else 1
-        share = {i for ids in _staged(run, node).values() for i in ids}
+        share = {i for ids in _staged(run, node, streamed_from).values() for i in ids}
         reads = _reads(run, node)
         assert set(reads) == share, (
             f"{node}: read {len(set(reads) - share)} ids of other shares, missed "
@@ -84,13 +89,14 @@ def _each_example_once_per_pass(
     return seen
 
 
-def _project(tmp: Path, strategy: str, uri: str, steps: int) -> Path:
+def _project(tmp: Path, strategy: str, uri: str, steps: int, cache_gb: float | None = None) -> Path:
     shutil.copy(PROGRAM, tmp / PROGRAM.name)
     spec = tmp / "experiment.yaml"
     spec.write_text(
         f"name: digits-counted\nstrategy: {strategy}\ntraining:\n  steps: {steps}\n"
         f"  entrypoint: {PROGRAM.name}:digits_counted\n"
         f"  dataset:\n    format: tfrecord\n    uri: {uri}\n"
+        + (f"    cache_gb: {cache_gb}\n" if cache_gb else "")
     )
     return spec
 
@@ -145,26 +151,36 @@ def test_a_users_program_under_mirrored_workers_reads_each_example_once_per_pass
 
 
 def test_a_parameter_server_worker_killed_mid_pass_rereads_its_share_at_most_twice(tmp_path: Path) -> None:
-    """The user's program under parameter servers (its parsing runs on the workers, graph only), and
-    kill -9 of a worker mid-run: the run completes, the restarted worker's pipeline begins its share
-    again (TensorFlow rebuilds a lost worker's dataset), the others read once per pass as before."""
-    _pack(str(tmp_path / "packed"), "--eval-shards", "2")
+    """The user's program under parameter servers (its parsing runs on the workers, graph only), its
+    train files streamed through a cache that holds five of them (worker-0's six are evicted as read
+    and fetched again every pass), and kill -9 of a worker mid-run: the run completes, the restarted
+    worker's pipeline begins its share again (TensorFlow rebuilds a lost worker's dataset, and the
+    restarted agent's stream serves it from the first file), the others read once per pass."""
+    packed = tmp_path / "packed"
+    _pack(str(packed), "--eval-shards", "2")
+    manifest = shards.ShardManifest.model_validate_json((packed / "manifest.json").read_text())
+    cache = streaming.READ_PARALLEL + 1  # files: the least the cache may hold
+    cache_gb = cache * max(s.bytes for s in manifest.splits["train"].shards) / streaming.GB
     # a run long enough (a minute here) that the restarted worker rejoins and reads again
     steps = 4000
-    live = start_deploy(
-        tmp_path, str(_project(tmp_path, "parameter_server", "file://packed", steps)), "--workers", "3"
-    )
+    spec = _project(tmp_path, "parameter_server", "file://packed", steps, cache_gb=cache_gb)
+    live = start_deploy(tmp_path, str(spec), "--workers", "3")
     kill_at(live, "worker-1", 0.1, steps=steps)
     done = live.finish()
     assert done.returncode == 0, done.stdout + done.stderr
     status = live.status("worker-1")
     assert status["restarts"] == 1
     run = Deployed(done, live.home, live.run_dir)
-    per_worker = _each_example_once_per_pass(run, [f"worker-{i}" for i in range(3)], restarted=("worker-1",))
+    workers = [f"worker-{i}" for i in range(3)]
+    per_worker = _each_example_once_per_pass(run, workers, restarted=("worker-1",), streamed_from=packed)
     assert sum(reads for _, reads in per_worker.values()) >= steps * 64, per_worker
     second_life = _reads(run, "worker-1", since=status["started"])
     assert second_life.total() >= 450, f"the restarted worker read {second_life.total()} examples"
     assert run.metrics["eval_accuracy"] >= 0.85
+    assert re.search(r"train files streamed through a [\d.]+ KiB cache", done.stdout), done.stdout
+    assert "6 train shards, " in _log(run, "worker-0") and "(read ones evicted)" in _log(run, "worker-0")
+    on_disk = run.run_dir / "work" / "worker-0" / "shards" / "train"
+    assert len(list(on_disk.glob("*.tfrecord"))) <= cache, "evicted as read"
 
 
 def test_a_script_finds_its_nodes_shards_by_the_patterns_it_is_given(tmp_path: Path) -> None:

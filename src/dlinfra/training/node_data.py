@@ -48,18 +48,19 @@ def stage_node(cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[]
     stream = None
     if cache_gb is None:
         train = stage(split_store(cfg, pinned.manifest, "train"), mine.train, work / TRAIN_DIR, fmt)
-        what = f"{len(train)} train + {len(held)} eval shards, {size(_bytes(train + held))}"
+        what = f"{len(train)} train + {len(held)} eval shards, {size(_bytes(train + held))}, staged"
     else:
         budget = cache_bytes(cache_gb)
         stream = Stream(split_store(cfg, pinned.manifest, "train"), mine.train, work, budget).start()
         evicts = "read ones evicted" if stream.evicts else "kept for every epoch"
         what = (
-            f"{len(held)} eval shards, {size(_bytes(held))}; {len(mine.train)} train shards, "
-            f"{size(sum(s.bytes for s in mine.train))}, streamed through a {size(budget)} cache ({evicts})"
+            f"{len(mine.train)} train shards, {size(sum(s.bytes for s in mine.train))}, streamed through "
+            f"a {size(budget)} cache ({evicts})"
+            + (f"; {len(held)} eval shards, {size(_bytes(held))}, staged" if held else "; stream started")
         )
     print(
         f"data: {pinned.manifest.source} ({pin_name(pinned.manifest)} {pinned.sha256[:12]}): "
-        f"{what}, staged in {time.monotonic() - began:.1f}s",
+        f"{what} in {time.monotonic() - began:.1f}s",
         flush=True,
     )
     return Staged(pinned.manifest, stream)
