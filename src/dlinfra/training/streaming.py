@@ -35,7 +35,7 @@ ASKED_DIR = SHARDS_DIR / "asked"
 DONE_DIR = SHARDS_DIR / "done"
 GATE_PATTERN = f"{GATES_DIR}/*"
 READ_PARALLEL = 4  # files one input pipeline reads at once (program.Shard.records)
-TICK = 0.02  # seconds between the agent's looks at the reader's markers
+TICK = 0.005  # seconds between the agent's looks at the reader's markers (a fetch's end wakes it too)
 GB = 10**9
 
 
@@ -107,6 +107,7 @@ class Stream:
         self.peak = 0  # the most bytes on disk at once
         self.error: str | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=PARALLEL_OBJECTS)
         self._thread = threading.Thread(target=self._serve, name="dlinfra-stream", daemon=True)
 
@@ -131,6 +132,7 @@ class Stream:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -138,10 +140,15 @@ class Stream:
         return sum(self.files[k].bytes for k in self.present | set(self.fetching))
 
     def _fetch(self, k: int) -> Path:
-        return fetch(self.store, self.files[k], self.work / TRAIN_DIR, "tfrecord")
+        try:
+            return fetch(self.store, self.files[k], self.work / TRAIN_DIR, "tfrecord")
+        finally:
+            self._wake.set()  # a reader may be waiting for it
 
     def _serve(self) -> None:
-        while not self._stop.wait(TICK):
+        while not self._stop.is_set():
+            self._wake.wait(TICK)
+            self._wake.clear()
             if self.error is not None:
                 self._let_go()
                 continue
