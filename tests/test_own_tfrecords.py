@@ -21,6 +21,7 @@ from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.tfvars import read_objects
 from dlinfra.training import data, node_data, staging
 from dlinfra.training.listing import listing_sha256
+from dlinfra.training.loop import input_shard
 from dlinfra.training.packed import packed_program
 from dlinfra.training.program import Shard
 from dlinfra.training.shards import ShardManifest
@@ -168,6 +169,48 @@ def test_raw_pixels_parse_by_the_shape_given(tmp_path: Path, monkeypatch: pytest
     assert np.array_equal(np.rint(images.numpy() * 255).astype("uint8"), pixels)
 
 
+def test_gzip_files_with_one_based_labels_read_by_their_compression_and_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ImageNet's TFRecords are often kept: GZIP-compressed, labels 1 to 1000. The train share a
+    node's Shard reads, and the eval files, both decompressed; the labels from 0."""
+    pixels = np.arange(3 * 4 * 4 * 3, dtype="uint8").reshape(3, 4, 4, 3)
+    options = tf.io.TFRecordOptions(compression_type="GZIP")
+    for split in ("train", "eval"):
+        (tmp_path / "shards" / split).mkdir(parents=True)
+        path = tmp_path / "shards" / split / f"{split}-0.tfrecord"
+        with tf.io.TFRecordWriter(str(path), options) as writer:
+            for i, image in enumerate(pixels):
+                feature = {
+                    "px": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i + 1])),
+                }
+                example = tf.train.Example(features=tf.train.Features(feature=feature))
+                writer.write(example.SerializeToString())
+        assert path.read_bytes()[:2] == b"\x1f\x8b"  # gzip's magic: the files really are compressed
+    features = {"image": "px", "label": "y", "encoding": "raw", "label_offset": 1}
+    spec = _spec(
+        "file:///x/t-*", "file:///x/e-*", features=features, shape=[4, 4, 3], classes=3, compression="gzip"
+    )
+    manifest = ShardManifest(
+        source="x",
+        encoding="raw",
+        shape=[4, 4, 3],
+        classes=["0", "1", "2"],
+        splits={},
+        created=0.0,
+        locations={},
+    )
+    program = packed_program(spec.training, manifest)
+    monkeypatch.chdir(tmp_path)
+    shard = input_shard(_node(spec, "worker", 0, tmp_path / "results"), 0, 1)
+    assert shard.compression == "GZIP"
+    for data_set in (program.train_data(shard), program.eval_data()):
+        images, labels = next(iter(data_set.batch(3)))
+        assert labels.numpy().tolist() == [0, 1, 2]
+        assert np.array_equal(np.rint(images.numpy() * 255).astype("uint8"), pixels)
+
+
 def test_a_glob_in_moto_s3_lists_one_directory_and_nodes_may_read_only_there(
     tmp_path: Path, own_files: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -199,7 +242,6 @@ def test_files_of_any_format_are_staged_by_name_for_the_users_own_reader(
     """format files: CSV parts (and a JSON one: the glob decides, not the suffix) staged under their
     own names, found by the pattern a program's Shard and a script's $DLINFRA_TRAIN_FILES give."""
     from dlinfra.node.script import TRAIN_FILES, staged_files
-    from dlinfra.training.loop import input_shard
 
     monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "home"))
     parts = tmp_path / "parts"

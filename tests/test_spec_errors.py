@@ -97,6 +97,18 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
         [],
         "a script reads $DLINFRA_TRAIN_FILES, staged whole. Fix: remove cache_gb",
     ),
+    (
+        "compression-of-a-packed-directory",
+        "training:\n  dataset:\n    format: tfrecord\n    uri: s3://data/digits\n    compression: gzip\n",
+        [],
+        "'compression' is for your own files (a glob uri)",
+    ),
+    (
+        "compression-unknown",
+        "training:\n  dataset:\n    format: tfrecord\n    uri: s3://data/in/t-*\n    compression: lz4\n",
+        [],
+        "training.dataset.compression",
+    ),
     ("dataset-sha-malformed", "training:\n  dataset:\n    sha256: abc\n", [], "training.dataset.sha256"),
     ("entrypoint-without-function", "training:\n  entrypoint: train.py\n", [], "training.entrypoint"),
     ("command-one-string", "training:\n  command: python train.py\n", [], "training.command"),

@@ -47,6 +47,11 @@ class FeaturesSpec(StrictModel):
         "encoded",
         description="encoded: JPEG/PNG/GIF/BMP bytes; raw: uint8 pixels of training.dataset.shape.",
     )
+    label_offset: int = Field(
+        0,
+        ge=0,
+        description="Subtracted from every label, so labels run from 0 (1 for ImageNet's 1-based labels).",
+    )
 
 
 class DatasetSpec(StrictModel):
@@ -69,6 +74,10 @@ class DatasetSpec(StrictModel):
     features: FeaturesSpec = Field(
         default_factory=FeaturesSpec,
         description="tfrecord: the records' keys and image encoding, for the built-in model.",
+    )
+    compression: Literal["none", "gzip", "zlib"] = Field(
+        "none",
+        description="tfrecord with a glob uri: how your files are compressed (as TFRecordWriter wrote them).",
     )
     sha256: str | None = Field(
         None,
@@ -102,6 +111,11 @@ class DatasetSpec(StrictModel):
         return v
 
     @property
+    def compression_type(self) -> str:
+        """TensorFlow's name for it (TFRecordDataset's compression_type)."""
+        return "" if self.compression == "none" else self.compression.upper()
+
+    @property
     def staged(self) -> bool:
         """Files each node copies to its disk before training (see training.staging)."""
         return self.format in ("tfrecord", "files")
@@ -118,6 +132,8 @@ class DatasetSpec(StrictModel):
             self._check_tfrecord()
         elif self.eval_uri is not None:
             raise ValueError("'eval_uri' is for format tfrecord with a glob uri. Fix: remove it")
+        if self.compression != "none" and self.format != "tfrecord":
+            raise ValueError(f"'compression' is for TFRecord files, not format {self.format}. Fix: remove it")
         if self.cache_gb is not None and self.format != "tfrecord":
             raise ValueError(
                 f"'cache_gb' streams TFRecord files; format {self.format} "
@@ -144,6 +160,11 @@ class DatasetSpec(StrictModel):
                 if uri is not None and (problem := _listing_problem(uri, field)):
                     raise ValueError(problem)
             return
+        if self.compression != "none":
+            raise ValueError(
+                "'compression' is for your own files (a glob uri); `dlinfra data pack` writes shards "
+                "uncompressed. Fix: remove it"
+            )
         if self.eval_uri is not None:
             raise ValueError(
                 "'eval_uri': a packed directory names its own eval shards (its manifest.json). Fix: remove "

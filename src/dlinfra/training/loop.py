@@ -324,7 +324,8 @@ def input_shard(cfg: NodeConfig, index: int, count: int) -> Shard:
     files are the whole of its part (see training.staging)."""
     ds = cfg.training.dataset
     if ds.staged:
-        return Shard(0, 1, staging.patterns(ds.format)[0], streamed=ds.cache_gb is not None)
+        streamed = ds.cache_gb is not None
+        return Shard(0, 1, staging.patterns(ds.format)[0], streamed, ds.compression_type)
     return Shard(index, count)
 
 

@@ -40,7 +40,7 @@ def parser(shape: tuple[int, int, int], resize: bool, features: FeaturesSpec) ->
         if resize and features.encoding != "raw":
             image = tf.image.resize(image, (height, width))
         image = tf.ensure_shape(image, shape)
-        return image, ex[features.label]
+        return image, ex[features.label] - features.label_offset
 
     return parse
 
@@ -62,7 +62,8 @@ def packed_program(training: TrainingSpec, manifest: ShardManifest) -> Any:
         return shard.records().map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
     def eval_data() -> Any:
-        return Shard(0, 1, EVAL_PATTERN).records().map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        held = Shard(0, 1, EVAL_PATTERN, compression=training.dataset.compression_type)
+        return held.records().map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
     return Program(
         build_model=lambda: models.build(training.model, shape, len(manifest.classes)),

@@ -43,6 +43,7 @@ class Shard:
     count: int
     pattern: str | None = None  # the staged files, relative to the trainer's working directory
     streamed: bool = False  # the files arrive as they are read (training.dataset.cache_gb)
+    compression: str = ""  # GZIP or ZLIB: your own files as they were written (dataset.compression)
 
     def records(self) -> Any:
         """A tf.data.Dataset of the raw serialized records of this pipeline's files, read on the node
@@ -54,11 +55,11 @@ class Shard:
         from dlinfra.training import streaming
 
         if self.streamed:
-            return streaming.gated_records()
+            return streaming.gated_records(self.compression)
 
         # Listed when the pipeline runs, on the node that runs it; files interleaved in a fixed order.
         return tf.data.Dataset.list_files(self.pattern, shuffle=False).interleave(
-            tf.data.TFRecordDataset,
+            lambda path: tf.data.TFRecordDataset(path, compression_type=self.compression),
             cycle_length=streaming.READ_PARALLEL,
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,

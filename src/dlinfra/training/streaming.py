@@ -58,9 +58,10 @@ def cache_bytes(cache_gb: float) -> int:
     return round(cache_gb * GB)
 
 
-def gated_records() -> Any:
+def gated_records(compression: str = "") -> Any:
     """The reader's side: a tf.data.Dataset of the raw records of this node's train files, each file
-    read once the agent has it on disk (pure TensorFlow ops: it runs on parameter-server workers)."""
+    read once the agent has it on disk (pure TensorFlow ops: it runs on parameter-server workers).
+    `compression`: TFRecordDataset's compression_type."""
     import tensorflow as tf
 
     def marker(path: Any) -> Any:
@@ -74,7 +75,8 @@ def gated_records() -> Any:
 
         # a FIFO holds no bytes: the gate yields no record, it only waits to be opened
         opened = tf.data.FixedLengthRecordDataset(gate, 1)
-        records = tf.data.TFRecordDataset(beside(TRAIN_DIR))  # opened only once the gate has passed
+        # opened only once the gate has passed
+        records = tf.data.TFRecordDataset(beside(TRAIN_DIR), compression_type=compression)
         return (
             marker(beside(ASKED_DIR))
             .concatenate(opened)
