@@ -4,6 +4,7 @@ example id it gets."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -67,6 +68,14 @@ def _ids(dataset: tf.data.Dataset) -> Iterator[int]:
         yield int(tf.io.parse_single_example(raw, spec)["id"])
 
 
+def _bytes_on_disk(folder: Path) -> int:
+    total = 0
+    for path in folder.iterdir():
+        with contextlib.suppress(FileNotFoundError):  # evicted since it was listed
+            total += path.stat().st_size
+    return total
+
+
 def _on_disk(work: Path) -> list[Path]:
     return [p for p in (work / staging.TRAIN_DIR).iterdir() if not p.name.startswith(".")]
 
@@ -79,14 +88,17 @@ def test_a_share_bigger_than_the_cache_is_read_once_per_epoch_and_never_holds_mo
     assert stream.evicts, "8 files through a cache of 5"
     reads: Counter[int] = Counter()
     files_at_first = None
-    for i in _ids(input_shard(cfg, 0, 1).records().repeat(3)):
+    most = 0  # bytes on disk, seen by this reader: fetched files and any being fetched
+    for n, i in enumerate(_ids(input_shard(cfg, 0, 1).records().repeat(3))):
         if files_at_first is None:
             files_at_first = len(_on_disk(tmp_path))
+        if n % 20 == 0:
+            most = max(most, _bytes_on_disk(tmp_path / staging.TRAIN_DIR))
         reads[i] += 1
     train_ids = {i for s in manifest.splits["train"].shards for i, _, _ in shards.records(packed[0] / s.name)}
     assert set(reads) == train_ids and set(reads.values()) == {3}, Counter(reads.values())
     assert files_at_first is not None and files_at_first < FILES, "training began before every file was there"
-    assert stream.peak <= stream.budget, (stream.peak, stream.budget)
+    assert 0 < most <= stream.budget and stream.peak <= stream.budget, (most, stream.peak, stream.budget)
     assert stream.fetches >= FILES + 2 * (FILES - 5), "evicted files are fetched again the next epoch"
     assert sum(p.stat().st_size for p in _on_disk(tmp_path)) <= stream.budget
 

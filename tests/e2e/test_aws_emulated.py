@@ -484,7 +484,11 @@ def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_paramete
     del args[at - 1 : at + 1]  # the AMI comes from the parameter instead
     network = ["aws.vpc_cidr=172.20.0.0/16", "aws.subnet_cidr=172.20.8.0/24"]
     network.append(f"aws.ami_ssm_parameter={parameter}")
-    sets = [x for s in [*network, "training.steps=200"] for x in ("--set", s)]
+    s3 = _client(aws_env["endpoint"], "s3")
+    # each worker's 8 files streamed from moto's S3 through the least cache allowed (room for 5)
+    listed = s3.list_objects_v2(Bucket="own-data", Prefix="digits/train/train-")["Contents"]
+    cache = f"training.dataset.cache_gb={5 * max(o['Size'] for o in listed) / 1e9}"
+    sets = [x for s in [*network, "training.steps=200", cache] for x in ("--set", s)]
     mirrored = ("--strategy", "multi_worker_mirrored", *own_files_args(s3_own_files))
     result = run_cli(
         "deploy", "--target", "aws", "--workers", "2", "--yes", "--emulate-instances", *mirrored, *args,
@@ -494,10 +498,12 @@ def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_paramete
     [run_dir] = (home / "runs").iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "DONE" and manifest["destroyed"]
-    s3 = _client(aws_env["endpoint"], "s3")
     metrics = s3.get_object(Bucket=BUCKET, Key=f"runs/{run_dir.name}/metrics.json")["Body"].read()
     assert json.loads(metrics)["eval_accuracy"] >= 0.85
     assert "(listing " in result.stdout and "16 train + 2 eval shards; a node stages up to" in result.stdout
+    assert "its train files streamed through a " in result.stdout
+    log = s3.get_object(Bucket=BUCKET, Key=f"runs/{run_dir.name}/logs/worker-1.log")["Body"].read().decode()
+    assert "8 train shards, " in log and "cache (read ones evicted)" in log, log
     assert manifest["ami_id"] == first
     assert f"base AMI {first}" in result.stdout
     tfvars = json.loads((run_dir / "tfvars.json").read_text())

@@ -112,6 +112,9 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
             status.stop(state="lost peer", error=error[:500])
             return EXIT_RETRY
         return give_up(cfg, store, status, error, trace)
+    finally:
+        if stream is not None:  # no fetch ahead for a pass that will not come
+            stream.stop()
 
 
 def _off_lock(cfg: NodeConfig, status: NodeStatus) -> str | None:

@@ -105,6 +105,7 @@ class Stream:
         self.fetching: dict[int, Future[Path]] = {}
         self.reading: set[int] = set()  # passed its gate, not done
         self.hint = 0  # the file the reader will ask for next
+        self.held = 0  # bytes of the files present or fetching
         self.fetches = 0
         self.peak = 0  # the most bytes on disk at once
         self.error: str | None = None
@@ -126,7 +127,7 @@ class Stream:
             if name in kept and self.files[k].bytes <= room:  # an earlier life's: fetch() checks it
                 room -= self.files[k].bytes
                 kept.remove(name)
-                self.fetching[k] = self._pool.submit(self._fetch, k)
+                self._start_fetch(k)
         for stale in kept:  # another share's, beyond the cache, or a fetch a kill cut short
             (self.work / TRAIN_DIR / stale).unlink()
         self._thread.start()
@@ -137,9 +138,6 @@ class Stream:
         self._wake.set()
         self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def on_disk(self) -> int:
-        return sum(self.files[k].bytes for k in self.present | set(self.fetching))
 
     def _fetch(self, k: int) -> Path:
         try:
@@ -164,7 +162,8 @@ class Stream:
 
     def _tick(self) -> None:
         for marker in _markers(self.work / DONE_DIR):
-            k = self.index[marker.name]
+            if (k := self.index.get(marker.name)) is None:
+                continue
             self.reading.discard(k)
             if self.evicts:
                 self._evict(k)
@@ -174,7 +173,8 @@ class Stream:
                 del self.fetching[k]
                 self.present.add(k)
         for marker in _markers(self.work / ASKED_DIR, remove=False):
-            k = self.index[marker.name]
+            if (k := self.index.get(marker.name)) is None:
+                continue
             if k in self.reading:  # asked again before done: a new reader, started over
                 self.reading.clear()
             if k in self.present and _open_gate(self.work / GATES_DIR / marker.name):
@@ -185,30 +185,36 @@ class Stream:
                 self._make_room(self.files[k].bytes)
                 self._start_fetch(k)
         self._fetch_ahead()
-        self.peak = max(self.peak, self.on_disk())
+        self.peak = max(self.peak, self.held)
 
     def _fetch_ahead(self) -> None:
+        if len(self.present) + len(self.fetching) == len(self.files):
+            return
         for step in range(len(self.files)):
             k = (self.hint + step) % len(self.files)
             if k in self.present or k in self.fetching:
                 continue
-            if len(self.fetching) >= PARALLEL_OBJECTS or self.on_disk() + self.files[k].bytes > self.budget:
+            if len(self.fetching) >= PARALLEL_OBJECTS or self.held + self.files[k].bytes > self.budget:
                 return
             self._start_fetch(k)
 
     def _start_fetch(self, k: int) -> None:
         self.fetches += 1
+        self.held += self.files[k].bytes
         self.fetching[k] = self._pool.submit(self._fetch, k)
 
     def _make_room(self, wanted: int) -> None:
         """Evict files fetched ahead and not yet read, the farthest from the reader first, until
         `wanted` more bytes fit (after a reader started over, what it will read first comes first)."""
         ahead = sorted(self.present - self.reading, key=lambda k: (k - self.hint) % len(self.files))
-        while ahead and self.on_disk() + wanted > self.budget:
+        while ahead and self.held + wanted > self.budget:
             self._evict(ahead.pop())
 
     def _evict(self, k: int) -> None:
+        if k not in self.present:
+            return
         self.present.discard(k)
+        self.held -= self.files[k].bytes
         with contextlib.suppress(FileNotFoundError):
             (self.work / TRAIN_DIR / local_name(self.files[k], "tfrecord")).unlink()
 
