@@ -19,6 +19,7 @@ from dlinfra.runs.store import Store
 from dlinfra.spec.model import DatasetSpec, TrainingSpec
 from dlinfra.training import data, node_data, shards, staging, streaming
 from dlinfra.training.loop import input_shard
+from dlinfra.training.objective import hint
 from dlinfra.training.streaming import Stream
 from support import staging_node
 
@@ -133,9 +134,11 @@ def test_a_file_that_cannot_come_fails_the_reader_and_the_stream_names_it(
     monkeypatch.chdir(tmp_path)
     staged = node_data.stage_node(cfg, RunStore.open(cfg.store), tmp_path, lambda: None)
     assert staged is not None and staged.stream is not None
-    with pytest.raises(tf.errors.NotFoundError):
+    with pytest.raises(tf.errors.NotFoundError) as failed:
         sum(1 for _ in _ids(input_shard(cfg, 0, 1).records()))
     staged.stream.stop()
+    # what a parameter-server chief sees of a worker's failed stream, and the pointer it gets
+    assert "its log says why (`data: streaming stopped: …`" in hint(str(failed.value)), failed.value
     assert staged.stream.error is not None and f"{gone} is missing from" in staged.stream.error
 
 

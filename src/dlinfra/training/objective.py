@@ -16,6 +16,7 @@ from typing import Any
 
 from dlinfra.errors import DlinfraError
 from dlinfra.training.program import Program
+from dlinfra.training.staging import TRAIN_DIR
 
 DEFAULT_LOSS = "sparse categorical cross-entropy (default)"
 # compile() settings the loop does not use, with the value that means "not set"
@@ -40,6 +41,9 @@ HINTS = {
     # a table made in build(): before the cluster was joined, on a device the cluster does not have
     "Client for target /job:localhost": IN_SETUP,  # used on a worker
     "job:localhost/replica:0/task:0/device:CPU:0 unknown device": IN_SETUP,  # used on the chief
+    # a parameter-server worker's stream stopped: the chief sees only the local path it could not read
+    f"{TRAIN_DIR}/": "a node's train files are not on its disk; streamed through cache_gb, its log says "
+    "why (`data: streaming stopped: …`, the worker whose files these are)",
 }
 
 
