@@ -221,3 +221,19 @@ def staging_node(role: str, index: int, training, results: Path, data_url: str, 
         heartbeat_interval=1,
         max_runtime=60,
     )
+
+
+def digits_source():
+    """scikit-learn's digits as a source to pack, PNG-encoded as each shard is written."""
+    from dlinfra.training import data, shards
+
+    arrays = data.load(data.DatasetSpec(), Path("/nonexistent"))  # digits ship with scikit-learn
+    return shards.array_source("digits", arrays.x_train, arrays.y_train, arrays.x_test, arrays.y_test, "png")
+
+
+def pack_digits(root: Path, train_shards: int, eval_shards: int):
+    """digits packed into shards at `root` (a file:// store); returns the manifest."""
+    from dlinfra.runs.store import Store
+    from dlinfra.training import shards
+
+    return shards.pack(digits_source(), Store.from_url(f"file://{root}"), train_shards, eval_shards)

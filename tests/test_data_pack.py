@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.store import Store
-from dlinfra.training import data, shards
-from support import FAKE_CREDS, run_cli, s3_client
+from dlinfra.training import shards
+from support import FAKE_CREDS, digits_source, run_cli, s3_client
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def digits() -> shards.Source:
     """Encoded once: 1797 PNGs."""
-    arrays = data.load(data.DatasetSpec(), Path("/nonexistent"))  # digits ship with scikit-learn
-    return shards.array_source("digits", arrays.x_train, arrays.y_train, arrays.x_test, arrays.y_test, "png")
+    return digits_source()
 
 
 def test_digits_pack_into_shards_every_example_once_with_checksums(

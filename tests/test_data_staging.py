@@ -18,7 +18,7 @@ from dlinfra.spec.model import DatasetSpec, TrainingSpec
 from dlinfra.training import data, node_data, shards, staging
 from dlinfra.training.packed import packed_program
 from dlinfra.training.program import Shard
-from support import staging_node
+from support import pack_digits, staging_node
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +27,7 @@ pytestmark = pytest.mark.slow
 def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, shards.ShardManifest]:
     """digits in 8 train and 2 eval shards of PNGs."""
     root = tmp_path_factory.mktemp("packed")
-    arrays = data.load(data.DatasetSpec(), Path("/nonexistent"))
-    source = shards.array_source(
-        "digits", arrays.x_train, arrays.y_train, arrays.x_test, arrays.y_test, "png"
-    )
-    return root, shards.pack(source, Store.from_url(f"file://{root}"), shards=8, eval_shards=2)
+    return root, pack_digits(root, 8, 2)
 
 
 def _node(root: Path, role: str, index: int, workers: int = 3, sha256: str | None = None) -> NodeConfig:

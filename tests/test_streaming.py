@@ -15,13 +15,12 @@ import tensorflow as tf
 
 from dlinfra.contract import NodeConfig
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.store import Store
 from dlinfra.spec.model import DatasetSpec, TrainingSpec
-from dlinfra.training import data, node_data, shards, staging, streaming
+from dlinfra.training import node_data, shards, staging, streaming
 from dlinfra.training.loop import input_shard
 from dlinfra.training.objective import hint
 from dlinfra.training.streaming import Stream
-from support import staging_node
+from support import pack_digits, staging_node
 
 pytestmark = pytest.mark.slow
 FILES = 8
@@ -31,11 +30,7 @@ FILES = 8
 def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, shards.ShardManifest]:
     """digits in 8 train shards of PNGs, about 20 KiB each."""
     root = tmp_path_factory.mktemp("packed")
-    arrays = data.load(data.DatasetSpec(), Path("/nonexistent"))
-    source = shards.array_source(
-        "digits", arrays.x_train, arrays.y_train, arrays.x_test, arrays.y_test, "png"
-    )
-    return root, shards.pack(source, Store.from_url(f"file://{root}"), shards=FILES, eval_shards=1)
+    return root, pack_digits(root, FILES, 1)
 
 
 def _smallest_cache(manifest: shards.ShardManifest) -> int:
