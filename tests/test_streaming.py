@@ -150,3 +150,48 @@ def test_a_cache_too_small_for_the_readers_files_is_refused_with_the_size_that_w
     assert fix and streaming.cache_problem(manifest, float(fix[1])) is None, refused
     share = staging.node_shares(manifest, "parameter_server", 1, cache=least)["worker-0"]
     assert share.bytes == least < sum(s.bytes for s in manifest.splits["train"].shards)
+
+
+def test_a_dispatched_worker_takes_every_file_once_per_pass_each_pass_in_a_new_order(
+    tmp_path: Path, packed: tuple[Path, shards.ShardManifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parameter-server worker's reader under a real tf.data dispatcher and data worker (both in
+    this process, as on the chief and a worker): it takes files from the dispatcher as it is free,
+    the agent fetches what it took through the least cache, and logs each file with its pass."""
+    from dlinfra.node.serving import start_data_worker
+    from dlinfra.render.addresses import free_ports
+
+    root, manifest = packed
+    address = f"127.0.0.1:{next(free_ports(1))}"
+    cfg = _worker(root, _smallest_cache(manifest), tmp_path / "results").model_copy(
+        update={"dispatcher": address}
+    )
+    dispatch = streaming.Dispatch.of(manifest, address, seed=7)
+    dispatcher = streaming.start_dispatcher(dispatch)
+    data_worker = start_data_worker(address, "127.0.0.1", lean=False)
+    monkeypatch.chdir(tmp_path)
+    staged = node_data.stage_node(cfg, RunStore.open(cfg.store), tmp_path, lambda: None)
+    assert staged is not None and staged.stream is not None and not staged.stream.ordered
+    records = manifest.splits["train"].records
+    assert records is not None
+    try:
+        reads = Counter(_ids(input_shard(cfg, 0, 1, dispatch).records().take(3 * records)))
+    finally:
+        staged.stream.stop()
+        data_worker.stop()
+        dispatcher.stop()
+    train = {
+        s.name: {i for i, _, _ in shards.records(root / s.name)} for s in manifest.splits["train"].shards
+    }
+    assert set(reads) == set().union(*train.values())
+    assert max(reads.values()) - min(reads.values()) <= 2, Counter(
+        reads.values()
+    )  # passes overlap at the ends
+    taken = [line.split("\t") for line in (tmp_path / streaming.TAKEN_LOG).read_text().splitlines()]
+    passes: dict[int, list[str]] = {}
+    for number, name in taken:
+        passes.setdefault(int(number), []).append(name.removesuffix(".tfrecord"))
+    names = sorted(s.name.removesuffix(".tfrecord") for s in manifest.splits["train"].shards)
+    assert sorted(passes[0]) == sorted(passes[1]) == names, passes  # each file once per pass
+    assert passes[0] != passes[1], "each pass in an order of its own"
+    assert staged.stream.peak <= staged.stream.budget < sum(s.bytes for s in manifest.splits["train"].shards)

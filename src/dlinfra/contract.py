@@ -102,6 +102,9 @@ class NodeConfig(BaseModel):
     store: StoreConfig
     training: TrainingSpec
     data: StoreConfig | None = None  # where a packed data set's shards are (training.dataset.uri)
+    # host:port of the chief's tf.data dispatcher, where parameter-server workers take train files as
+    # they are free (TrainingSpec.dispatches_files); None: each worker reads a fixed share
+    dispatcher: str | None = None
     entrypoint: str | None = None  # 'file.py:function' inside the code bundle
     bundle: str | None = None  # sha256 of the code bundle in the run's store
     startup_timeout: float

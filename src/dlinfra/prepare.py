@@ -75,7 +75,8 @@ class Prepared:
         for cfg in configs.values():
             host, _, port = cfg.address.rpartition(":")
             nodes.append(Node(cfg.role, cfg.index, host, int(port)))
-        return cls(run.spec(), run, AddressPlan(tuple(nodes)), configs, user_data)
+        dispatcher = next((cfg.dispatcher for cfg in configs.values() if cfg.dispatcher), None)
+        return cls(run.spec(), run, AddressPlan(tuple(nodes), dispatcher=dispatcher), configs, user_data)
 
 
 def prepare(
@@ -329,11 +330,13 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
     if ds.cache_gb is not None and (problem := streaming.cache_problem(pinned.manifest, ds.cache_gb)):
         raise SpecError([problem])
     cache = None if ds.cache_gb is None else streaming.cache_bytes(ds.cache_gb)
-    shares = staging.node_shares(pinned.manifest, spec.strategy, workers, cache)
+    dispatched = spec.training.dispatches_files(spec.strategy)
+    shares = staging.node_shares(pinned.manifest, spec.strategy, workers, cache, dispatched)
     splits = pinned.manifest.splits
     note = (
         f"data: {pinned.manifest.source} ({staging.pin_name(pinned.manifest)} {pinned.sha256[:12]}), "
         f"{len(splits['train'].shards)} train + {len(splits['eval'].shards)} eval shards; "
+        + ("workers take train files as they are free (tf.data service on the chief); " if dispatched else "")
     )
     if own_disks:
         disks = {node: node_disk(spec, node) for node in shares}

@@ -131,6 +131,11 @@ def _off_lock(cfg: NodeConfig, status: NodeStatus) -> str | None:
 
 
 def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *, lean: bool) -> int:
+    data_worker = None
+    if cfg.dispatcher and cfg.role == "worker":
+        host = cfg.address.rpartition(":")[0]
+        data_worker = serving.start_data_worker(cfg.dispatcher, host, lean=lean)
+        print(f"taking train files from the chief's tf.data dispatcher at {cfg.dispatcher}", flush=True)
     server = serving.start_server(cfg.peers, cfg.role, cfg.index, threads, lean=lean)
     status.mark("tensorflow")
     if lean:
@@ -142,6 +147,8 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
     while (marker := store.marker()) is None:
         time.sleep(POLL_SECONDS)
     status.stop(state=marker.marker.lower())
+    if data_worker is not None:
+        data_worker.stop()
     return EXIT_DONE
 
 
@@ -151,7 +158,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
 def _train(
     cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, packed: ShardManifest | None
 ) -> int:
-    from dlinfra.training import export, loop, parameter_servers
+    from dlinfra.training import export, loop, parameter_servers, streaming
     from dlinfra.training.data import S3Access
     from dlinfra.training.packed import packed_program
     from dlinfra.training.program import builtin_program, load_entrypoint
@@ -160,7 +167,11 @@ def _train(
     status.update(state="waiting for peers", total_steps=t.steps)
     me = cfg.address
     peers = [addr for addrs in cfg.peers.values() for addr in addrs if addr != me]
+    dispatch = dispatcher = None
     if cfg.strategy == "parameter_server":
+        if cfg.dispatcher is not None and packed is not None:
+            dispatch = streaming.Dispatch.of(packed, cfg.dispatcher, t.seed)
+            dispatcher = streaming.start_dispatcher(dispatch)  # the workers wait for it to serve
         wait_for_peers(peers, cfg.startup_timeout)
         strategy = None
     else:
@@ -188,10 +199,11 @@ def _train(
     status.update(state="training")
     started = time.time()
     if strategy is None:
-        outcome = parameter_servers.train_parameter_server(cfg, program, hooks)
+        outcome = parameter_servers.train_parameter_server(cfg, program, hooks, dispatch)
     else:
         outcome = loop.train_mirrored(cfg, program, hooks, strategy)
     train_seconds = time.time() - started
+    del dispatcher  # served the workers' pipelines until here
     if not cfg.is_chief:
         status.stop(state="done", step=outcome.step)
         return EXIT_DONE

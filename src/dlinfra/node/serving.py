@@ -35,6 +35,22 @@ def start_server(cluster: dict[str, list[str]], role: str, index: int, threads: 
     )
 
 
+def start_data_worker(dispatcher: str, host: str, *, lean: bool) -> Any:
+    """A started tf.data service worker in this process: the workers' pipeline, traced by the chief,
+    reads from it (target_workers LOCAL) the train files it asks the chief's dispatcher for as it is
+    free (training.streaming.dispatched_records). It must be up before the node serves: the chief
+    builds the pipeline once it reaches the node."""
+    if lean:
+        _lean_modules()
+    from tensorflow.python.data.experimental.service import server_lib as data_server_lib
+
+    # any free port: only this process's own reader reads from it
+    config = data_server_lib.WorkerConfig(
+        dispatcher_address=dispatcher, worker_address=f"{host}:%port%", port=0
+    )
+    return data_server_lib.WorkerServer(config)
+
+
 def _full_modules() -> tuple[Any, Any]:
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2

@@ -43,6 +43,9 @@ class Node:
 class AddressPlan:
     nodes: tuple[Node, ...]
     layout: SubnetLayout | None = None  # the rule the nodes follow, when there is one
+    # where the chief's tf.data dispatcher listens, for parameter-server workers that take train files
+    # as they are free (TrainingSpec.dispatches_files)
+    dispatcher: str | None = None
 
     def description(self) -> SubnetLayout | dict[str, list[str]]:
         """What each node is told of the cluster: the rule if there is one, else the list."""
@@ -64,11 +67,11 @@ def loopback_plan(spec: Spec, first_port: int | None = None) -> AddressPlan:
     of the cluster's own, where all are free), else free ones."""
     counts = {role: shape.count for role, shape in spec.roles().items()}
     total = sum(counts.values())
-    ports = iter(range(first_port, first_port + total)) if first_port else free_ports(total)
+    ports = iter(range(first_port, first_port + total + 1)) if first_port else free_ports(total + 1)
     nodes = [
         Node(role, i, "127.0.0.1", next(ports)) for role in ROLE_ORDER for i in range(counts.get(role, 0))
     ]
-    return AddressPlan(tuple(nodes))
+    return AddressPlan(tuple(nodes), dispatcher=f"127.0.0.1:{next(ports)}")
 
 
 def private_ip_plan(spec: Spec) -> AddressPlan:
@@ -88,7 +91,7 @@ def private_ip_plan(spec: Spec) -> AddressPlan:
             )
     layout = SubnetLayout(subnet=str(subnet), port=spec.cluster.port, offsets=HOST_OFFSET, counts=need)
     nodes = tuple(Node(role, i, host, layout.port) for role, i, host in layout.hosts())
-    return AddressPlan(nodes, layout)
+    return AddressPlan(nodes, layout, dispatcher=f"{nodes[0].host}:{layout.port + 1}")
 
 
 def _larger_subnet(workers: int) -> str:

@@ -46,6 +46,7 @@ def build_node_configs(
             store=store,
             training=spec.training,
             data=data,
+            dispatcher=plan.dispatcher if spec.training.dispatches_files(spec.strategy) else None,
             entrypoint=code.entrypoint if code else None,
             bundle=code.sha256 if code else None,
             startup_timeout=spec.cluster.startup_timeout,

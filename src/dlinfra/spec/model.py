@@ -99,7 +99,11 @@ class ClusterSpec(StrictModel):
     workers: WorkersSpec = WorkersSpec()
     ps: PsSpec = PsSpec()
     port: int = Field(
-        2222, ge=1024, le=65535, description="TF gRPC port on aws nodes (local picks free ports)."
+        2222,
+        ge=1024,
+        le=65534,
+        description="TF gRPC port on aws nodes (local picks free ports); the chief's tf.data dispatcher "
+        "listens on the next one.",
     )
     startup_timeout: float = Field(180, gt=0, le=DAY, description="Seconds a node waits for its peers.")
     heartbeat_timeout: float = Field(
@@ -236,6 +240,13 @@ class TrainingSpec(StrictModel):
                 "(training.entrypoint)"
             )
         return self
+
+    def dispatches_files(self, strategy: str) -> bool:
+        """Parameter-server workers take train files as they are free, from a tf.data dispatcher on
+        the chief, instead of a fixed share each: of packed or listed TFRecords that dlinfra reads
+        (Shard.records(), the built-in model). A script reads its staged share its own way."""
+        ds = self.dataset
+        return strategy == "parameter_server" and ds.format == "tfrecord" and not self.command
 
     @field_validator("entrypoint")
     @classmethod

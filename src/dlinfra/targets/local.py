@@ -285,14 +285,16 @@ class LocalCluster:
 
     def _to_loopback(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
         """Same private IP, same loopback port: a replaced instance rejoins at its old address."""
-        addresses = sorted({a for cfg in configs.values() for addrs in cfg.peers.values() for a in addrs})
-        new = [a for a in addresses if a not in self._loopback]
+        addresses = {a for cfg in configs.values() for addrs in cfg.peers.values() for a in addrs}
+        addresses |= {cfg.dispatcher for cfg in configs.values() if cfg.dispatcher}
+        new = [a for a in sorted(addresses) if a not in self._loopback]
         ports = free_ports(len(new))
         self._loopback.update({addr: f"127.0.0.1:{next(ports)}" for addr in new})
         return {
             name: cfg.model_copy(
                 update={
-                    "cluster": {job: [self._loopback[a] for a in addrs] for job, addrs in cfg.peers.items()}
+                    "cluster": {job: [self._loopback[a] for a in addrs] for job, addrs in cfg.peers.items()},
+                    "dispatcher": cfg.dispatcher and self._loopback[cfg.dispatcher],
                 }
             )
             for name, cfg in configs.items()

@@ -19,12 +19,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlinfra.contract import NodeConfig
 from dlinfra.training import fit_check, objective, sharding, staging
 from dlinfra.training.objective import Objective
 from dlinfra.training.program import Program, Shard
+
+if TYPE_CHECKING:
+    from dlinfra.training.streaming import Dispatch
 
 SHUFFLE_BUFFER = 4096
 
@@ -319,13 +322,13 @@ def set_up(program: Program, strategy: Any, cfg: NodeConfig) -> Objective:
     return fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1))
 
 
-def input_shard(cfg: NodeConfig, index: int, count: int) -> Shard:
+def input_shard(cfg: NodeConfig, index: int, count: int, dispatch: Dispatch | None = None) -> Shard:
     """What one input pipeline reads. A packed data set's node has staged its own share, so its
-    files are the whole of its part (see training.staging)."""
+    files are the whole of its part (see training.staging), or takes them as it is free (dispatch)."""
     ds = cfg.training.dataset
     if ds.staged:
         streamed = ds.cache_gb is not None
-        return Shard(0, 1, staging.patterns(ds.format)[0], streamed, ds.compression_type)
+        return Shard(0, 1, staging.patterns(ds.format)[0], streamed, ds.compression_type, dispatch)
     return Shard(index, count)
 
 

@@ -41,17 +41,24 @@ def stage_node(cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[]
     starting()
     began = time.monotonic()
     pinned = node_set(cfg, run)
-    mine = node_shares(pinned.manifest, cfg.strategy, cfg.num_workers).get(cfg.name, NodeShare([], []))
+    # a dispatched worker reads any train file (the chief's fit check reads its one, staged)
+    dispatched = cfg.dispatcher is not None and cfg.role == "worker"
+    shares = node_shares(
+        pinned.manifest, cfg.strategy, cfg.num_workers, dispatched=cfg.dispatcher is not None
+    )
+    mine = shares.get(cfg.name, NodeShare([], []))
     fmt = pinned.manifest.format
     held = stage(split_store(cfg, pinned.manifest, "eval"), mine.eval, work / EVAL_DIR, fmt)
     cache_gb = cfg.training.dataset.cache_gb
     stream = None
-    if cache_gb is None:
+    if cache_gb is None and not dispatched:
         train = stage(split_store(cfg, pinned.manifest, "train"), mine.train, work / TRAIN_DIR, fmt)
         what = f"{len(train)} train + {len(held)} eval shards, {size(_bytes(train + held))}, staged"
     else:
-        budget = cache_bytes(cache_gb)
-        stream = Stream(split_store(cfg, pinned.manifest, "train"), mine.train, work, budget).start()
+        # dispatched with no cache_gb: files stay once read, up to all of them (the plan counted that)
+        budget = cache_bytes(cache_gb) if cache_gb is not None else sum(s.bytes for s in mine.train)
+        train_store = split_store(cfg, pinned.manifest, "train")
+        stream = Stream(train_store, mine.train, work, budget, ordered=not dispatched).start()
         evicts = "read ones evicted" if stream.evicts else "kept for every epoch"
         what = (
             f"{len(mine.train)} train shards, {size(sum(s.bytes for s in mine.train))}, streamed through "

@@ -32,6 +32,7 @@ from dlinfra.training.loop import (
 from dlinfra.training.objective import Objective
 from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
 from dlinfra.training.program import Program
+from dlinfra.training.streaming import Dispatch
 
 
 def async_scale(cfg: NodeConfig) -> Scale:
@@ -83,8 +84,11 @@ def counted_steps(
     return train_steps
 
 
-def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> Outcome:
-    """Runs on the chief: variables live on the ps tasks, steps run on the workers."""
+def train_parameter_server(
+    cfg: NodeConfig, program: Program, hooks: Hooks, dispatch: Dispatch | None = None
+) -> Outcome:
+    """Runs on the chief: variables live on the ps tasks, steps run on the workers. `dispatch`: the
+    workers take train files from the chief's tf.data dispatcher (streaming.start_dispatcher)."""
     import tensorflow as tf
 
     configure_keras(cfg)
@@ -114,9 +118,10 @@ def train_parameter_server(cfg: NodeConfig, program: Program, hooks: Hooks) -> O
 
     # ClusterCoordinator traces one dataset function for every worker, so no static shard index
     # reaches a worker: each worker instead streams its own random permutation of the data (of a
-    # packed set: of the files it staged, read by a path that names each worker's own).
+    # packed set: of the files it staged, read by a path that names each worker's own), or takes
+    # files from the dispatcher as it is free.
     def dataset_fn() -> Any:
-        return batched(program.train_data(input_shard(cfg, 0, 1)), t.batch_size, shuffle_seed=None)
+        return batched(program.train_data(input_shard(cfg, 0, 1, dispatch)), t.batch_size, shuffle_seed=None)
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 

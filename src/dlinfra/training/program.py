@@ -29,6 +29,7 @@ from dlinfra.spec.model import TrainingSpec
 
 if TYPE_CHECKING:
     from dlinfra.training.data import S3Access
+    from dlinfra.training.streaming import Dispatch
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Shard:
     pattern: str | None = None  # the staged files, relative to the trainer's working directory
     streamed: bool = False  # the files arrive as they are read (training.dataset.cache_gb)
     compression: str = ""  # GZIP or ZLIB: your own files as they were written (dataset.compression)
+    # parameter-server workers: any train file, taken from the chief as the worker is free
+    dispatch: Dispatch | None = None
 
     def records(self) -> Any:
         """A tf.data.Dataset of the raw serialized records of this pipeline's files, read on the node
@@ -54,6 +57,8 @@ class Shard:
 
         from dlinfra.training import streaming
 
+        if self.dispatch is not None:
+            return streaming.dispatched_records(self.dispatch, self.compression)
         if self.streamed:
             return streaming.gated_records(self.compression)
 

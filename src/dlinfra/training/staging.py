@@ -140,13 +140,17 @@ class NodeShare:
 
 
 def node_shares(
-    manifest: ShardManifest, strategy: str, workers: int, cache: int | None = None
+    manifest: ShardManifest, strategy: str, workers: int, cache: int | None = None, dispatched: bool = False
 ) -> dict[str, NodeShare]:
     """What each node stages, by node name (a ps stages nothing): one input pipeline per worker,
     and the eval shards where the run evaluates. The parameter-server chief trains nothing, but checks
-    the first batch and traces the workers' pipeline on its own copy of the first shard."""
+    the first batch and traces the workers' pipeline on its own copy of the first shard. `dispatched`:
+    each worker may read any train file (TrainingSpec.dispatches_files), streamed as it takes them."""
     train, held = manifest.splits["train"].shards, manifest.splits["eval"].shards
-    shares = {f"worker-{w}": NodeShare(share(train, w, workers), [], cache) for w in range(workers)}
+    shares = {
+        f"worker-{w}": NodeShare(train if dispatched else share(train, w, workers), [], cache)
+        for w in range(workers)
+    }
     if strategy == "parameter_server":
         shares["chief-0"] = NodeShare(train[:1], held, cache)
     else:  # worker 0 is the mirrored chief

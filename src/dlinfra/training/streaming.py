@@ -23,6 +23,7 @@ import math
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,11 @@ from dlinfra.training.staging import PARALLEL_OBJECTS, SHARDS_DIR, TRAIN_DIR, fe
 GATES_DIR = SHARDS_DIR / "gates"
 ASKED_DIR = SHARDS_DIR / "asked"
 DONE_DIR = SHARDS_DIR / "done"
+WANTED_DIR = SHARDS_DIR / "wanted"  # taken from the dispatcher, not yet opened (dispatched_records)
+TAKEN_LOG = SHARDS_DIR / "taken.tsv"  # pass and file of each file this node took from the dispatcher
 GATE_PATTERN = f"{GATES_DIR}/*"
 READ_PARALLEL = 4  # files one input pipeline reads at once (program.Shard.records)
+RECORDS_PER_ELEMENT = 64  # records the tf.data service moves at once (dispatched_records)
 TICK = 0.005  # seconds between the agent's looks at the reader's markers (a fetch's end wakes it too)
 GB = 10**9
 
@@ -64,38 +68,114 @@ def gated_records(compression: str = "") -> Any:
     `compression`: TFRecordDataset's compression_type."""
     import tensorflow as tf
 
+    # not a parallel interleave: that opens as many files again ahead of the cycle, past the cache
+    return tf.data.Dataset.list_files(GATE_PATTERN, shuffle=False).interleave(
+        lambda gate: _gated_file(gate, compression), cycle_length=READ_PARALLEL
+    )
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Where parameter-server workers take train files as they are free: the chief's dispatcher."""
+
+    dispatcher: str  # host:port
+    files: tuple[str, ...]  # every train file's local name, in the order every node lists them
+    seed: int  # each pass's order of the files
+
+    @classmethod
+    def of(cls, manifest: ShardManifest, dispatcher: str, seed: int) -> Dispatch:
+        return cls(
+            dispatcher,
+            tuple(sorted(local_name(s, "tfrecord") for s in manifest.splits["train"].shards)),
+            seed,
+        )
+
+
+def start_dispatcher(dispatch: Dispatch) -> Any:
+    """The chief's tf.data dispatcher, started before the chief waits for its peers: each worker's
+    data worker registers with it before the worker serves (node.serving.start_data_worker)."""
+    import tensorflow as tf
+
+    service = tf.data.experimental.service
+    port = int(dispatch.dispatcher.rpartition(":")[2])
+    server = service.DispatchServer(service.DispatcherConfig(port=port))
+    print(f"tf.data dispatcher at {dispatch.dispatcher}: {len(dispatch.files)} train files", flush=True)
+    return server
+
+
+def dispatched_records(dispatch: Dispatch, compression: str = "") -> Any:
+    """The reader's side under parameter servers: the raw records of the train files, each read by
+    whichever worker asks the chief's tf.data dispatcher first (ShardingPolicy DYNAMIC), so a faster
+    worker reads more files. The splits are file numbers of an endless sequence of passes, each pass
+    a fresh permutation of the files: every file is handed out once per pass, pass after pass."""
+    import tensorflow as tf
+
+    gates = tf.constant([f"{GATES_DIR}/{name}" for name in dispatch.files])
+    n = len(dispatch.files)
+    seed = dispatch.seed
+
+    def take(i: Any) -> Any:
+        """Split i: its file's gate, once `wanted/<pass>-<file>` tells the agent it may fetch it."""
+        order = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=[seed, i // n])
+        path = tf.gather(gates, order[i % n])
+        name = tf.strings.regex_replace(path, f"{GATES_DIR}/", "")
+        marked = tf.strings.join([str(WANTED_DIR), "/", tf.strings.as_string(i // n), "-", name])
+        return (tf.io.write_file(marked, ""), path)[1]
+
+    service = tf.data.experimental.service
+    return (
+        tf.data.Dataset.range(2**62)  # a source the dispatcher can split: one split per file
+        .map(take)
+        .prefetch(READ_PARALLEL)
+        .interleave(lambda path: _gated_file(path, compression), cycle_length=READ_PARALLEL)
+        .batch(RECORDS_PER_ELEMENT)  # the service moves elements one by one: fewer, larger ones
+        .apply(
+            service.distribute(
+                service.ShardingPolicy.DYNAMIC,
+                service=f"grpc://{dispatch.dispatcher}",
+                job_name="train",  # one job for every worker: the files are shared out, not repeated
+                target_workers="LOCAL",  # each worker reads the files it took, on its own disk
+            )
+        )
+        .unbatch()
+    )
+
+
+def _gated_file(gate: Any, compression: str) -> Any:
+    """One train file's records, read once the agent opens its `gate` (see the module's doc)."""
+    import tensorflow as tf
+
     def marker(path: Any) -> Any:
         # an element that writes a file and is then dropped: a side effect at one point of the stream
         write = tf.data.Dataset.from_tensors(path).map(lambda p: (tf.io.write_file(p, ""), p)[1])
         return write.filter(lambda _: False)
 
-    def one_file(gate: Any) -> Any:
-        def beside(directory: Path) -> Any:
-            return tf.strings.regex_replace(gate, f"{GATES_DIR}/", f"{directory}/")
+    def beside(directory: Path) -> Any:
+        return tf.strings.regex_replace(gate, f"{GATES_DIR}/", f"{directory}/")
 
-        # a FIFO holds no bytes: the gate yields no record, it only waits to be opened
-        opened = tf.data.FixedLengthRecordDataset(gate, 1)
-        # opened only once the gate has passed
-        records = tf.data.TFRecordDataset(beside(TRAIN_DIR), compression_type=compression)
-        return (
-            marker(beside(ASKED_DIR))
-            .concatenate(opened)
-            .concatenate(records)
-            .concatenate(marker(beside(DONE_DIR)))
-        )
-
-    # not a parallel interleave: that opens as many files again ahead of the cycle, past the cache
-    return tf.data.Dataset.list_files(GATE_PATTERN, shuffle=False).interleave(
-        one_file, cycle_length=READ_PARALLEL
+    # a FIFO holds no bytes: the gate yields no record, it only waits to be opened
+    opened = tf.data.FixedLengthRecordDataset(gate, 1)
+    # opened only once the gate has passed
+    records = tf.data.TFRecordDataset(beside(TRAIN_DIR), compression_type=compression)
+    return (
+        marker(beside(ASKED_DIR))
+        .concatenate(opened)
+        .concatenate(records)
+        .concatenate(marker(beside(DONE_DIR)))
     )
 
 
 class Stream:
     """The agent's side: serves this node's train files to the reader through `work`'s gates, with at
-    most `budget` bytes of them on disk (fetching, or fetched and not yet read to the end)."""
+    most `budget` bytes of them on disk (fetching, or fetched and not yet read to the end). `ordered`:
+    the reader reads them in order, pass after pass (gated_records), and the agent fetches ahead in
+    that order; else it fetches the files the reader took from the dispatcher (dispatched_records)."""
 
-    def __init__(self, store: Store, shards: list[ShardFile], work: Path, budget: int) -> None:
+    def __init__(
+        self, store: Store, shards: list[ShardFile], work: Path, budget: int, ordered: bool = True
+    ) -> None:
         self.store = store
+        self.ordered = ordered
         self.files = sorted(shards, key=lambda s: local_name(s, "tfrecord"))
         self.index = {local_name(s, "tfrecord"): k for k, s in enumerate(self.files)}
         self.work = work
@@ -107,6 +187,7 @@ class Stream:
         self.hint = 0  # the file the reader will ask for next
         self.held = 0  # bytes of the files present or fetching
         self.fetches = 0
+        self.opened = 0  # gates opened: files the reader read (or reads)
         self.peak = 0  # the most bytes on disk at once
         self.error: str | None = None
         self._stop = threading.Event()
@@ -115,9 +196,10 @@ class Stream:
         self._thread = threading.Thread(target=self._serve, name="dlinfra-stream", daemon=True)
 
     def start(self) -> Stream:
-        for directory in (GATES_DIR, ASKED_DIR, DONE_DIR, TRAIN_DIR):
+        markers = (GATES_DIR, ASKED_DIR, DONE_DIR, WANTED_DIR)
+        for directory in (*markers, TRAIN_DIR):
             (self.work / directory).mkdir(parents=True, exist_ok=True)
-        for directory in (GATES_DIR, ASKED_DIR, DONE_DIR):  # a restarted agent's reader starts over
+        for directory in markers:  # a restarted agent's reader starts over
             for old in (self.work / directory).iterdir():
                 old.unlink()
         kept = {p.name for p in (self.work / TRAIN_DIR).iterdir()}
@@ -138,6 +220,11 @@ class Stream:
         self._wake.set()
         self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        print(
+            f"data: {self.opened} train files read, {self.fetches} fetched, at most {size(self.peak)} "
+            "on disk at once",
+            flush=True,
+        )
 
     def _fetch(self, k: int) -> Path:
         try:
@@ -179,13 +266,30 @@ class Stream:
                 self.reading.clear()
             if k in self.present and _open_gate(self.work / GATES_DIR / marker.name):
                 marker.unlink()
+                self.opened += 1
                 self.reading.add(k)
                 self.hint = (k + 1) % len(self.files)
             elif k not in self.present and k not in self.fetching:
                 self._make_room(self.files[k].bytes)
                 self._start_fetch(k)
-        self._fetch_ahead()
+        if self.ordered:
+            self._fetch_ahead()
+        else:
+            self._fetch_wanted()
         self.peak = max(self.peak, self.held)
+
+    def _fetch_wanted(self) -> None:
+        """Fetch the files the reader took and will open next, as far as the cache allows."""
+        for marker in sorted(_markers(self.work / WANTED_DIR, remove=False), key=_taken_order):
+            pass_number, _, name = marker.name.partition("-")
+            k = self.index.get(name)
+            if k is not None and k not in self.present and k not in self.fetching:
+                if len(self.fetching) >= PARALLEL_OBJECTS or self.held + self.files[k].bytes > self.budget:
+                    return  # kept: fetched when there is room, or when the reader asks
+                self._start_fetch(k)
+            marker.unlink()
+            with (self.work / TAKEN_LOG).open("a") as log:  # what this node read, pass by pass
+                log.write(f"{pass_number}\t{name}\n")
 
     def _fetch_ahead(self) -> None:
         if len(self.present) + len(self.fetching) == len(self.files):
@@ -223,6 +327,11 @@ class Stream:
         for marker in _markers(self.work / ASKED_DIR, remove=False):
             if _open_gate(self.work / GATES_DIR / marker.name):
                 marker.unlink()
+
+
+def _taken_order(marker: Path) -> tuple[int, str]:
+    pass_number, _, name = marker.name.partition("-")
+    return int(pass_number), name
 
 
 def _markers(directory: Path, remove: bool = True) -> list[Path]:

@@ -45,7 +45,7 @@ def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None =
         # unset: the stack's default parameter (a null would override it)
         **({"ami_ssm_parameter": spec.aws.ami_ssm_parameter} if spec.aws.ami_ssm_parameter else {}),
         "network": spec.aws.network(),
-        "tf_ports": {"from": spec.cluster.port, "to": spec.cluster.port},
+        "tf_ports": {"from": spec.cluster.port, "to": spec.cluster.port + 1},  # + the tf.data dispatcher
         "bucket": bucket,
         "prefix": prefix,
         "roles": roles,
