@@ -237,3 +237,49 @@ def pack_digits(root: Path, train_shards: int, eval_shards: int):
     from dlinfra.training import shards
 
     return shards.pack(digits_source(), Store.from_url(f"file://{root}"), train_shards, eval_shards)
+
+
+def cgroup_cpu_limit():
+    """A context manager factory `limit(pid, cpus)` that holds process `pid` (all its threads) to
+    `cpus` CPUs with the kernel's cgroup cpu controller (v1 or v2; needs root), moving it back out at
+    the end. Skips the test where no cpu controller can be written (not root, no cgroup fs)."""
+    import contextlib
+    import uuid
+
+    import pytest
+
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK):
+        root = v1
+    elif "cpu" in _read(v2 / "cgroup.controllers").split() and os.access(v2, os.W_OK):
+        root = v2
+    else:
+        pytest.skip("no writable cgroup cpu controller (the test throttles a node's CPU: run as root)")
+
+    @contextlib.contextmanager
+    def limit(pid: int, cpus: float):
+        group = root / f"dlinfra-test-{uuid.uuid4().hex[:8]}"
+        group.mkdir()
+        period = 100_000
+        if root is v1:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
+        else:
+            (group / "cpu.max").write_text(f"{int(cpus * period)} {period}")
+        (group / "cgroup.procs").write_text(str(pid))
+        try:
+            yield group
+        finally:
+            with contextlib.suppress(OSError):  # gone with its run
+                (root / "cgroup.procs").write_text(str(pid))
+            with contextlib.suppress(OSError):
+                group.rmdir()
+
+    return limit
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

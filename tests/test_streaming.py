@@ -168,7 +168,9 @@ def test_a_dispatched_worker_takes_every_file_once_per_pass_each_pass_in_a_new_o
     )
     dispatch = streaming.Dispatch.of(manifest, address, seed=7)
     dispatcher = streaming.start_dispatcher(dispatch)
-    data_worker = start_data_worker(address, "127.0.0.1", lean=False)
+    data_worker = start_data_worker(
+        cfg.model_copy(update={"cluster": {"worker": ["127.0.0.1:1"]}}), lean=False
+    )
     monkeypatch.chdir(tmp_path)
     staged = node_data.stage_node(cfg, RunStore.open(cfg.store), tmp_path, lambda: None)
     assert staged is not None and staged.stream is not None and not staged.stream.ordered

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlinfra.training import shards, staging, streaming
-from support import FAKE_CREDS, run_cli
+from support import FAKE_CREDS, cgroup_cpu_limit, run_cli
 
 from .conftest import Deployed, deploy, kill_at, own_files_args, start_deploy
 from .script_projects import user_project
@@ -89,6 +89,47 @@ def _each_example_once_per_pass(
     return seen
 
 
+def _taken(run: Deployed, node: str) -> list[tuple[int, str]]:
+    """(pass, file) of every train file `node` took from the dispatcher, over all its lives."""
+    log = run.run_dir / "work" / node / streaming.TAKEN_LOG
+    return [(int(p), name) for p, name in (line.split("\t") for line in log.read_text().splitlines())]
+
+
+def _each_file_at_most_once_per_pass(
+    run: Deployed, workers: list[str], files: int, lost: int = 0
+) -> dict[str, int]:
+    """The parameter-server guarantee (tf.data service DYNAMIC): no file is handed out twice in one
+    pass, and, but for the passes the run ended in, every file once, save the `lost` files a killed
+    worker had taken. Returns files taken per worker."""
+    taken = {node: _taken(run, node) for node in workers}
+    every = [t for node in workers for t in taken[node]]
+    assert len(every) == len(set(every)), "a file handed out twice in one pass"
+    per_pass = Counter(p for p, _ in every)
+    last = max(per_pass)
+    assert last >= 3, per_pass
+    # the passes the run ended in: files taken by a reader but not yet logged by its agent
+    missing = {p: files - per_pass[p] for p in range(last - 1) if per_pass[p] != files}
+    assert sum(missing.values()) <= lost, missing
+    return {node: len(taken[node]) for node in workers}
+
+
+def _reads_of_taken_files(run: Deployed, node: str, packed: Path) -> Counter[int]:
+    """`node`'s reads, checked to be examples of the files it took (none of another worker's)."""
+    ids = {s.name: {i for i, _, _ in shards.records(packed / s.name)} for s in _train_shards(packed)}
+    mine = set().union(*(ids[name] for _, name in _taken(run, node)))
+    reads = _reads(run, node)
+    assert set(reads) <= mine, f"{node} read {len(set(reads) - mine)} ids of files it did not take"
+    return reads
+
+
+def _train_shards(packed: Path) -> list[shards.ShardFile]:
+    return (
+        shards.ShardManifest.model_validate_json((packed / "manifest.json").read_text())
+        .splits["train"]
+        .shards
+    )
+
+
 def _project(tmp: Path, strategy: str, uri: str, steps: int, cache_gb: float | None = None) -> Path:
     shutil.copy(PROGRAM, tmp / PROGRAM.name)
     spec = tmp / "experiment.yaml"
@@ -104,8 +145,9 @@ def _project(tmp: Path, strategy: str, uri: str, steps: int, cache_gb: float | N
 def test_parameter_servers_train_the_built_in_model_on_your_own_files_in_s3(
     tmp_path: Path, s3_own_files: str, moto_endpoint: str
 ) -> None:
-    """Your TFRecords, by globs and your keys, no user code: each worker stages its own share of the
-    files the run listed (and stored with the run) from moto's S3."""
+    """Your TFRecords, by globs and your keys, no user code: the workers take the files the run listed
+    (and stored with the run) from the chief's tf.data dispatcher, each fetching what it takes from
+    moto's S3."""
     sets = own_files_args(s3_own_files)
     endpoint = ("--set", f"storage.endpoint_url={moto_endpoint}")
     run = deploy(tmp_path, "--workers", "3", *sets, *endpoint, "--set", "training.steps=600", env=FAKE_CREDS)
@@ -117,12 +159,12 @@ def test_parameter_servers_train_the_built_in_model_on_your_own_files_in_s3(
     assert hashlib.sha256(listing).hexdigest() == pin["sha256"] and pin["pinned"]
     listed = [s.name for s in shards.ShardManifest.model_validate_json(listing).splits["train"].shards]
     assert len(listed) == TRAIN_SHARDS and "README.txt" not in listed
-    staged = [
-        sorted(p.stem for p in (run.run_dir / "work" / f"worker-{w}" / "shards" / "train").iterdir())
-        for w in range(3)
-    ]
-    assert sorted(name for names in staged for name in names) == sorted(listed), "each file on one worker"
-    assert staged[1] == listed[1::3]
+    # each worker took files from the chief's dispatcher as it was free, and keeps what it fetched
+    workers = [f"worker-{w}" for w in range(3)]
+    taken = _each_file_at_most_once_per_pass(run, workers, TRAIN_SHARDS)
+    assert all(taken.values()), taken
+    on_disk = {p.stem for w in workers for p in (run.run_dir / "work" / w / "shards" / "train").iterdir()}
+    assert on_disk == set(listed), "every listed file, and only those, was read"
     assert (
         f"data: {s3_own_files}/train/train-* (listing {pin['sha256'][:12]}), 16 train + 2 eval shards"
         in run.result.stdout
@@ -150,17 +192,18 @@ def test_a_users_program_under_mirrored_workers_reads_each_example_once_per_pass
     assert all(reads >= 200 * 64 for _, reads in per_worker.values()), per_worker
 
 
-def test_a_parameter_server_worker_killed_mid_pass_rereads_its_share_at_most_twice(tmp_path: Path) -> None:
-    """The user's program under parameter servers (its parsing runs on the workers, graph only), its
-    train files streamed through a cache that holds five of them (worker-0's six are evicted as read
-    and fetched again every pass), and kill -9 of a worker mid-run: the run completes, the restarted
-    worker's pipeline begins its share again (TensorFlow rebuilds a lost worker's dataset, and the
-    restarted agent's stream serves it from the first file), the others read once per pass."""
+def test_a_parameter_server_worker_killed_mid_pass_loses_its_files_of_that_pass_and_none_is_read_twice(
+    tmp_path: Path,
+) -> None:
+    """The user's program under parameter servers (its parsing runs on the workers, graph only), the
+    workers taking train files from the chief's tf.data dispatcher, each streaming what it takes
+    through a cache that holds five files (of 16), and kill -9 of a worker mid-run: the run
+    completes, the restarted worker takes files again, and no file is handed out twice in a pass."""
     packed = tmp_path / "packed"
     _pack(str(packed), "--eval-shards", "2")
-    manifest = shards.ShardManifest.model_validate_json((packed / "manifest.json").read_text())
     cache = streaming.READ_PARALLEL + 1  # files: the least the cache may hold
-    cache_gb = cache * max(s.bytes for s in manifest.splits["train"].shards) / streaming.GB
+    largest = max(s.bytes for s in _train_shards(packed))
+    cache_gb = cache * largest / streaming.GB
     # a run long enough (a minute here) that the restarted worker rejoins and reads again
     steps = 4000
     spec = _project(tmp_path, "parameter_server", "file://packed", steps, cache_gb=cache_gb)
@@ -172,17 +215,53 @@ def test_a_parameter_server_worker_killed_mid_pass_rereads_its_share_at_most_twi
     assert status["restarts"] == 1
     run = Deployed(done, live.home, live.run_dir)
     workers = [f"worker-{i}" for i in range(3)]
-    per_worker = _each_example_once_per_pass(run, workers, restarted=("worker-1",), streamed_from=packed)
-    assert sum(reads for _, reads in per_worker.values()) >= steps * 64, per_worker
+    # what a worker's reader holds when it dies: the files it reads and those it took ahead
+    lost = 2 * streaming.READ_PARALLEL
+    taken = _each_file_at_most_once_per_pass(run, workers, TRAIN_SHARDS, lost)
+    assert all(n >= TRAIN_SHARDS for n in taken.values()), taken
+    reads = [_reads_of_taken_files(run, node, packed) for node in workers]
+    assert sum(r.total() for r in reads) >= steps * 64
+    assert set().union(*reads) == {
+        i for s in _train_shards(packed) for i, _, _ in shards.records(packed / s.name)
+    }
     second_life = _reads(run, "worker-1", since=status["started"])
     assert second_life.total() >= 450, f"the restarted worker read {second_life.total()} examples"
     assert run.metrics["eval_accuracy"] >= 0.85
+    assert "workers take train files as they are free (tf.data service on the chief)" in done.stdout
     assert re.search(r"train files streamed through a [\d.]+ KiB cache", done.stdout), done.stdout
-    assert "6 train shards, " in _log(run, "worker-0") and "(read ones evicted)" in _log(run, "worker-0")
+    assert "16 train shards, " in _log(run, "worker-0") and "(read ones evicted)" in _log(run, "worker-0")
+    assert "taking train files from the chief's tf.data dispatcher" in _log(run, "worker-0")
     on_disk = run.run_dir / "work" / "worker-0" / "shards" / "train"
     held = sum(p.stat().st_size for p in on_disk.iterdir())  # the run has ended: no fetch under way
-    share = sum(s.bytes for s in staging.node_shares(manifest, "parameter_server", 3)["worker-0"].train)
-    assert 0 < held <= streaming.cache_bytes(cache_gb) < share, ("evicted as read", held, share)
+    assert 0 < held <= streaming.cache_bytes(cache_gb), ("evicted as read", held)
+    assert re.search(
+        r"data: \d+ train files read, \d+ fetched, at most [\d.]+ KiB on disk", _log(run, "worker-0")
+    )
+
+
+def test_a_throttled_parameter_server_worker_takes_fewer_files_and_the_others_do_not_wait_for_it(
+    tmp_path: Path,
+) -> None:
+    """One worker's CPU held to 5 % by the cgroup cpu controller (from before its first step): under
+    the dispatcher, the two others take the files it cannot read, pass after pass."""
+    cpu = cgroup_cpu_limit()
+    packed = tmp_path / "packed"
+    _pack(str(packed), "--eval-shards", "2")
+    steps = 1500
+    spec = _project(tmp_path, "parameter_server", "file://packed", steps)
+    live = start_deploy(tmp_path, str(spec), "--workers", "3")
+    live.published_status("worker-1", lambda s: s.get("state") == "serving")
+    with cpu(live.trainer_pid("worker-1"), 0.05):
+        done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = Deployed(done, live.home, live.run_dir)
+    workers = [f"worker-{i}" for i in range(3)]
+    taken = _each_file_at_most_once_per_pass(run, workers, TRAIN_SHARDS)
+    slow, fast = taken["worker-1"], [taken["worker-0"], taken["worker-2"]]
+    assert all(n >= 3 * slow for n in fast), taken
+    for node in workers:
+        _reads_of_taken_files(run, node, packed)
+    assert run.metrics["eval_accuracy"] >= 0.85
 
 
 def test_a_script_finds_its_nodes_shards_by_the_patterns_it_is_given(tmp_path: Path) -> None:

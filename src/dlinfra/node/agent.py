@@ -131,11 +131,7 @@ def _off_lock(cfg: NodeConfig, status: NodeStatus) -> str | None:
 
 
 def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *, lean: bool) -> int:
-    data_worker = None
-    if cfg.dispatcher and cfg.role == "worker":
-        host = cfg.address.rpartition(":")[0]
-        data_worker = serving.start_data_worker(cfg.dispatcher, host, lean=lean)
-        print(f"taking train files from the chief's tf.data dispatcher at {cfg.dispatcher}", flush=True)
+    data_worker = serving.start_data_worker(cfg, lean=lean)
     server = serving.start_server(cfg.peers, cfg.role, cfg.index, threads, lean=lean)
     status.mark("tensorflow")
     if lean:

@@ -19,6 +19,8 @@ import sys
 import types
 from typing import Any
 
+from dlinfra.contract import NodeConfig
+
 
 def start_server(cluster: dict[str, list[str]], role: str, index: int, threads: int, *, lean: bool) -> Any:
     """A started gRPC server for task `role` `index`; `threads`: its sessions' inter-op pool (0:
@@ -35,20 +37,24 @@ def start_server(cluster: dict[str, list[str]], role: str, index: int, threads: 
     )
 
 
-def start_data_worker(dispatcher: str, host: str, *, lean: bool) -> Any:
-    """A started tf.data service worker in this process: the workers' pipeline, traced by the chief,
-    reads from it (target_workers LOCAL) the train files it asks the chief's dispatcher for as it is
+def start_data_worker(cfg: NodeConfig, *, lean: bool) -> Any:
+    """A parameter-server worker's tf.data service worker, started in this process, or None where the
+    workers take no files from the chief (NodeConfig.dispatcher). The workers' pipeline, traced by the
+    chief, reads from it (target_workers LOCAL) the train files it asks the dispatcher for as it is
     free (training.streaming.dispatched_records). It must be up before the node serves: the chief
     builds the pipeline once it reaches the node."""
+    if cfg.dispatcher is None or cfg.role != "worker":
+        return None
     if lean:
         _lean_modules()
     from tensorflow.python.data.experimental.service import server_lib as data_server_lib
 
     # any free port: only this process's own reader reads from it
-    config = data_server_lib.WorkerConfig(
-        dispatcher_address=dispatcher, worker_address=f"{host}:%port%", port=0
-    )
-    return data_server_lib.WorkerServer(config)
+    address = f"{cfg.address.rpartition(':')[0]}:%port%"
+    config = data_server_lib.WorkerConfig(cfg.dispatcher, worker_address=address, port=0)
+    server = data_server_lib.WorkerServer(config)
+    print(f"taking train files from the chief's tf.data dispatcher at {cfg.dispatcher}", flush=True)
+    return server
 
 
 def _full_modules() -> tuple[Any, Any]:

@@ -18,6 +18,7 @@ never what is read.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -185,6 +186,7 @@ class Stream:
         self.fetching: dict[int, Future[Path]] = {}
         self.reading: set[int] = set()  # passed its gate, not done
         self.hint = 0  # the file the reader will ask for next
+        self.wanted: collections.deque[int] = collections.deque()  # taken, not yet fetched (unordered)
         self.held = 0  # bytes of the files present or fetching
         self.fetches = 0
         self.opened = 0  # gates opened: files the reader read (or reads)
@@ -279,17 +281,23 @@ class Stream:
         self.peak = max(self.peak, self.held)
 
     def _fetch_wanted(self) -> None:
-        """Fetch the files the reader took and will open next, as far as the cache allows."""
-        for marker in sorted(_markers(self.work / WANTED_DIR, remove=False), key=_taken_order):
-            pass_number, _, name = marker.name.partition("-")
-            k = self.index.get(name)
-            if k is not None and k not in self.present and k not in self.fetching:
-                if len(self.fetching) >= PARALLEL_OBJECTS or self.held + self.files[k].bytes > self.budget:
-                    return  # kept: fetched when there is room, or when the reader asks
-                self._start_fetch(k)
-            marker.unlink()
+        """Fetch the files the reader took and will open next, in the order it took them, as far as
+        the cache allows (a file it asks for first is fetched by the asked path)."""
+        taken = sorted(_markers(self.work / WANTED_DIR), key=_taken_order)
+        if taken:
             with (self.work / TAKEN_LOG).open("a") as log:  # what this node read, pass by pass
-                log.write(f"{pass_number}\t{name}\n")
+                log.writelines(f"{p}\t{name}\n" for p, name in map(_taken_order, taken))
+            self.wanted.extend(
+                k for p, name in map(_taken_order, taken) if (k := self.index.get(name)) is not None
+            )
+        while self.wanted and len(self.fetching) < PARALLEL_OBJECTS:
+            k = self.wanted[0]
+            if k in self.present or k in self.fetching:
+                self.wanted.popleft()
+            elif self.held + self.files[k].bytes <= self.budget:
+                self._start_fetch(self.wanted.popleft())
+            else:
+                return  # fetched when there is room, or when the reader asks
 
     def _fetch_ahead(self) -> None:
         if len(self.present) + len(self.fetching) == len(self.files):
@@ -330,6 +338,7 @@ class Stream:
 
 
 def _taken_order(marker: Path) -> tuple[int, str]:
+    """A `wanted/<pass>-<file>` marker's pass and file."""
     pass_number, _, name = marker.name.partition("-")
     return int(pass_number), name
 
