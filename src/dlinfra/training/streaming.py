@@ -184,7 +184,9 @@ class Stream:
         self.evicts = sum(s.bytes for s in shards) > budget  # a share that fits stays for every epoch
         self.present: set[int] = set()
         self.fetching: dict[int, Future[Path]] = {}
-        self.reading: set[int] = set()  # passed its gate, not done
+        self.reading: collections.Counter[int] = collections.Counter()  # reads past the gate, not done
+        # unordered: reads the reader has taken and not yet opened, which keep their file on disk
+        self.due: collections.Counter[int] = collections.Counter()
         self.hint = 0  # the file the reader will ask for next
         self.wanted: collections.deque[int] = collections.deque()  # taken, not yet fetched (unordered)
         self.held = 0  # bytes of the files present or fetching
@@ -253,8 +255,10 @@ class Stream:
         for marker in _markers(self.work / DONE_DIR):
             if (k := self.index.get(marker.name)) is None:
                 continue
-            self.reading.discard(k)
-            if self.evicts:
+            self.reading[k] -= 1
+            if self.reading[k] <= 0:
+                del self.reading[k]
+            if self.evicts and k not in self.reading and not self.due[k]:
                 self._evict(k)
         for k, future in list(self.fetching.items()):
             if future.done():
@@ -264,12 +268,14 @@ class Stream:
         for marker in _markers(self.work / ASKED_DIR, remove=False):
             if (k := self.index.get(marker.name)) is None:
                 continue
-            if k in self.reading:  # asked again before done: a new reader, started over
+            if self.ordered and k in self.reading:  # asked again before done: a new reader, started over
                 self.reading.clear()
             if k in self.present and _open_gate(self.work / GATES_DIR / marker.name):
                 marker.unlink()
                 self.opened += 1
-                self.reading.add(k)
+                self.reading[k] += 1
+                if self.due[k]:
+                    self.due[k] -= 1
                 self.hint = (k + 1) % len(self.files)
             elif k not in self.present and k not in self.fetching:
                 self._make_room(self.files[k].bytes)
@@ -287,9 +293,10 @@ class Stream:
         if taken:
             with (self.work / TAKEN_LOG).open("a") as log:  # what this node read, pass by pass
                 log.writelines(f"{p}\t{name}\n" for p, name in map(_taken_order, taken))
-            self.wanted.extend(
-                k for p, name in map(_taken_order, taken) if (k := self.index.get(name)) is not None
-            )
+            for k in (self.index.get(name) for _, name in map(_taken_order, taken)):
+                if k is not None:
+                    self.wanted.append(k)
+                    self.due[k] += 1
         while self.wanted and len(self.fetching) < PARALLEL_OBJECTS:
             k = self.wanted[0]
             if k in self.present or k in self.fetching:
@@ -316,9 +323,13 @@ class Stream:
         self.fetching[k] = self._pool.submit(self._fetch, k)
 
     def _make_room(self, wanted: int) -> None:
-        """Evict files fetched ahead and not yet read, the farthest from the reader first, until
-        `wanted` more bytes fit (after a reader started over, what it will read first comes first)."""
-        ahead = sorted(self.present - self.reading, key=lambda k: (k - self.hint) % len(self.files))
+        """Evict files fetched ahead and not being read, until `wanted` more bytes fit: first those
+        no reader has taken, the farthest from the reader first (after a reader started over, what it
+        will read first comes first)."""
+        ahead = sorted(
+            self.present - self.reading.keys(),
+            key=lambda k: (not self.due[k], (k - self.hint) % len(self.files)),
+        )
         while ahead and self.held + wanted > self.budget:
             self._evict(ahead.pop())
 
