@@ -12,6 +12,8 @@ read of the same bytes.
 - streamed s3: the same objects through the least cache `cache_gb` allows (5 files: training.streaming),
   from an empty disk until every raw record is read once: the time to the first record, and the
   most bytes on disk at once;
+- dispatched s3: the same, the files taken from a tf.data dispatcher as parameter-server workers take
+  them (training.streaming.dispatched_records: the tf.data service moves the records);
 - feeding ResNet-20: the local pipeline into real training steps on this CPU, with the input-wait
   share the training loops report (loop.InputClock);
 - peak RSS of this process and the bytes staged on disk.
@@ -72,6 +74,7 @@ def main() -> None:
     import tensorflow as tf
     from moto.server import ThreadedMotoServer
 
+    from dlinfra.render.addresses import free_ports
     from dlinfra.runs.store import Store
     from dlinfra.spec.model import DatasetSpec, ModelSpec, TrainingSpec
     from dlinfra.training import staging, streaming
@@ -152,6 +155,30 @@ def main() -> None:
             f"first 256 at {to_first:.2f}s; at most {stream.peak / 1e6:.1f} MB on disk, {stream.fetches} GETs"
         )
         rows.append((f"streamed s3 (raw records, {what})", size / seconds / 1e6, note))
+
+    # dispatched (parameter servers): the same, the files taken from a tf.data dispatcher by one
+    # worker's data worker (both in this process), through the least cache
+    service = tf.data.experimental.service
+    address = f"127.0.0.1:{next(free_ports(1))}"
+    dispatch = streaming.Dispatch.of(manifest, address, seed=1)
+    dispatcher = streaming.start_dispatcher(dispatch)
+    data_worker = service.WorkerServer(service.WorkerConfig(address, worker_address="127.0.0.1:%port%"))
+    into = work / "dispatched"
+    into.mkdir()
+    os.chdir(into)
+    began = time.perf_counter()
+    stream = streaming.Stream(store, train, into, least, ordered=False).start()
+    batches = iter(streaming.dispatched_records(dispatch).take(records).batch(256).prefetch(tf.data.AUTOTUNE))
+    read = len(next(batches))
+    to_first = time.perf_counter() - began
+    read += sum(len(batch) for batch in batches)
+    seconds = time.perf_counter() - began
+    stream.stop()
+    data_worker.stop()
+    dispatcher.stop()
+    assert read == records, (read, records)
+    note = f"first 256 at {to_first:.2f}s; at most {stream.peak / 1e6:.1f} MB on disk, {stream.fetches} GETs"
+    rows.append(("dispatched s3 (raw records, 5-file cache)", size / seconds / 1e6, note))
     os.chdir(staged)
 
     model = program.build_model()

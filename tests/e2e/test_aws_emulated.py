@@ -152,11 +152,18 @@ def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(
     # the user's own files: listed, the listing stored with the run, each worker staging its share
     sha256 = json.loads((run_dir / "manifest.json").read_text())["dataset"]["sha256"]
     s3.head_object(Bucket=BUCKET, Key=prefix + f"code/data-{sha256}.json")
-    assert f"(listing {sha256[:12]}), 16 train + 2 eval shards; a node stages up to" in result.stdout
+    dispatched = "workers take train files as they are free (tf.data service on the chief)"
+    assert (
+        f"(listing {sha256[:12]}), 16 train + 2 eval shards; {dispatched}; a node stages up to"
+        in result.stdout
+    )
     tfvars = json.loads((run_dir / "tfvars.json").read_text())
     assert tfvars["read_objects"] == ["own-data/digits/train/*", "own-data/digits/validation/*"]
+    assert tfvars["tf_ports"] == {"from": 2222, "to": 2223}, "TensorFlow's port and the dispatcher's"
     log = s3.get_object(Bucket=BUCKET, Key=prefix + "logs/worker-2.log")["Body"].read().decode()
-    assert re.search(r"data: s3://own-data/digits/train/train-\* \(listing [0-9a-f]{12}\): 5 train \+ 0", log)
+    listing = r"data: s3://own-data/digits/train/train-\* \(listing [0-9a-f]{12}\)"
+    assert re.search(listing + r": 16 train shards, [\d.]+ KiB, streamed through", log), log
+    assert "taking train files from the chief's tf.data dispatcher at " in log
 
 
 def test_no_credential_reaches_tfvars_user_data_plan_outputs_logs_or_store(

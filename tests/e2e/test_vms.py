@@ -117,7 +117,13 @@ def test_three_vms_train_from_the_baked_image_and_power_off(
             f"/tmp/dlinfra/{run_id}/worker-0/shards)"
         )
         assert store_line in worker_log, worker_log[-3000:]
-        assert re.search(r"\(listing [0-9a-f]{12}\): 16 train \+ 0 eval shards", worker_log)
+        # the worker takes files from the chief VM's dispatcher (cluster.port + 1), as it is free
+        assert re.search(
+            r"\(listing [0-9a-f]{12}\): 16 train shards, [\d.]+ KiB, streamed through", worker_log
+        )
+        assert "taking train files from the chief's tf.data dispatcher at 10." in worker_log, worker_log[
+            -3000:
+        ]
         chief_log = (
             s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/logs/chief-0.log")["Body"].read().decode()
         )
