@@ -252,6 +252,8 @@ class Stream:
                     self._evict(k)
 
     def _tick(self) -> None:
+        if not self.ordered:
+            self._take_wanted()
         for marker in _markers(self.work / DONE_DIR):
             if (k := self.index.get(marker.name)) is None:
                 continue
@@ -286,20 +288,25 @@ class Stream:
             self._fetch_wanted()
         self.peak = max(self.peak, self.held)
 
+    def _take_wanted(self) -> None:
+        """Note the files the reader took from the dispatcher: before its asks are read, as it wrote
+        each `wanted` marker before it asked for that file."""
+        taken = sorted(_markers(self.work / WANTED_DIR), key=_taken_order)
+        if not taken:
+            return
+        with (self.work / TAKEN_LOG).open("a") as log:  # what this node read, pass by pass
+            log.writelines(f"{p}\t{name}\n" for p, name in map(_taken_order, taken))
+        for k in (self.index.get(name) for _, name in map(_taken_order, taken)):
+            if k is not None:
+                self.wanted.append(k)
+                self.due[k] += 1
+
     def _fetch_wanted(self) -> None:
         """Fetch the files the reader took and will open next, in the order it took them, as far as
         the cache allows (a file it asks for first is fetched by the asked path)."""
-        taken = sorted(_markers(self.work / WANTED_DIR), key=_taken_order)
-        if taken:
-            with (self.work / TAKEN_LOG).open("a") as log:  # what this node read, pass by pass
-                log.writelines(f"{p}\t{name}\n" for p, name in map(_taken_order, taken))
-            for k in (self.index.get(name) for _, name in map(_taken_order, taken)):
-                if k is not None:
-                    self.wanted.append(k)
-                    self.due[k] += 1
         while self.wanted and len(self.fetching) < PARALLEL_OBJECTS:
             k = self.wanted[0]
-            if k in self.present or k in self.fetching:
+            if k in self.present or k in self.fetching or not self.due[k]:  # here, or read already
                 self.wanted.popleft()
             elif self.held + self.files[k].bytes <= self.budget:
                 self._start_fetch(self.wanted.popleft())
