@@ -182,6 +182,7 @@ class Stream:
         self.work = work
         self.budget = budget
         self.evicts = sum(s.bytes for s in shards) > budget  # a share that fits stays for every epoch
+        self.largest = max((s.bytes for s in shards), default=0)
         self.present: set[int] = set()
         self.fetching: dict[int, Future[Path]] = {}
         self.reading: collections.Counter[int] = collections.Counter()  # reads past the gate, not done
@@ -308,7 +309,9 @@ class Stream:
             k = self.wanted[0]
             if k in self.present or k in self.fetching or not self.due[k]:  # here, or read already
                 self.wanted.popleft()
-            elif self.held + self.files[k].bytes <= self.budget:
+            # room kept for the file the reader asks for next, which may not be the one taken first:
+            # a file fetched ahead can be evicted for an ask before its turn, and fetched at its ask
+            elif self.held + self.files[k].bytes + self.largest <= self.budget:
                 self._start_fetch(self.wanted.popleft())
             else:
                 return  # fetched when there is room, or when the reader asks
