@@ -186,6 +186,7 @@ class Stream:
         self.present: set[int] = set()
         self.fetching: dict[int, Future[Path]] = {}
         self.reading: collections.Counter[int] = collections.Counter()  # reads past the gate, not done
+        self.opened_at: dict[int, int] = {}  # each file's latest gate opening, counted in `opened`
         # unordered: reads the reader has taken and not yet opened, which keep their file on disk
         self.due: collections.Counter[int] = collections.Counter()
         self.hint = 0  # the file the reader will ask for next
@@ -273,10 +274,13 @@ class Stream:
                 continue
             if self.ordered and k in self.reading:  # asked again before done: a new reader, started over
                 self.reading.clear()
+            elif not self.ordered and k not in self.reading:
+                self._forget_stale_reads()
             if k in self.present and _open_gate(self.work / GATES_DIR / marker.name):
                 marker.unlink()
                 self.opened += 1
                 self.reading[k] += 1
+                self.opened_at[k] = self.opened
                 if self.due[k]:
                     self.due[k] -= 1
                 self.hint = (k + 1) % len(self.files)
@@ -288,6 +292,19 @@ class Stream:
         else:
             self._fetch_wanted()
         self.peak = max(self.peak, self.held)
+
+    def _forget_stale_reads(self) -> None:
+        """Before the reader opens another file: it reads READ_PARALLEL at once and writes each one's
+        `done` before it asks for the next, so reads beyond the latest READ_PARALLEL - 1 opened belong
+        to a reader TensorFlow dropped (the data service's first task, a dataset it rebuilt). Kept,
+        they would hold their files on disk for the rest of the run."""
+        stale = sorted(self.reading, key=self.opened_at.__getitem__)[
+            : max(0, len(self.reading) - READ_PARALLEL + 1)
+        ]
+        for k in stale:
+            del self.reading[k]
+            if self.evicts and not self.due[k]:
+                self._evict(k)
 
     def _take_wanted(self) -> None:
         """Note the files the reader took from the dispatcher: before its asks are read, as it wrote
