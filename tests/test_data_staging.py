@@ -235,7 +235,18 @@ def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_sma
     roomy = {"cluster": {"chief": {"instance_type": "g5.8xlarge"}, **g5["cluster"]}}
     with pytest.raises(SpecError) as refused:
         pinned_shards(spec("aws", f"file://{tmp_path / 'big'}", **roomy), own_disks=True)
-    assert (
-        "cluster.workers.instance_type: worker-0 stages 240.0 GiB of shards on g5.xlarge's 250 GB NVMe "
-        "instance store" in str(refused.value)
+    # parameter servers: any train file may come to any worker, so each counts the whole set (8 x 60
+    # GiB), and more workers would not help: the cache does
+    assert str(refused.value) == (
+        "cluster.workers.instance_type: worker-0 stages 480.0 GiB of shards on g5.xlarge's 250 GB NVMe "
+        "instance store. Fix: choose a type whose instance store holds 480 GiB, set "
+        "training.dataset.cache_gb (the train files stream through a cache of that size)"
     )
+    mirrored = spec("aws", f"file://{tmp_path / 'big'}", strategy="multi_worker_mirrored", **roomy)
+    with pytest.raises(SpecError) as refused:
+        pinned_shards(mirrored, own_disks=True)
+    # mirrored: worker-0 stages its 4 train shards and the 2 eval ones (it evaluates)
+    assert "worker-0 stages 360.0 GiB of shards on g5.xlarge's 250 GB NVMe instance store" in str(
+        refused.value
+    )
+    assert str(refused.value).endswith("or deploy more workers (each stages its share of the train shards)")

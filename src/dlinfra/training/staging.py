@@ -131,6 +131,7 @@ class NodeShare:
     train: list[ShardFile]
     eval: list[ShardFile]
     cache: int | None = None  # the train files stream through this many bytes (dataset.cache_gb)
+    every_file: bool = False  # a dispatched worker: any train file may come to it
 
     @property
     def bytes(self) -> int:
@@ -148,7 +149,7 @@ def node_shares(
     each worker may read any train file (TrainingSpec.dispatches_files), streamed as it takes them."""
     train, held = manifest.splits["train"].shards, manifest.splits["eval"].shards
     shares = {
-        f"worker-{w}": NodeShare(train if dispatched else share(train, w, workers), [], cache)
+        f"worker-{w}": NodeShare(train if dispatched else share(train, w, workers), [], cache, dispatched)
         for w in range(workers)
     }
     if strategy == "parameter_server":
@@ -196,17 +197,22 @@ def room_problem(
             if disk.field == "aws.root_volume_gb"
             else f"choose a type whose instance store holds {need} GiB"
         )
+        more = (
+            "" if share.every_file else ", or deploy more workers (each stages its share of the train shards)"
+        )
         return (
             f"{disk.field}: {node} stages {share.bytes / GIB:.1f} GiB of shards on {disk.where}. Fix: "
-            f"{fix}, or deploy more workers (each stages its share of the train shards)"
+            f"{fix}, set training.dataset.cache_gb (the train files stream through a cache of that "
+            f"size){more}"
         )
     if free is not None:
         where, room = free
         if (total := sum(s.bytes for s in shares.values())) > room:
             return (
                 f"training.dataset.uri: the nodes stage {total / GIB:.1f} GiB of shards under {where}, "
-                f"which has {room / GIB:.1f} GiB free. Fix: free space there, or point DLINFRA_HOME at "
-                "a bigger disk"
+                f"which has {room / GIB:.1f} GiB free. Fix: free space there, point DLINFRA_HOME at "
+                "a bigger disk, or set training.dataset.cache_gb (each node's train files stream "
+                "through a cache of that size)"
             )
     return None
 
