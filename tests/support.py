@@ -283,3 +283,21 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+def cifar_tarball(path: Path, per_batch: int, test: int, images: Callable) -> Path:
+    """A tarball in CIFAR-10's own 'python version' layout: five data batches of `per_batch` images
+    and a test batch of `test`, each made by `images(n)` → (uint8 rows of 3072, channel planes
+    first; their labels)."""
+    import io
+    import pickle
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, n in [*((f"data_batch_{i}", per_batch) for i in range(1, 6)), ("test_batch", test)]:
+            rows, labels = images(n)
+            blob = pickle.dumps({b"data": rows, b"labels": [int(label) for label in labels]})
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    return path

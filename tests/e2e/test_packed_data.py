@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dlinfra.training import shards, staging, streaming
-from support import FAKE_CREDS, aws_client, cgroup_cpu_limit, run_cli
+from support import FAKE_CREDS, aws_client, cgroup_cpu_limit, cifar_tarball, run_cli
 
 from .conftest import Deployed, aws_emulation, deploy, kill_at, own_files_args, start_deploy
 from .script_projects import user_project
@@ -351,34 +351,22 @@ def test_changed_shards_too_few_shards_and_shards_no_disk_holds_are_refused_befo
 
 
 def _learnable_cifar_tarball(path: Path, per_batch: int = 400, test: int = 500) -> Path:
-    """CIFAR-10's own layout ('python version': five data batches and a test batch of 32x32x3 uint8
-    rows, channel planes first) with classes a CNN can learn in a few hundred steps: each class its
-    own colour and a bright band at its own height, under noise. Real JPEG decoding and real shards
-    then stand between the files and the model, not a hard task."""
-    import io
-    import pickle
-    import tarfile
-
+    """CIFAR-10's own tarball layout with classes a CNN can learn in a few hundred steps: each class
+    its own colour and a bright band at its own height, under noise. Real JPEG decoding and real
+    shards then stand between the files and the model, not a hard task."""
     import numpy as np
 
     rng = np.random.default_rng(3)
     palette = rng.integers(40, 216, (10, 3))
 
-    def batch(n: int) -> bytes:
+    def images(n: int) -> tuple[np.ndarray, np.ndarray]:
         labels = rng.integers(0, 10, n)
-        images = palette[labels][:, None, None, :] + rng.normal(0, 24, (n, 32, 32, 3))
+        pixels = palette[labels][:, None, None, :] + rng.normal(0, 24, (n, 32, 32, 3))
         for i, label in enumerate(labels):
-            images[i, 3 * label : 3 * label + 3] = 250
-        rows = np.clip(images, 0, 255).astype(np.uint8).transpose(0, 3, 1, 2).reshape(n, 3072)
-        return pickle.dumps({b"data": rows, b"labels": [int(x) for x in labels]})
+            pixels[i, 3 * label : 3 * label + 3] = 250
+        return np.clip(pixels, 0, 255).astype(np.uint8).transpose(0, 3, 1, 2).reshape(n, 3072), labels
 
-    with tarfile.open(path, "w:gz") as tar:
-        for name, n in [*((f"data_batch_{i}", per_batch) for i in range(1, 6)), ("test_batch", test)]:
-            blob = batch(n)
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(blob)
-            tar.addfile(info, io.BytesIO(blob))
-    return path
+    return cifar_tarball(path, per_batch, test, images)
 
 
 @pytest.mark.parametrize("strategy", ["parameter_server", "multi_worker_mirrored"])

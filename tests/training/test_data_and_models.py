@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
-import pickle
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -14,27 +11,17 @@ import pytest
 from dlinfra.spec.layers import LayerSpec, ModelSpec
 from dlinfra.spec.model import DatasetSpec
 from dlinfra.training import data
+from support import cifar_tarball
 
 
 def _cifar_tarball(path: Path, train_per_batch: int = 6, test: int = 5) -> Path:
-    """A tiny tarball in exactly the official 'CIFAR-10 python version' layout."""
+    """A tiny tarball in exactly the official 'CIFAR-10 python version' layout, random images."""
     rng = np.random.default_rng(0)
 
-    def batch(n: int) -> bytes:
-        return pickle.dumps(
-            {
-                b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                b"labels": list(rng.integers(0, 10, n)),
-            }
-        )
+    def images(n: int) -> tuple[np.ndarray, np.ndarray]:
+        return rng.integers(0, 256, (n, 3072), dtype=np.uint8), rng.integers(0, 10, n)
 
-    with tarfile.open(path, "w:gz") as tar:
-        for name, n in [*((f"data_batch_{i}", train_per_batch) for i in range(1, 6)), ("test_batch", test)]:
-            blob = batch(n)
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(blob)
-            tar.addfile(info, io.BytesIO(blob))
-    return path
+    return cifar_tarball(path, train_per_batch, test, images)
 
 
 def test_cifar10_loads_from_a_file_uri_in_the_official_format(tmp_path: Path) -> None:
