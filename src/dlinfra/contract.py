@@ -137,6 +137,11 @@ class NodeConfig(BaseModel):
         return self.role == "chief"
 
     @property
+    def takes_dispatched_files(self) -> bool:
+        """A parameter-server worker that takes train files from the chief's dispatcher."""
+        return self.dispatcher is not None and self.role == "worker"
+
+    @property
     def chief_name(self) -> str:
         """The node that saves checkpoints (see is_chief)."""
         return "worker-0" if self.strategy == "multi_worker_mirrored" else "chief-0"

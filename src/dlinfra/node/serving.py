@@ -43,7 +43,7 @@ def start_data_worker(cfg: NodeConfig, *, lean: bool) -> Any:
     chief, reads from it (target_workers LOCAL) the train files it asks the dispatcher for as it is
     free (training.streaming.dispatched_records). It must be up before the node serves: the chief
     builds the pipeline once it reaches the node."""
-    if cfg.dispatcher is None or cfg.role != "worker":
+    if not cfg.takes_dispatched_files:
         return None
     if lean:
         _lean_modules()
@@ -51,7 +51,7 @@ def start_data_worker(cfg: NodeConfig, *, lean: bool) -> Any:
 
     # any free port: only this process's own reader reads from it
     address = f"{cfg.address.rpartition(':')[0]}:%port%"
-    config = data_server_lib.WorkerConfig(cfg.dispatcher, worker_address=address, port=0)
+    config = data_server_lib.WorkerConfig(str(cfg.dispatcher), worker_address=address, port=0)
     server = data_server_lib.WorkerServer(config)
     print(f"taking train files from the chief's tf.data dispatcher at {cfg.dispatcher}", flush=True)
     return server

@@ -42,7 +42,7 @@ def stage_node(cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[]
     began = time.monotonic()
     pinned = node_set(cfg, run)
     # a dispatched worker reads any train file (the chief's fit check reads its one, staged)
-    dispatched = cfg.dispatcher is not None and cfg.role == "worker"
+    dispatched = cfg.takes_dispatched_files
     shares = node_shares(
         pinned.manifest, cfg.strategy, cfg.num_workers, dispatched=cfg.dispatcher is not None
     )
