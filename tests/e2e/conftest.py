@@ -36,6 +36,25 @@ def _no_node_outlives_its_test(tmp_path: Path) -> Iterator[None]:
             os.kill(pid, signal.SIGKILL)
 
 
+NODE_LOG_TAIL = 25  # lines of each node's log in a failed test's report
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed cluster test reports the tail of every node log written while it ran: a CI machine
+    is gone when the failure is read, and the CLI's output names only the chief's log (a CI run
+    failed on a stall whose cause was in a worker's log)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    base = item.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    logs = [p for p in base.glob("**/runs/*/logs/*.log") if p.stat().st_mtime >= call.start]
+    for log in sorted(logs)[:12]:
+        tail = log.read_text(errors="replace").splitlines()[-NODE_LOG_TAIL:]
+        report.sections.append((f"node log {log.parent.parent.name}/{log.name}", "\n".join(tail)))
+
+
 @dataclass
 class Deployed:
     result: subprocess.CompletedProcess[str]

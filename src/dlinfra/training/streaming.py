@@ -99,7 +99,9 @@ def start_dispatcher(dispatch: Dispatch) -> Any:
 
     service = tf.data.experimental.service
     port = int(dispatch.dispatcher.rpartition(":")[2])
-    server = service.DispatchServer(service.DispatcherConfig(port=port))
+    # the train job lives as long as the run: by default one unread for minutes (its workers paused
+    # or restarting) is collected, and readers of a collected job end early (OUT_OF_RANGE)
+    server = service.DispatchServer(service.DispatcherConfig(port=port, job_gc_timeout_ms=-1))
     print(f"tf.data dispatcher at {dispatch.dispatcher}: {len(dispatch.files)} train files", flush=True)
     return server
 
