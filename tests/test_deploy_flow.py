@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.deploy import _follow
+from dlinfra.deploy import _Follow
 from dlinfra.errors import DlinfraError, RunFailed, TerraformError
 from dlinfra.prepare import NodeInstall, prepare
 from dlinfra.render import loopback_plan
+from dlinfra.runs.ownership import Lease, claim
 from dlinfra.spec.model import Spec
 from dlinfra.targets.base import TargetOptions
 from support import fixed_locks
@@ -45,9 +46,7 @@ def test_a_failed_teardown_rides_along_and_never_hides_the_original_error(prepar
     target = FailingTeardownTarget()
     lines: list[str] = []
     with pytest.raises(DlinfraError, match="InsufficientInstanceCapacity") as caught:
-        _follow(
-            target, prepared, _failing_start, False, TargetOptions(log=lines.append), lambda s: None, None
-        )
+        _owner(target, prepared, False, TargetOptions(log=lines.append))(_failing_start, lambda s: None, None)
     assert target.teardowns == 1
     [note] = caught.value.__notes__
     assert "teardown failed too" in note and "ExpiredToken" in note
@@ -57,16 +56,22 @@ def test_a_failed_teardown_rides_along_and_never_hides_the_original_error(prepar
 def test_keep_means_no_teardown_at_all(prepared) -> None:
     target = FailingTeardownTarget()
     with pytest.raises(DlinfraError) as caught:
-        _follow(target, prepared, _failing_start, True, TargetOptions(), lambda s: None, None)
+        _owner(target, prepared, True)(_failing_start, lambda s: None, None)
     assert target.teardowns == 0 and not getattr(caught.value, "__notes__", [])
 
 
 def test_a_detached_deploy_tears_nothing_down(prepared) -> None:
     target = FailingTeardownTarget()
-    outcome = _follow(
-        target, prepared, lambda: None, False, TargetOptions(), lambda s: None, None, detach=True
-    )
+    outcome = _owner(target, prepared, False)(lambda: None, lambda s: None, None, detach=True)
     assert outcome.state == "DETACHED" and target.teardowns == 0
+    owner, _ = prepared.store.owner()  # released: whoever attaches next owns the run
+    assert owner is not None and owner.kind == "none"
+
+
+def _owner(target, prepared, keep: bool, options: TargetOptions | None = None) -> _Follow:
+    lease = claim(prepared.store, "cli", "cli test")
+    assert isinstance(lease, Lease)
+    return _Follow(target, prepared, options or TargetOptions(), keep, lease)
 
 
 def test_cli_prints_the_original_error_first_then_the_teardown_note() -> None:

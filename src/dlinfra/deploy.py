@@ -21,7 +21,8 @@ from dlinfra.render import build_node_configs, render_cluster
 from dlinfra.runs.compare import lock_changes
 from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.records import Marker, Metrics, NodeState
+from dlinfra.runs.ownership import Lease, claim, cli_holder
+from dlinfra.runs.records import Marker, Metrics, NodeState, Owner
 from dlinfra.runs.run import Run, utc_now
 from dlinfra.runs.startup import breakdown
 from dlinfra.spec.model import Spec
@@ -144,7 +145,10 @@ def deploy(
         target.provision(prepared, review)
         return target.start(prepared)
 
-    return _follow(target, prepared, start, request.keep, options, on_update, started, request.detach)
+    lease = claim(prepared.store, "cli", cli_holder())
+    assert isinstance(lease, Lease)  # a run nobody else has seen yet
+    follow = _Follow(target, prepared, options, request.keep, lease.keep())
+    return follow(start, on_update, started, request.detach)
 
 
 def attach(
@@ -160,37 +164,71 @@ def attach(
     target = target_for(manifest.target, options)
     prepared = Prepared.load(run)
     started = datetime.fromisoformat(manifest.started).timestamp() if manifest.started else None
-    return _follow(
-        target, prepared, lambda: target.attach(prepared), keep, options, on_update, started, attached=True
-    )
+    lease = claim(prepared.store, "cli", cli_holder())
+    if isinstance(lease, Owner):  # another CLI or the controller acts for the run: only follow it
+        options.log(
+            f"run {run.id} is owned by {lease.holder}: following it only (the owner heals and tears down)"
+        )
+        return follow_only(prepared, on_update, started or time.time())
+    follow = _Follow(target, prepared, options, keep, lease.keep())
+    return follow(lambda: target.attach(prepared), on_update, started, attached=True)
 
 
-def _follow(
-    target: Target,
-    prepared: Prepared,
-    get_cluster: Callable[[], Cluster],
-    keep: bool,
-    options: TargetOptions,
-    on_update: Callable[[Snapshot], None],
-    started: float | None,
-    detach: bool = False,
-    attached: bool = False,
-) -> Outcome:
-    run = prepared.run
-    try:
-        cluster = get_cluster()
-        if detach:
-            run.update_manifest(status="RUNNING", started=utc_now(), detached=True)
-            run.publish_manifest()
-            return Outcome(run, "DETACHED")
-        outcome = watch(prepared, cluster, on_update, started=started, stop_on_interrupt=not attached)
-    except BaseException as exc:
-        if target.leaves_resources and not keep:
-            _teardown_after(exc, target, run, options)
-        raise
-    if target.leaves_resources and not keep and outcome.state != "DETACHED":
-        options.log(_teardown(target, run))
-    return outcome
+@dataclass
+class _Follow:
+    """Follow a run as its owner: watch it, heal it, tear it down; give the lease up at the end."""
+
+    target: Target
+    prepared: Prepared
+    options: TargetOptions
+    keep: bool
+    lease: Lease
+
+    def __call__(
+        self,
+        get_cluster: Callable[[], Cluster],
+        on_update: Callable[[Snapshot], None],
+        started: float | None,
+        detach: bool = False,
+        attached: bool = False,
+    ) -> Outcome:
+        target, run, lease = self.target, self.prepared.run, self.lease
+        tears_down = target.leaves_resources and not self.keep
+        try:
+            cluster = get_cluster()
+            if detach:
+                run.update_manifest(status="RUNNING", started=utc_now(), detached=True)
+                run.publish_manifest()
+                lease.release()  # whoever attaches next owns it
+                return Outcome(run, "DETACHED")
+            outcome = watch(
+                self.prepared,
+                cluster,
+                on_update,
+                started=started,
+                stop_on_interrupt=not attached,
+                lease=lease,
+            )
+        except BaseException as exc:
+            if tears_down and lease.held:
+                _teardown_after(exc, target, run, self.options)
+            lease.release()
+            raise
+        if not lease.held:  # taken over mid-run: the new owner acts from here
+            holder = _holder(self.prepared.store)
+            self.options.log(
+                f"run {run.id}: taken over by {holder}, which tears it down; this CLI only followed"
+            )
+            return outcome
+        if tears_down and outcome.state != "DETACHED":
+            self.options.log(_teardown(target, run))
+        lease.release()
+        return outcome
+
+
+def _holder(store: RunStore) -> str:
+    owner, _ = store.owner()
+    return owner.holder if owner else "nobody"
 
 
 def _teardown(target: Target, run: Run) -> str:
@@ -219,9 +257,11 @@ def watch(
     poll: float = 1.0,
     started: float | None = None,
     stop_on_interrupt: bool = True,
+    lease: Lease | None = None,
 ) -> Outcome:
     """Follow the run through the store until it ends; then stop the cluster. Ctrl-C stops the
-    run too, unless `stop_on_interrupt` is False: then it only stops watching (state DETACHED)."""
+    run too, unless `stop_on_interrupt` is False: then it only stops watching (state DETACHED).
+    Once another owner took the `lease` over, it acts no more: it only follows (follow_only)."""
     store, run = prepared.store, prepared.run
     names = list(prepared.user_data)
     started = started or time.time()
@@ -231,6 +271,9 @@ def watch(
     left_running = False
     try:
         while True:
+            if lease is not None and not lease.held:
+                left_running = True
+                return follow_only(prepared, on_update, started)
             # poll first: it may block (a heal's apply takes a minute), and a snapshot taken before it
             # would make every node look silent for that long (seen: a healed run failed as "lost")
             codes = cluster.poll()
@@ -259,6 +302,18 @@ def watch(
         if not left_running:
             _stop(cluster, run, store, names, ended_unwatched)
     return _outcome(prepared, store, started, ended_unwatched.time if ended_unwatched else time.time())
+
+
+def follow_only(
+    prepared: Prepared, on_update: Callable[[Snapshot], None], started: float, poll: float = 2.0
+) -> Outcome:
+    """Progress and the result of a run someone else owns: no heal, no verdict, no teardown."""
+    store, names = prepared.store, list(prepared.user_data)
+    while (snap := _snapshot(store, names, started)).marker is None:
+        on_update(snap)
+        time.sleep(poll)
+    on_update(snap)
+    return _outcome(prepared, store, started, snap.marker.time)
 
 
 def _stop(

@@ -10,6 +10,7 @@
     tensorboard/                  event files
     debug/request.json            a request for stack dumps; debug/<node>.stacks.txt: the dumps
     notices/<node>.<ms>.json      Notice: a spot notice a node's beacon saw, and how the node left
+    owner.json                    Owner: who acts for the run now (runs.ownership), with its lease
     code/bundle-<sha256>.tar.gz   the user's code; code/<wheel>: the dlinfra that cloud nodes install
     code/env-<flavor>.lock        the run's environment, locked with hashes (cpu or gpu build of TF)
     code/data-<sha256>.json       the data files a glob listed when the run was prepared (their pin)
@@ -39,6 +40,7 @@ from dlinfra.runs.records import (
     Metrics,
     NodeState,
     Notice,
+    Owner,
     Record,
 )
 from dlinfra.runs.store import Store
@@ -55,6 +57,7 @@ MODEL = "model"
 TENSORBOARD = "tensorboard"
 STACKS_REQUEST = "debug/request.json"
 NOTICES = "notices"
+OWNER = "owner.json"
 STACKS_HEADER = "# dlinfra stack dump for request "
 # The results bucket's lifecycle rule expires old checkpoints by this tag (prefix patterns can't match).
 CHECKPOINT_TAGS = {"dlinfra:kind": "checkpoint"}
@@ -223,6 +226,19 @@ class RunStore:
         return self.store.uri(f"debug/{node}.stacks.txt")
 
     # ---------------------------------------------------------------- spot notices
+
+    def owner(self) -> tuple[Owner | None, str | None]:
+        """The run's owner record and its version (for swap_owner)."""
+        got = self.store.get_versioned(OWNER)
+        if got is None:
+            return None, None
+        try:
+            return Owner.model_validate_json(got[0]), got[1]
+        except ValidationError as exc:
+            raise StoreError(f"{self.store.uri(OWNER)} is not an owner record: {exc}") from None
+
+    def swap_owner(self, owner: Owner, version: str | None) -> str | None:
+        return self.store.put_if(OWNER, owner.model_dump_json().encode(), version)
 
     def put_notice(self, notice: Notice) -> None:
         self._write(f"{NOTICES}/{notice.key}.json", notice)

@@ -89,6 +89,22 @@ class Marker(Record):
     eval_accuracy: float | None = None
 
 
+class Owner(Record):
+    """Who acts for a run (heals, records verdicts, tears down): one CLI or the account's controller,
+    holding a lease it renews. Anyone else only watches (runs.ownership)."""
+
+    kind: Literal["cli", "controller", "none"]  # none: released (ended, detached or handed over)
+    holder: str  # "cli <user>@<host> pid N" | "controller <instance id>"
+    token: str  # this claim's own id: a write whose answer was lost is recognised as ours
+    since: float
+    renewed: float  # the holder's clock; the lease holds until renewed + lease_seconds
+    lease_seconds: float
+    handed_to: str | None = None  # released for the controller: it claims the run next
+
+    def live(self, now: float) -> bool:
+        return self.kind != "none" and now < self.renewed + self.lease_seconds
+
+
 class Notice(Record):
     """A spot notice one node's beacon saw in its instance metadata, and what came of it. Written by
     that beacon only: when it sees the notice, then again when the node leaves."""

@@ -7,6 +7,8 @@ file by file and then named by a small pointer object, so a reader never sees ha
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -79,6 +81,16 @@ class Store:
         """Keys under `prefix` (a folder: "notices/"), relative to the store, sorted."""
         raise NotImplementedError
 
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The object and a version tag of its content, for `put_if`."""
+        raise NotImplementedError
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """Write only if the key still holds `version` (None: only if there is no such key), and
+        return the new version; None when another writer came first. One compare-and-swap: what an
+        owner's lease is built on."""
+        raise NotImplementedError
+
     def files(self, starting: str = "") -> list[Listed]:
         """The files directly under the root (not in its sub-directories) whose names begin with
         `starting`, by name (S3 lists only those: a glob's literal head spares a big prefix's pages)."""
@@ -142,6 +154,23 @@ class FileStore(Store):
             return self._path(key).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        data = self.get_bytes(key)
+        return None if data is None else (data, hashlib.sha256(data).hexdigest())
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # writers of one store share its disk: an exclusive lock beside the key makes the check
+        # and the write one step for every process
+        with open(path.with_name(f".lock-{path.name}"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.get_versioned(key)
+            if (current[1] if current else None) != version:
+                return None
+            self.put_bytes(key, data)
+            return hashlib.sha256(data).hexdigest()
 
     def list_keys(self, prefix: str) -> list[str]:
         folder = self._path(prefix.rstrip("/"))
@@ -258,6 +287,38 @@ class S3Store(Store):
                 raise
 
         return self._retrying(get, "read")
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        from botocore.exceptions import ClientError
+
+        def get() -> tuple[bytes, str] | None:
+            try:
+                got = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+            return got["Body"].read(), got["ETag"]
+
+        return self._retrying(get, "read")
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """S3's conditional writes (If-Match on the ETag, If-None-Match: *): atomic on the server."""
+        from botocore.exceptions import ClientError
+
+        condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
+
+        def put() -> str | None:
+            try:
+                put = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                if code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409"):
+                    return None
+                raise
+            return str(put["ETag"])
+
+        return self._retrying(put, "write")
 
     def list_keys(self, prefix: str) -> list[str]:
         def listed() -> list[str]:

@@ -1,0 +1,135 @@
+"""Who acts for a run: exactly one owner at a time.
+
+Healing a node, writing a verdict and destroying the stack are acts; following the run's progress is
+not. A deploy, a `dlinfra watch` and the account's controller may all follow one run, but only the
+holder of the run's lease (`owner.json` in its store) acts. The lease is taken and renewed by a
+compare-and-swap on that record (S3's conditional writes; a lock file on a file:// store), so two
+claimants racing for it cannot both win, and one that dies loses it after `LEASE_SECONDS`.
+
+A holder renews from a thread of its own: a heal's `terraform apply` may block its watch loop for
+minutes, and the run must not look abandoned meanwhile. The Terraform state's own lock
+(`use_lockfile`) still guards the state if two holders ever overlapped.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.records import Owner
+
+LEASE_SECONDS = 90.0  # how long a silent holder keeps the run: outlasts a store outage of a minute
+RENEW_SECONDS = 15.0
+CLAIM_ATTEMPTS = 5
+
+Kind = Literal["cli", "controller"]
+
+
+def cli_holder() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"cli {user}@{socket.gethostname()} pid {os.getpid()}"
+
+
+@dataclass
+class Lease:
+    """A held claim on a run. `held` turns False once another holder took the run over."""
+
+    store: RunStore
+    record: Owner
+    version: str | None
+    lease_seconds: float = LEASE_SECONDS
+    _lost: threading.Event = field(default_factory=threading.Event)
+    _done: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _keeper: threading.Thread | None = None
+
+    @property
+    def held(self) -> bool:
+        return not self._lost.is_set()
+
+    def keep(self, every: float = RENEW_SECONDS) -> Lease:
+        """Renew in the background until released."""
+
+        def loop() -> None:
+            while not self._done.wait(every) and self.renew():
+                pass
+
+        self._keeper = threading.Thread(target=loop, name="dlinfra-lease", daemon=True)
+        self._keeper.start()
+        return self
+
+    def renew(self) -> bool:
+        with self._lock:
+            if self._lost.is_set() or self._done.is_set():
+                return False
+            record = self.record.model_copy(update={"renewed": time.time()})
+            if not self._swap(record):
+                self._lost.set()
+                return False
+            return True
+
+    def release(self, handed_to: str | None = None) -> None:
+        """Give the run up: ended, detached, or handed to the controller (which claims it next)."""
+        self._done.set()
+        if self._keeper is not None:
+            self._keeper.join()
+        with self._lock:
+            if self._lost.is_set():
+                return
+            self._swap(self.record.model_copy(update={"kind": "none", "handed_to": handed_to}))
+            self._lost.set()
+
+    def _swap(self, record: Owner) -> bool:
+        if (version := _put(self.store, record, self.version)) is None:
+            return False
+        self.version, self.record = version, record
+        return True
+
+
+def claim(store: RunStore, kind: Kind, holder: str, lease_seconds: float = LEASE_SECONDS) -> Lease | Owner:
+    """Take the run's lease if it is free, released, expired or already this holder's; else the
+    live owner that holds it."""
+    for _ in range(CLAIM_ATTEMPTS):
+        current, version = store.owner()
+        now = time.time()
+        if current is not None and current.holder != holder and current.live(now):
+            return current
+        record = Owner(
+            kind=kind,
+            holder=holder,
+            token=secrets.token_hex(8),
+            since=now,
+            renewed=now,
+            lease_seconds=lease_seconds,
+        )
+        if (written := _put(store, record, version)) is not None:
+            return Lease(store, record, written, lease_seconds)
+    current, _ = store.owner()
+    assert current is not None  # five lost races: someone holds it
+    return current
+
+
+def owner_of(store: RunStore) -> Owner | None:
+    """The live owner, if any."""
+    current, _ = store.owner()
+    return current if current is not None and current.live(time.time()) else None
+
+
+def _put(store: RunStore, record: Owner, version: str | None) -> str | None:
+    """The new version, or None if another writer came first."""
+    if (written := store.swap_owner(record, version)) is not None:
+        return written
+    # a retried write whose first answer was lost fails its own condition: it is ours if the record
+    # is the one we wrote
+    now, now_version = store.owner()
+    return now_version if now == record else None
