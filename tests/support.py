@@ -22,6 +22,21 @@ PROVIDER_MIRROR = Path(os.environ.get("DLINFRA_TF_PROVIDER_MIRROR", "/opt/tf-plu
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
+def cli_process(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[str]:
+    """The CLI started and left running (read it with communicate()): what two terminals racing are."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlinfra", *args],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def run_cli(
     *args: str,
     env: dict[str, str] | None = None,

@@ -21,7 +21,7 @@ from dlinfra.render import build_node_configs, render_cluster
 from dlinfra.runs.compare import lock_changes
 from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.ownership import Lease, claim, cli_holder
+from dlinfra.runs.ownership import Lease, claim, cli_holder, owner_of
 from dlinfra.runs.records import Marker, Metrics, NodeState, Owner
 from dlinfra.runs.run import Run, utc_now
 from dlinfra.runs.startup import breakdown
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from dlinfra.runs.rerun import Origin
 
 LOG_TAIL_LINES = 30
+OWNER_CHECK_SECONDS = 10.0  # how often a follower looks whether the run's owner is still there
 
 
 @dataclass(frozen=True)
@@ -164,12 +165,16 @@ def attach(
     target = target_for(manifest.target, options)
     prepared = Prepared.load(run)
     started = datetime.fromisoformat(manifest.started).timestamp() if manifest.started else None
-    lease = claim(prepared.store, "cli", cli_holder())
-    if isinstance(lease, Owner):  # another CLI or the controller acts for the run: only follow it
+    started = started or time.time()
+    while isinstance(lease := claim(prepared.store, "cli", cli_holder()), Owner):
+        # another CLI or the controller acts for the run: follow it, and take it over if that owner
+        # goes away before the run ends
         options.log(
             f"run {run.id} is owned by {lease.holder}: following it only (the owner heals and tears down)"
         )
-        return follow_only(prepared, on_update, started or time.time())
+        if (outcome := follow_only(prepared, on_update, started, until_unowned=True)) is not None:
+            return outcome
+        options.log(f"run {run.id}: its owner is gone; this watch takes the run over")
     follow = _Follow(target, prepared, options, keep, lease.keep())
     return follow(lambda: target.attach(prepared), on_update, started, attached=True)
 
@@ -273,7 +278,7 @@ def watch(
         while True:
             if lease is not None and not lease.held:
                 left_running = True
-                return follow_only(prepared, on_update, started)
+                return follow_only(prepared, on_update, started) or Outcome(run, "DETACHED")
             # poll first: it may block (a heal's apply takes a minute), and a snapshot taken before it
             # would make every node look silent for that long (seen: a healed run failed as "lost")
             codes = cluster.poll()
@@ -305,13 +310,23 @@ def watch(
 
 
 def follow_only(
-    prepared: Prepared, on_update: Callable[[Snapshot], None], started: float, poll: float = 2.0
-) -> Outcome:
-    """Progress and the result of a run someone else owns: no heal, no verdict, no teardown."""
+    prepared: Prepared, on_update: Callable[[Snapshot], None], started: float, until_unowned: bool = False
+) -> Outcome | None:
+    """Progress and the result of a run someone else owns: no heal, no verdict, no teardown. With
+    `until_unowned`, None once nobody owns the unfinished run any more (its lease lapsed or was
+    given up): the caller may take it."""
     store, names = prepared.store, list(prepared.user_data)
-    while (snap := _snapshot(store, names, started)).marker is None:
-        on_update(snap)
-        time.sleep(poll)
+    checked = time.monotonic()
+    try:
+        while (snap := _snapshot(store, names, started)).marker is None:
+            on_update(snap)
+            if until_unowned and time.monotonic() - checked > OWNER_CHECK_SECONDS:
+                checked = time.monotonic()
+                if owner_of(store) is None:
+                    return None
+            time.sleep(2.0)
+    except KeyboardInterrupt:  # Ctrl-C stops following; the run and its owner go on
+        return Outcome(prepared.run, "DETACHED")
     on_update(snap)
     return _outcome(prepared, store, started, snap.marker.time)
 

@@ -18,7 +18,7 @@ import pytest
 
 from dlinfra.spec.catalog import catalog
 from e2e.conftest import aws_emulation, own_files_args, start_deploy
-from support import FAKE_CREDS, alive_node_pids, run_cli
+from support import FAKE_CREDS, alive_node_pids, cli_process, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
 BUCKET = "dlinfra-results"
@@ -428,9 +428,11 @@ def test_rerun_of_an_aws_run_applies_the_same_tfvars_and_wheel(
     assert f"s3://{BUCKET}/runs/{second.name}/code/{manifest['wheel']['name']}" in user_data
 
 
-def test_detached_aws_run_ends_alone_and_destroy_ended_removes_what_is_left(aws_env: dict[str, Any]) -> None:
+def test_detached_aws_run_ends_alone_and_one_of_two_racing_watchers_removes_what_is_left(
+    aws_env: dict[str, Any],
+) -> None:
     """Nobody watching: the emulated instances train, write DONE and stop; the stack stays up (and
-    `runs` says so, with its price) until `destroy --ended` removes it."""
+    `runs` says so, with its price) until its owner, one of two racing `watch`es, removes it."""
     here = aws_env["home"] / "detached"
     here.mkdir()
     args = ("--target", "aws", "--workers", "1", "--steps", "300", "--yes", "--emulate-instances", "--detach")
@@ -463,10 +465,20 @@ def test_detached_aws_run_ends_alone_and_destroy_ended_removes_what_is_left(aws_
         return [i["InstanceId"] for r in reservations for i in r["Instances"]]
 
     assert len(running()) == 3
-    destroyed = run_cli("destroy", "--ended", env=aws_env["env"], cwd=here, timeout=900)
-    assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
-    assert f"run {run_id}: stack destroyed" in destroyed.stdout
+    # Two `dlinfra watch` of the ended run at once (two terminals, or a laptop and a CI job): exactly
+    # one owns the run and tears it down; the other only follows it, says who owns it and applies and
+    # destroys nothing. `destroy --ended` then finds nothing left to do.
+    watchers = [cli_process("watch", run_id, env=aws_env["env"], cwd=here) for _ in range(2)]
+    outputs = [w.communicate(timeout=900) for w in watchers]
+    assert [w.returncode for w in watchers] == [0, 0], outputs
+    owners = [out for out, _ in outputs if f"run {run_id}: stack destroyed" in out]
+    followers = [out + err for out, err in outputs if f"run {run_id}: stack destroyed" not in out]
+    assert len(owners) == 1 and len(followers) == 1, outputs
+    assert f"run {run_id} is owned by cli " in followers[0] and "following it only" in followers[0]
+    assert "terraform:" not in followers[0] and "DONE" in followers[0]
     assert running() == [] and not row()["resources_up"]
+    destroyed = run_cli("destroy", "--ended", env=aws_env["env"], cwd=here, timeout=900)
+    assert destroyed.returncode == 0 and "no ended run has resources up" in destroyed.stdout, destroyed.stdout
 
 
 def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_parameter_resolved_then(

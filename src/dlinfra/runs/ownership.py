@@ -19,9 +19,12 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dlinfra.errors import DlinfraError
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import Owner
 
@@ -133,3 +136,26 @@ def _put(store: RunStore, record: Owner, version: str | None) -> str | None:
     # is the one we wrote
     now, now_version = store.owner()
     return now_version if now == record else None
+
+
+class Owned(DlinfraError):
+    """Another holder acts for the run."""
+
+    def __init__(self, run_id: str, owner: Owner):
+        super().__init__(
+            f"run {run_id} is owned by {owner.holder}, which heals it and tears it down when it ends. "
+            "Fix: let it, or stop that owner first (its lease lapses 90 s after it is gone)"
+        )
+        self.owner = owner
+
+
+@contextmanager
+def acting(store: RunStore, run_id: str, kind: Kind = "cli") -> Iterator[Lease]:
+    """Hold the run's lease for one act (`dlinfra destroy`); refuse if another holder has it."""
+    got = claim(store, kind, cli_holder() if kind == "cli" else kind)
+    if isinstance(got, Owner):
+        raise Owned(run_id, got)
+    try:
+        yield got.keep()
+    finally:
+        got.release()

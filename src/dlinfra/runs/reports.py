@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
+from dlinfra.runs.ownership import Owned, acting
 from dlinfra.runs.records import Manifest, Notice
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
@@ -148,7 +149,8 @@ def _startup(run: Run) -> list[tuple[str, float]]:
 
 def destroy_run(run_id: str) -> str:
     run = Run.open(run_id)
-    return target_for(run.manifest().target).teardown(run)
+    with acting(run.store(), run.id):
+        return target_for(run.manifest().target).teardown(run)
 
 
 def destroy_ended() -> list[str]:
@@ -160,7 +162,11 @@ def destroy_ended() -> list[str]:
         except StoreError:
             continue
         if manifest.resources_up and run.store().marker() is not None:
-            done.append(target_for(manifest.target).teardown(run))
+            try:
+                with acting(run.store(), run.id):
+                    done.append(target_for(manifest.target).teardown(run))
+            except Owned as owned:
+                done.append(f"run {run.id}: left to its owner, {owned.owner.holder}")
     return done or ["no ended run has resources up"]
 
 
