@@ -81,10 +81,42 @@ def test_a_silent_owner_loses_the_run_after_its_lease_and_cannot_act_again(store
 
 
 def test_the_keeper_thread_renews_while_the_holder_is_busy(store: RunStore) -> None:
-    lease = claim(store, "cli", "cli a", lease_seconds=1.0)
+    lease = claim(store, "cli", "cli a", lease_seconds=3.0)
     assert isinstance(lease, Lease)
     lease.keep(every=0.2)
-    time.sleep(1.5)  # longer than the lease: a heal's apply blocking the watch loop
+    # the holder does nothing for longer than its lease (a heal's apply blocking the watch loop):
+    # wait for a renewal past the first lease's end, however slow this machine is
+    deadline = time.monotonic() + 60
+    while (owner := store.owner()[0]) is not None and owner.renewed < lease.record.since + 3.5:
+        assert time.monotonic() < deadline, "the keeper never renewed"
+        time.sleep(0.1)
     assert isinstance(claim(store, "controller", "controller i-1"), Owner)
     lease.release()
     assert lease.held is False and isinstance(claim(store, "controller", "controller i-1"), Lease)
+
+
+def test_an_act_is_refused_while_another_holder_owns_the_run(store: RunStore) -> None:
+    owner = claim(store, "controller", "controller i-1")
+    assert isinstance(owner, Lease)
+    with (
+        pytest.raises(ownership.Owned, match="run r1 is owned by controller i-1"),
+        ownership.acting(store, "r1"),
+    ):
+        pytest.fail("acted on a run another holder owns")
+    owner.release()
+    with ownership.acting(store, "r1") as lease:
+        assert lease is not None and lease.held
+    assert ownership.owner_of(store) is None  # given up after the act
+
+
+def test_an_act_goes_on_when_the_store_is_gone(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dlinfra destroy` of a run whose bucket was deleted: nobody can own it, the destroy must run."""
+    for key, value in FAKE_CREDS.items():
+        monkeypatch.setenv(key, value)
+    gone = RunStore(
+        Store.from_url("s3://no-such-bucket-here/runs/r1", endpoint_url=moto_endpoint, region="us-east-1")
+    )
+    acted = False
+    with ownership.acting(gone, "r1") as lease:
+        acted = lease is None
+    assert acted

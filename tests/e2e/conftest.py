@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import pytest
 
 from dlinfra.node.status import read_state, state_file
 from own_files import OWN_KEYS, write_own_digits
-from support import FAKE_CREDS, alive_node_pids, aws_client, run_cli
+from support import FAKE_CREDS, alive_node_pids, aws_client, cli_process, run_cli
 
 OWN_TRAIN_FILES = 16
 
@@ -94,15 +93,7 @@ class Live:
     def __init__(self, tmp: Path, args: tuple[str, ...], env: dict[str, str] | None):
         self.home = tmp / "home"
         full_env = {**os.environ, **(env or {}), "DLINFRA_HOME": str(self.home)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dlinfra", "deploy", *args],
-            cwd=tmp,
-            env=full_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.proc = cli_process("deploy", *args, env=full_env, cwd=tmp)
 
     @property
     def run_dir(self) -> Path:

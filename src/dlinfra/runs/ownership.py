@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dlinfra.errors import DlinfraError
+from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import Owner
 
@@ -150,9 +150,16 @@ class Owned(DlinfraError):
 
 
 @contextmanager
-def acting(store: RunStore, run_id: str, kind: Kind = "cli") -> Iterator[Lease]:
-    """Hold the run's lease for one act (`dlinfra destroy`); refuse if another holder has it."""
-    got = claim(store, kind, cli_holder() if kind == "cli" else kind)
+def acting(store: RunStore, run_id: str, kind: Kind = "cli") -> Iterator[Lease | None]:
+    """Hold the run's lease for one act (`dlinfra destroy`); refuse if another holder has it. A store
+    that cannot be read (its bucket deleted, credentials for it expired) holds no owner either: the
+    act goes on without a lease, as the command that removes what costs money must (Terraform's own
+    state lock still keeps two destroys apart)."""
+    try:
+        got = claim(store, kind, cli_holder() if kind == "cli" else kind)
+    except StoreError:
+        yield None
+        return
     if isinstance(got, Owner):
         raise Owned(run_id, got)
     try:

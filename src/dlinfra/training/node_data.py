@@ -41,12 +41,12 @@ def stage_node(cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[]
     starting()
     began = time.monotonic()
     pinned = node_set(cfg, run)
-    # a dispatched worker reads any train file (the chief's fit check reads its one, staged)
-    dispatched = cfg.takes_dispatched_files
     shares = node_shares(
         pinned.manifest, cfg.strategy, cfg.num_workers, dispatched=cfg.dispatcher is not None
     )
     mine = shares.get(cfg.name, NodeShare([], []))
+    # a dispatched worker reads any train file (the chief's fit check reads its one, staged)
+    dispatched = mine.every_file
     fmt = pinned.manifest.format
     held = stage(split_store(cfg, pinned.manifest, "eval"), mine.eval, work / EVAL_DIR, fmt)
     cache_gb = cfg.training.dataset.cache_gb
