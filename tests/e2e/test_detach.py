@@ -4,17 +4,18 @@ end) and ends with the result table."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
+import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support import alive_node_pids, run_cli
+from support import alive_node_pids, cli_process, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -55,15 +56,12 @@ def test_detached_run_finishes_alone_and_watch_prints_its_result(tmp_path: Path)
 
 
 def _watch(home: Path, tmp_path: Path, run_id: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "dlinfra", "watch", run_id],
-        env=_env(home),
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return cli_process("watch", run_id, env=_env(home), cwd=tmp_path)
+
+
+def _owner(home: Path, tmp_path: Path, run_id: str) -> str | None:
+    listed = run_cli("runs", "--json", env=_env(home), cwd=tmp_path)
+    return next(r for r in json.loads(listed.stdout) if r["run_id"] == run_id)["owner"]
 
 
 def test_watch_attached_mid_run_shows_progress_and_ctrl_c_only_stops_watching(tmp_path: Path) -> None:
@@ -78,12 +76,18 @@ def test_watch_attached_mid_run_shows_progress_and_ctrl_c_only_stops_watching(tm
     assert first.stdout is not None
     seen = first.stdout.readline()  # its first progress line: the watch loop is running, not starting
     assert "nodes up" in seen, seen + first.communicate(timeout=300)[1]
+    # the watch owns the run now (it heals and tears down), and `runs` names it
+    assert (
+        _owner(home, tmp_path, run_dir.name)
+        == f"cli {getpass.getuser()}@{socket.gethostname()} pid {first.pid}"
+    )
     first.send_signal(signal.SIGINT)  # Ctrl-C on a watcher: the run goes on
     # generous: a limit on a hang, not a speed goal (seen over 60 s on a loaded 2-core machine)
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, out + err
     assert "detached" in out and not (run_dir / "store" / "STOPPED").exists()
     assert alive_node_pids(run_dir.name), "the run goes on without its watcher"
+    assert _owner(home, tmp_path, run_dir.name) is None  # given up: the next watch takes it
     second = _watch(home, tmp_path, run_dir.name)
     try:
         out, err = second.communicate(timeout=600)

@@ -264,8 +264,8 @@ def print_failure(console: Console, outcome: Outcome) -> None:
 
 
 # Columns a narrow screen drops first; the run id, the one thing a user copies, is never cut.
-RUNS_COLUMNS = ("run", "status", "age", "target", "strategy", "accuracy", "resources")
-_RUNS_DROPPED_FIRST = ("resources", "strategy", "target", "age", "accuracy", "status")
+RUNS_COLUMNS = ("run", "status", "age", "target", "strategy", "accuracy", "resources", "owner")
+_RUNS_DROPPED_FIRST = ("owner", "resources", "strategy", "target", "age", "accuracy", "status")
 
 
 def _width(columns: list[list[str]]) -> int:
@@ -299,7 +299,8 @@ def _run_cells(r: dict[str, Any]) -> dict[str, str]:
     """One row of `dlinfra runs`, column → text."""
     acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
     up = "-" if not r["resources_up"] else "up" + _num(r["usd_per_hour"], " ${:.2f}/h")
-    texts = (r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc, up)
+    owner = r.get("owner") or "-"  # who heals and tears it down (runs.ownership)
+    texts = (r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc, up, owner)
     return dict(zip(RUNS_COLUMNS, texts, strict=True))
 
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
-from dlinfra.runs.ownership import Owned, acting
-from dlinfra.runs.records import Manifest, Notice
+from dlinfra.runs.ownership import Owned, acting, owner_of
+from dlinfra.runs.records import MARKERS, Manifest, Notice
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
 from dlinfra.spec.hardware import cluster_hardware
@@ -71,13 +71,18 @@ def _age(created: str | None) -> str:
     return f"{seconds:.0f}s"
 
 
+FINAL_STATUSES = (*MARKERS, "CANCELLED")
+
+
 def list_run_rows() -> list[dict[str, Any]]:
     rows = []
     for run in list_runs():
         try:
             m = run.manifest()
         except StoreError:  # corrupt, or another dlinfra's record: list it, do not guess at its fields
-            rows.append(dict.fromkeys(("created", "target", "strategy", "eval_accuracy", "usd_per_hour")))
+            rows.append(
+                dict.fromkeys(("created", "target", "strategy", "eval_accuracy", "usd_per_hour", "owner"))
+            )
             rows[-1]["resources_up"] = False
             rows[-1] |= {"run_id": run.id, "status": "unreadable (`dlinfra show` says why)", "age": "-"}
             continue
@@ -85,6 +90,7 @@ def list_run_rows() -> list[dict[str, Any]]:
         # nobody watching a detached run: the store knows whether it ended
         if status == "RUNNING" and m.detached and (marker := run.store().marker()):
             status, accuracy = marker.marker, marker.eval_accuracy
+        owner = _owner(run) if m.resources_up or status not in FINAL_STATUSES else None
         rows.append(
             {
                 "run_id": run.id,
@@ -97,9 +103,19 @@ def list_run_rows() -> list[dict[str, Any]]:
                 # cloud resources still up (deployed with --keep or --detach): what they cost
                 "usd_per_hour": (m.plan.usd_per_hour if m.plan else None) if m.resources_up else None,
                 "resources_up": m.resources_up,
+                "owner": owner,
             }
         )
     return rows
+
+
+def _owner(run: Run) -> str | None:
+    """Who acts for a live run now, if anyone (a store that cannot be read: nobody we can see)."""
+    try:
+        owner = owner_of(run.store())
+    except StoreError:
+        return None
+    return owner.holder if owner else None
 
 
 def run_details(run_id: str | None) -> dict[str, Any]:
