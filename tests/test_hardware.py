@@ -225,6 +225,12 @@ def test_plan_summary_shows_vcpus_gpus_and_prices_per_role() -> None:
     assert "chief     1 x m5.xlarge: 4 vCPU; CPU · $0.192/h" in text
     assert f"as of {catalog().prices_as_of}" in text
     assert "| worker | 3 | `g4dn.xlarge` | 4 | 1 x NVIDIA T4 16 GiB (1) | $1.578 |" in summary.markdown()
+    # 3 x 0.526 + 2 x 0.192 + NAT 0.045 = 2.007 $/h, for the default max_runtime of one hour
+    assert "At max_runtime (1 h): at most $2.01, priced as above" in text
+    assert "the NAT gateway and its Elastic IP stay up at $0.050/h until `dlinfra watch r-1`" in text
+    assert "stay up at $0.050/h" in summary.markdown()
+    direct = summarize({"resource_changes": []}, "r-2", _aws(aws={"egress": "public_ip"}))
+    assert "what stays up (the VPC, its subnets and security group) costs nothing" in direct.text()
 
 
 # ---------------------------------------------------------------- nodes that run on this machine

@@ -72,6 +72,8 @@ class Catalog(BaseModel):
     regions: list[str]
     price_notes: str
     nat_gateway_usd_per_hour: dict[str, float]
+    public_ipv4_usd_per_hour: float  # every region: an Elastic IP (the NAT gateway's) included
+    public_ipv4_source: str
     types: list[InstanceType]
 
     @cached_property

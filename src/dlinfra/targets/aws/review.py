@@ -95,6 +95,7 @@ class PlanSummary:
         lines.append(self._cost_line())
         if spot := spot_line(self.spec, self.cost):
             lines.append(spot)
+        lines += [self._runtime_line(), self._unwatched_line()]
         if self.images:
             lines.append(self.images)
         return "\n".join(lines)
@@ -112,7 +113,30 @@ class PlanSummary:
             "|---|---:|---|---:|---|---:|\n"
             f"{rows}\n\n{self._cost_line()}\n"
             + (f"\n{spot}\n" if (spot := spot_line(self.spec, self.cost)) else "")
+            + f"\n{self._runtime_line()}\n\n{self._unwatched_line()}\n"
             + (f"\n{self.images}\n" if self.images else "")
+        )
+
+    def _runtime_line(self) -> str:
+        """The most the run can cost: every node stops itself at max_runtime, watched or not."""
+        hours = self.spec.cluster.max_runtime / 3600
+        return (
+            f"At max_runtime ({hours:g} h): at most ${self.cost.known * hours:.2f}, priced as above; "
+            "every node stops itself then (cluster.max_runtime)."
+        )
+
+    def _unwatched_line(self) -> str:
+        """What stays up when the run ends with nobody watching: the nodes power off and terminate,
+        the stack's network does not."""
+        left = "If the run ends with nobody watching, its instances stop and terminate themselves"
+        if self.spec.aws.egress != "nat":  # a VPC, subnets, a security group, a gateway endpoint: free
+            return f"{left}; what stays up (the VPC, its subnets and security group) costs nothing."
+        nat = self.cost.extras.get(NAT_GATEWAY)
+        usd = "an unpriced amount" if nat is None else f"${nat + catalog().public_ipv4_usd_per_hour:.3f}/h"
+        return (
+            f"{left}; the NAT gateway and its Elastic IP stay up at {usd} until "
+            f"`dlinfra watch {self.run_id}` or `dlinfra destroy --ended` removes them (aws.egress: none "
+            "or public_ip has no NAT gateway)."
         )
 
     def _cost_line(self) -> str:
