@@ -173,3 +173,64 @@ def moto_server() -> Iterator[MotoServer]:
         yield MotoServer(endpoint_url=f"http://{host}:{port}")
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def own_moto() -> Iterator[MotoServer]:
+    """A moto server in a process of its own: switching its auth on touches no other test's server."""
+    import sys
+
+    code = (
+        "from moto.server import ThreadedMotoServer as S; "
+        "s = S(ip_address='127.0.0.1', port=0, verbose=False); s.start(); "
+        "print(s.get_host_and_port()[1], flush=True); import time; time.sleep(3600)"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert server.stdout is not None
+        yield MotoServer(endpoint_url=f"http://127.0.0.1:{int(server.stdout.readline())}")
+    finally:
+        server.kill()
+        server.wait()
+
+
+def as_role(moto: MotoServer, role_arn: str, session: str, services: tuple[str, ...]) -> dict[str, Any]:
+    """Switch the server's auth on (moto's `reset-auth`: everything after is judged) and return a
+    client per service holding the role's temporary credentials, as an instance profile gives them."""
+    import urllib.request
+
+    import boto3
+
+    reset = urllib.request.Request(
+        f"{moto.endpoint_url}/moto-api/reset-auth",
+        data=b"1",
+        method="POST",
+        headers={"Content-Type": "text/plain"},
+    )
+    assert json.loads(urllib.request.urlopen(reset).read())["status"] == "ok"
+    creds = moto.client("sts").assume_role(RoleArn=role_arn, RoleSessionName=session)["Credentials"]
+    return {
+        service: boto3.client(
+            service,
+            endpoint_url=moto.endpoint_url,
+            region_name=moto.region,
+            aws_access_key_id=creds["AccessKeyId"],
+            aws_secret_access_key=creds["SecretAccessKey"],
+            aws_session_token=creds["SessionToken"],
+        )
+        for service in services
+    }
+
+
+def allowed(call: Any) -> bool:
+    """True if the call went through, False if moto denied it (any other error fails the test)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        call()
+    except ClientError as exc:
+        assert exc.response["Error"]["Code"] in ("AccessDenied", "AccessDeniedException"), exc.response
+        return False
+    return True

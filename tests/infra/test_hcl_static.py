@@ -42,6 +42,7 @@ def test_the_tree_holds_both_root_stacks_and_every_module():
         "modules/node_iam",
         "modules/instance_group",
         "modules/storage",
+        "modules/controller_iam",
     }
     assert set(TESTED_DIRS) == set(CONFIG_DIRS), "every configuration needs tests/*.tftest.hcl"
 

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
-from infra.conftest import MotoServer
+from infra.conftest import MotoServer, allowed, as_role
 
 from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.tfvars import read_objects
@@ -32,30 +27,10 @@ DATA_URI = "s3://team-data/digits/v1"
 
 
 @pytest.fixture(scope="module")
-def own_moto() -> Iterator[MotoServer]:
-    """A moto server in a process of its own: switching its auth on touches no other test's server."""
-    code = (
-        "from moto.server import ThreadedMotoServer as S; "
-        "s = S(ip_address='127.0.0.1', port=0, verbose=False); s.start(); "
-        "print(s.get_host_and_port()[1], flush=True); import time; time.sleep(3600)"
-    )
-    server = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    try:
-        assert server.stdout is not None
-        yield MotoServer(endpoint_url=f"http://127.0.0.1:{int(server.stdout.readline())}")
-    finally:
-        server.kill()
-        server.wait()
-
-
-@pytest.fixture(scope="module")
 def node_s3(
     own_moto: MotoServer, infra_dir: Path, tf_cli_config: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Any:
     """S3 as a node sees it: the role's temporary credentials, auth on."""
-    import boto3
 
     # The module applied as it is, as the root: the provider it declares finds moto by the
     # environment (AWS_ENDPOINT_URL, AWS_REGION), so no provider block of the test's own.
@@ -88,58 +63,34 @@ def node_s3(
     ):
         s3.put_object(Bucket="team-data", Key=key, Body=b"x")
     s3.put_object(Bucket=RESULTS, Key="runs/r2/metrics.json", Body=b"{}")
-    reset = urllib.request.Request(
-        f"{own_moto.endpoint_url}/moto-api/reset-auth",
-        data=b"1",
-        method="POST",
-        headers={"Content-Type": "text/plain"},
-    )
-    assert json.loads(urllib.request.urlopen(reset).read())["status"] == "ok"
-    creds = own_moto.client("sts").assume_role(RoleArn=arn, RoleSessionName="worker-0")["Credentials"]
-    return boto3.client(
-        "s3",
-        endpoint_url=own_moto.endpoint_url,
-        region_name=own_moto.region,
-        aws_access_key_id=creds["AccessKeyId"],
-        aws_secret_access_key=creds["SecretAccessKey"],
-        aws_session_token=creds["SessionToken"],
-    )
-
-
-def _allowed(call: Any) -> bool:
-    try:
-        call()
-    except ClientError as exc:
-        assert exc.response["Error"]["Code"] == "AccessDenied", exc.response
-        return False
-    return True
+    return as_role(own_moto, arn, "worker-0", ("s3",))["s3"]
 
 
 def test_a_node_reads_the_packed_data_prefix_and_nothing_else_of_that_bucket(
     node_s3: Any, tmp_path: Path
 ) -> None:
-    assert _allowed(lambda: node_s3.get_object(Bucket="team-data", Key="digits/v1/manifest.json"))
+    assert allowed(lambda: node_s3.get_object(Bucket="team-data", Key="digits/v1/manifest.json"))
     # what staging does: a streamed download of each shard, after its HEAD
     shard = "digits/v1/train-00000-of-00016.tfrecord"
-    assert _allowed(lambda: node_s3.download_file("team-data", shard, str(tmp_path / "shard")))
-    assert not _allowed(lambda: node_s3.get_object(Bucket="team-data", Key="digits/v2/manifest.json"))
-    assert not _allowed(lambda: node_s3.get_object(Bucket="team-data", Key="secrets/key"))
-    assert not _allowed(
+    assert allowed(lambda: node_s3.download_file("team-data", shard, str(tmp_path / "shard")))
+    assert not allowed(lambda: node_s3.get_object(Bucket="team-data", Key="digits/v2/manifest.json"))
+    assert not allowed(lambda: node_s3.get_object(Bucket="team-data", Key="secrets/key"))
+    assert not allowed(
         lambda: node_s3.put_object(Bucket="team-data", Key="digits/v1/manifest.json", Body=b"{}")
     )
-    assert not _allowed(lambda: node_s3.list_buckets())
+    assert not allowed(lambda: node_s3.list_buckets())
 
 
 def test_a_node_writes_its_run_prefix_but_not_the_pins_nor_another_run(node_s3: Any) -> None:
-    assert _allowed(
+    assert allowed(
         lambda: node_s3.put_object(Bucket=RESULTS, Key=f"{PREFIX}/status/worker-0.json", Body=b"{}")
     )
-    assert _allowed(lambda: node_s3.get_object(Bucket=RESULTS, Key=f"{PREFIX}/status/worker-0.json"))
-    assert _allowed(lambda: node_s3.list_objects_v2(Bucket=RESULTS, Prefix=f"{PREFIX}/"))
+    assert allowed(lambda: node_s3.get_object(Bucket=RESULTS, Key=f"{PREFIX}/status/worker-0.json"))
+    assert allowed(lambda: node_s3.list_objects_v2(Bucket=RESULTS, Prefix=f"{PREFIX}/"))
     for pinned in ("code/bundle.tar.gz", "manifest.json", "terraform/run.tfvars.json"):
-        assert not _allowed(
+        assert not allowed(
             lambda key=pinned: node_s3.put_object(Bucket=RESULTS, Key=f"{PREFIX}/{key}", Body=b"x")
         )
-    assert not _allowed(lambda: node_s3.get_object(Bucket=RESULTS, Key="runs/r2/metrics.json"))
-    assert not _allowed(lambda: node_s3.put_object(Bucket=RESULTS, Key="runs/r2/metrics.json", Body=b"{}"))
-    assert not _allowed(lambda: node_s3.delete_object(Bucket=RESULTS, Key=f"{PREFIX}/status/worker-0.json"))
+    assert not allowed(lambda: node_s3.get_object(Bucket=RESULTS, Key="runs/r2/metrics.json"))
+    assert not allowed(lambda: node_s3.put_object(Bucket=RESULTS, Key="runs/r2/metrics.json", Body=b"{}"))
+    assert not allowed(lambda: node_s3.delete_object(Bucket=RESULTS, Key=f"{PREFIX}/status/worker-0.json"))
