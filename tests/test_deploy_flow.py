@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from dlinfra import deploy as deploy_flow
 from dlinfra.deploy import _Follow
 from dlinfra.errors import DlinfraError, RunFailed, TerraformError
 from dlinfra.prepare import NodeInstall, prepare
@@ -92,3 +94,20 @@ def test_cli_prints_the_original_error_first_then_the_teardown_note() -> None:
         "error: run r failed: could not replace worker-0",
         "error: teardown failed too: ExpiredToken",
     ]
+
+
+def test_a_follower_acts_on_nothing_and_may_take_the_run_once_its_owner_is_gone(
+    prepared, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """follow_only under a live owner: progress only; once the owner's lease lapses (it died) it
+    hands back, so `watch` can take the run over; once the run ended it returns its result."""
+    monkeypatch.setattr(deploy_flow, "OWNER_CHECK_SECONDS", 0.0)
+    other = claim(prepared.store, "cli", "cli elsewhere", lease_seconds=1.5)
+    assert isinstance(other, Lease)
+    seen: list[object] = []
+    assert deploy_flow.follow_only(prepared, seen.append, time.time(), until_unowned=True) is None
+    assert seen, "it showed progress while it followed"
+    assert isinstance(claim(prepared.store, "cli", "cli here"), Lease)  # the follower's takeover
+    prepared.store.write_marker("DONE")
+    ended = deploy_flow.follow_only(prepared, lambda s: None, time.time())
+    assert ended is not None and ended.state == "DONE"
