@@ -264,7 +264,9 @@ class LocalCluster:
         for name in sorted(again, key=lambda n: n.startswith("chief")):
             self._launch(name)
         self.record(self.pids())
-        return self.exit_codes()
+        # the codes this poll acted on, not a second read: a node that exits meanwhile (a chief
+        # leaving with 75 as its ps was restarted) would be reported unrestarted, and judged crashed
+        return {name: None if name in again else code for name, code in codes.items()}
 
     def pids(self) -> dict[str, int]:
         return {name: node.process.pid for name, node in self.nodes.items()}
