@@ -200,6 +200,32 @@ def test_runs_keeps_a_run_id_whole_even_narrower_than_it() -> None:
     _whole_on_one_line(printed.getvalue(), run_id)
 
 
+@pytest.mark.parametrize("columns", [60, 70, 80])
+def test_runs_says_what_it_left_out_within_the_screen(columns: int) -> None:
+    """The note naming the columns left out wraps too: our consoles soft-wrap, so rich never does."""
+    from dlinfra.cli.views import runs_table
+
+    row = {
+        "run_id": "digits-cnn-20261124-123051-4a20",
+        "status": "RUNNING",
+        "age": "3m",
+        "target": "aws",
+        "strategy": "parameter_server",
+        "eval_accuracy": None,
+        "resources_up": True,
+        "usd_per_hour": 1.25,
+        "owner": "controller i-0abc",
+    }
+    printed = io.StringIO()
+    Console(width=columns, file=printed, soft_wrap=True).print(runs_table([row], columns))
+    text = printed.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= columns, text
+    note = " ".join(text.split("not shown at", 1)[1].split())
+    named, _, rest = note.partition(" (")
+    assert named.startswith(f"{columns} columns: ") and rest == "`dlinfra runs --json` has all)", text
+    assert {"owner", "resources", "strategy"} <= set(named.split(": ")[1].split(", ")), text
+
+
 def test_instances_keeps_every_instance_type_whole(home: Path) -> None:
     from dlinfra.spec.catalog import catalog
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import textwrap
 import time
 from typing import Any
 
@@ -79,11 +80,10 @@ def nodes_table(nodes: dict[str, dict[str, Any] | None], width: int, title: str 
     cells = [_node_cells(name, st, now) for name, st in nodes.items()]
     shown = _fitting(NODE_COLUMNS, _NODES_DROPPED_FIRST, cells, width)
     dropped = [c for c in NODE_COLUMNS if c not in shown]
-    caption = f"not shown at {width} columns: {', '.join(dropped)} (`dlinfra status --json` has all)"
     table = Table(
         title=title or None,
         title_justify="left",
-        caption=caption if dropped else None,
+        caption=_dropped_caption(dropped, width, "dlinfra status --json"),
         caption_justify="left",
         box=table_box(),
     )
@@ -316,15 +316,19 @@ def _fitting(
     return shown
 
 
+def _dropped_caption(dropped: list[str], width: int, full_view: str) -> str | None:
+    """What a narrow screen left out, wrapped by hand: our consoles soft-wrap, so rich never would."""
+    if not dropped:
+        return None
+    note = f"not shown at {width} columns: {', '.join(dropped)} (`{full_view}` has all)"
+    return "\n".join(textwrap.wrap(note, width, break_on_hyphens=False))
+
+
 def runs_table(rows: list[dict[str, Any]], width: int) -> Table:
     cells = [_run_cells(r) for r in rows]
     shown = _fitting(RUNS_COLUMNS, _RUNS_DROPPED_FIRST, cells, width)
     dropped = [c for c in RUNS_COLUMNS if c not in shown]
-    caption = (
-        f"not shown at {width} columns: {', '.join(dropped)} (`dlinfra runs --json` has all)"
-        if dropped
-        else None
-    )
+    caption = _dropped_caption(dropped, width, "dlinfra runs --json")
     return _table(shown, [[row[c] for c in shown] for row in cells], caption)
 
 
