@@ -13,7 +13,7 @@ read of the same bytes.
   from an empty disk until every raw record is read once: the time to the first record, and the
   most bytes on disk at once;
 - dispatched s3: the same, the files taken from a tf.data dispatcher as parameter-server workers take
-  them (training.streaming.dispatched_records: the tf.data service moves the records);
+  them (training.dispatch.dispatched_records: the tf.data service moves the records);
 - feeding ResNet-20: the local pipeline into real training steps on this CPU, with the input-wait
   share the training loops report (loop.InputClock);
 - peak RSS of this process and the bytes staged on disk.
@@ -77,7 +77,7 @@ def main() -> None:
     from dlinfra.render.addresses import free_ports
     from dlinfra.runs.store import Store
     from dlinfra.spec.model import DatasetSpec, ModelSpec, TrainingSpec
-    from dlinfra.training import staging, streaming
+    from dlinfra.training import dispatch, staging, streaming
     from dlinfra.training.loop import InputClock, Meter
     from dlinfra.training.packed import packed_program
     from dlinfra.training.program import Shard
@@ -160,15 +160,15 @@ def main() -> None:
     # worker's data worker (both in this process), through the least cache
     service = tf.data.experimental.service
     address = f"127.0.0.1:{next(free_ports(1))}"
-    dispatch = streaming.Dispatch.of(manifest, address, seed=1)
-    dispatcher = streaming.start_dispatcher(dispatch)
+    handout = dispatch.Dispatch.of(manifest, address, seed=1)
+    dispatcher = dispatch.start_dispatcher(handout)
     data_worker = service.WorkerServer(service.WorkerConfig(address, worker_address="127.0.0.1:%port%"))
     into = work / "dispatched"
     into.mkdir()
     os.chdir(into)
     began = time.perf_counter()
     stream = streaming.Stream(store, train, into, least, ordered=False).start()
-    batches = iter(streaming.dispatched_records(dispatch).take(records).batch(256).prefetch(tf.data.AUTOTUNE))
+    batches = iter(dispatch.dispatched_records(handout).take(records).batch(256).prefetch(tf.data.AUTOTUNE))
     read = len(next(batches))
     to_first = time.perf_counter() - began
     read += sum(len(batch) for batch in batches)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import tensorflow as tf
 from dlinfra.contract import NodeConfig
 from dlinfra.runs.layout import RunStore
 from dlinfra.spec.model import DatasetSpec, TrainingSpec
-from dlinfra.training import node_data, shards, staging, streaming
+from dlinfra.training import dispatch, node_data, shards, staging, streaming
 from dlinfra.training.loop import input_shard
 from dlinfra.training.objective import hint
 from dlinfra.training.streaming import Stream
@@ -166,8 +167,8 @@ def test_a_dispatched_worker_takes_every_file_once_per_pass_each_pass_in_a_new_o
     cfg = _worker(root, _smallest_cache(manifest), tmp_path / "results").model_copy(
         update={"dispatcher": address}
     )
-    dispatch = streaming.Dispatch.of(manifest, address, seed=7)
-    dispatcher = streaming.start_dispatcher(dispatch)
+    handout = dispatch.Dispatch.of(manifest, address, seed=7)
+    dispatcher = dispatch.start_dispatcher(handout)
     data_worker = start_data_worker(
         cfg.model_copy(update={"cluster": {"worker": ["127.0.0.1:1"]}}), lean=False
     )
@@ -177,7 +178,7 @@ def test_a_dispatched_worker_takes_every_file_once_per_pass_each_pass_in_a_new_o
     records = manifest.splits["train"].records
     assert records is not None
     try:
-        reads = Counter(_ids(input_shard(cfg, 0, 1, dispatch).records().take(3 * records)))
+        reads = Counter(_ids(input_shard(cfg, 0, 1, handout).records().take(3 * records)))
     finally:
         staged.stream.stop()
         data_worker.stop()
@@ -197,3 +198,28 @@ def test_a_dispatched_worker_takes_every_file_once_per_pass_each_pass_in_a_new_o
     assert sorted(passes[0]) == sorted(passes[1]) == names, passes  # each file once per pass
     assert passes[0] != passes[1], "each pass in an order of its own"
     assert staged.stream.peak <= staged.stream.budget < sum(s.bytes for s in manifest.splits["train"].shards)
+
+
+def test_a_reader_that_asks_and_never_comes_to_its_gate_is_reported_once_with_what_the_agent_holds(
+    streamed: tuple[NodeConfig, Stream],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stalled run's worker log tells a file that never came from a reader that never opened it."""
+    _, stream = streamed
+    monkeypatch.setattr(streaming, "WAIT_REPORTED", 0.5)
+    name = sorted(stream.index)[0]  # the first fetched (fetches ahead start there)
+    deadline = time.monotonic() + 60
+    while stream.index[name] not in stream.present and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / streaming.ASKED_DIR / name).touch()  # asked, and no reader opens the gate
+    deadline = time.monotonic() + 60
+    while "not opened" not in (said := capfd.readouterr().out) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    line = next(line for line in said.splitlines() if "not opened" in line)
+    assert line.startswith(
+        f"data: {name} asked for 0s and not opened: on disk, its reader not at the gate"
+    ), line
+    time.sleep(1.5)
+    assert "not opened" not in capfd.readouterr().out  # said once

@@ -154,7 +154,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
 def _train(
     cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, packed: ShardManifest | None
 ) -> int:
-    from dlinfra.training import export, loop, parameter_servers, streaming
+    from dlinfra.training import dispatch, export, loop, parameter_servers
     from dlinfra.training.data import S3Access
     from dlinfra.training.packed import packed_program
     from dlinfra.training.program import builtin_program, load_entrypoint
@@ -163,11 +163,11 @@ def _train(
     status.update(state="waiting for peers", total_steps=t.steps)
     me = cfg.address
     peers = [addr for addrs in cfg.peers.values() for addr in addrs if addr != me]
-    dispatch = dispatcher = None
+    handout = dispatcher = None
     if cfg.strategy == "parameter_server":
         if cfg.dispatcher is not None and packed is not None:
-            dispatch = streaming.Dispatch.of(packed, cfg.dispatcher, t.seed)
-            dispatcher = streaming.start_dispatcher(dispatch)  # the workers wait for it to serve
+            handout = dispatch.Dispatch.of(packed, cfg.dispatcher, t.seed)
+            dispatcher = dispatch.start_dispatcher(handout)  # the workers wait for it to serve
         wait_for_peers(peers, cfg.startup_timeout)
         strategy = None
     else:
@@ -195,7 +195,7 @@ def _train(
     status.update(state="training")
     started = time.time()
     if strategy is None:
-        outcome = parameter_servers.train_parameter_server(cfg, program, hooks, dispatch)
+        outcome = parameter_servers.train_parameter_server(cfg, program, hooks, handout)
     else:
         outcome = loop.train_mirrored(cfg, program, hooks, strategy)
     train_seconds = time.time() - started

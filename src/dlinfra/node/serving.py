@@ -41,7 +41,7 @@ def start_data_worker(cfg: NodeConfig, *, lean: bool) -> Any:
     """A parameter-server worker's tf.data service worker, started in this process, or None where the
     workers take no files from the chief (NodeConfig.dispatcher). The workers' pipeline, traced by the
     chief, reads from it (target_workers LOCAL) the train files it asks the dispatcher for as it is
-    free (training.streaming.dispatched_records). It must be up before the node serves: the chief
+    free (training.dispatch.dispatched_records). It must be up before the node serves: the chief
     builds the pipeline once it reaches the node."""
     if not cfg.takes_dispatched_files:
         return None

@@ -27,7 +27,7 @@ from dlinfra.training.objective import Objective
 from dlinfra.training.program import Program, Shard
 
 if TYPE_CHECKING:
-    from dlinfra.training.streaming import Dispatch
+    from dlinfra.training.dispatch import Dispatch
 
 SHUFFLE_BUFFER = 4096
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from dlinfra.contract import NodeConfig
 from dlinfra.training import sharding
+from dlinfra.training.dispatch import Dispatch
 from dlinfra.training.loop import (
     Hooks,
     InputClock,
@@ -32,7 +33,6 @@ from dlinfra.training.loop import (
 from dlinfra.training.objective import Objective
 from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
 from dlinfra.training.program import Program
-from dlinfra.training.streaming import Dispatch
 
 
 def async_scale(cfg: NodeConfig) -> Scale:
@@ -88,7 +88,7 @@ def train_parameter_server(
     cfg: NodeConfig, program: Program, hooks: Hooks, dispatch: Dispatch | None = None
 ) -> Outcome:
     """Runs on the chief: variables live on the ps tasks, steps run on the workers. `dispatch`: the
-    workers take train files from the chief's tf.data dispatcher (streaming.start_dispatcher)."""
+    workers take train files from the chief's tf.data dispatcher (dispatch.start_dispatcher)."""
     import tensorflow as tf
 
     configure_keras(cfg)

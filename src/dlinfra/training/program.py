@@ -29,7 +29,7 @@ from dlinfra.spec.model import TrainingSpec
 
 if TYPE_CHECKING:
     from dlinfra.training.data import S3Access
-    from dlinfra.training.streaming import Dispatch
+    from dlinfra.training.dispatch import Dispatch
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,10 @@ class Shard:
             raise ValueError("Shard.records(): the run reads no packed data (training.dataset.format)")
         import tensorflow as tf
 
-        from dlinfra.training import streaming
+        from dlinfra.training import dispatch, streaming
 
         if self.dispatch is not None:
-            return streaming.dispatched_records(self.dispatch, self.compression)
+            return dispatch.dispatched_records(self.dispatch, self.compression)
         if self.streamed:
             return streaming.gated_records(self.compression)
 

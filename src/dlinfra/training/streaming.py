@@ -23,8 +23,8 @@ import contextlib
 import math
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ READ_PARALLEL = 4  # files one input pipeline reads at once (program.Shard.recor
 RECORDS_PER_ELEMENT = 64  # records the tf.data service moves at once (dispatched_records)
 TICK = 0.005  # seconds between the agent's looks at the reader's markers (a fetch's end wakes it too)
 GB = 10**9
+WAIT_REPORTED = 60.0  # seconds a reader waits at a gate before the agent says why
 
 
 def cache_problem(manifest: ShardManifest, cache_gb: float) -> str | None:
@@ -71,80 +72,11 @@ def gated_records(compression: str = "") -> Any:
 
     # not a parallel interleave: that opens as many files again ahead of the cycle, past the cache
     return tf.data.Dataset.list_files(GATE_PATTERN, shuffle=False).interleave(
-        lambda gate: _gated_file(gate, compression), cycle_length=READ_PARALLEL
+        lambda gate: gated_file(gate, compression), cycle_length=READ_PARALLEL
     )
 
 
-@dataclass(frozen=True)
-class Dispatch:
-    """Where parameter-server workers take train files as they are free: the chief's dispatcher."""
-
-    dispatcher: str  # host:port
-    files: tuple[str, ...]  # every train file's local name, in the order every node lists them
-    seed: int  # each pass's order of the files
-
-    @classmethod
-    def of(cls, manifest: ShardManifest, dispatcher: str, seed: int) -> Dispatch:
-        return cls(
-            dispatcher,
-            tuple(sorted(local_name(s, "tfrecord") for s in manifest.splits["train"].shards)),
-            seed,
-        )
-
-
-def start_dispatcher(dispatch: Dispatch) -> Any:
-    """The chief's tf.data dispatcher, started before the chief waits for its peers: each worker's
-    data worker registers with it before the worker serves (node.serving.start_data_worker)."""
-    import tensorflow as tf
-
-    service = tf.data.experimental.service
-    port = int(dispatch.dispatcher.rpartition(":")[2])
-    # the train job lives as long as the run: by default one unread for minutes (its workers paused
-    # or restarting) is collected, and readers of a collected job end early (OUT_OF_RANGE)
-    server = service.DispatchServer(service.DispatcherConfig(port=port, job_gc_timeout_ms=-1))
-    print(f"tf.data dispatcher at {dispatch.dispatcher}: {len(dispatch.files)} train files", flush=True)
-    return server
-
-
-def dispatched_records(dispatch: Dispatch, compression: str = "") -> Any:
-    """The reader's side under parameter servers: the raw records of the train files, each read by
-    whichever worker asks the chief's tf.data dispatcher first (ShardingPolicy DYNAMIC), so a faster
-    worker reads more files. The splits are file numbers of an endless sequence of passes, each pass
-    a fresh permutation of the files: every file is handed out once per pass, pass after pass."""
-    import tensorflow as tf
-
-    gates = tf.constant([f"{GATES_DIR}/{name}" for name in dispatch.files])
-    n = len(dispatch.files)
-    seed = dispatch.seed
-
-    def take(i: Any) -> Any:
-        """Split i: its file's gate, once `wanted/<pass>-<file>` tells the agent it may fetch it."""
-        order = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed=[seed, i // n])
-        path = tf.gather(gates, order[i % n])
-        name = tf.strings.regex_replace(path, f"{GATES_DIR}/", "")
-        marked = tf.strings.join([str(WANTED_DIR), "/", tf.strings.as_string(i // n), "-", name])
-        return (tf.io.write_file(marked, ""), path)[1]
-
-    service = tf.data.experimental.service
-    return (
-        tf.data.Dataset.range(2**62)  # a source the dispatcher can split: one split per file
-        .map(take)
-        .prefetch(READ_PARALLEL)
-        .interleave(lambda path: _gated_file(path, compression), cycle_length=READ_PARALLEL)
-        .batch(RECORDS_PER_ELEMENT)  # the service moves elements one by one: fewer, larger ones
-        .apply(
-            service.distribute(
-                service.ShardingPolicy.DYNAMIC,
-                service=f"grpc://{dispatch.dispatcher}",
-                job_name="train",  # one job for every worker: the files are shared out, not repeated
-                target_workers="LOCAL",  # each worker reads the files it took, on its own disk
-            )
-        )
-        .unbatch()
-    )
-
-
-def _gated_file(gate: Any, compression: str) -> Any:
+def gated_file(gate: Any, compression: str) -> Any:
     """One train file's records, read once the agent opens its `gate` (see the module's doc)."""
     import tensorflow as tf
 
@@ -198,6 +130,7 @@ class Stream:
         self.opened = 0  # gates opened: files the reader read (or reads)
         self.peak = 0  # the most bytes on disk at once
         self.error: str | None = None
+        self.waits: dict[int, float] = {}  # asked, gate not yet opened: since when (0: reported)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=PARALLEL_OBJECTS)
@@ -279,6 +212,7 @@ class Stream:
             elif not self.ordered and k not in self.reading:
                 self._forget_stale_reads()
             if k in self.present and _open_gate(self.work / GATES_DIR / marker.name):
+                self.waits.pop(k, None)
                 marker.unlink()
                 self.opened += 1
                 self.reading[k] += 1
@@ -289,11 +223,27 @@ class Stream:
             elif k not in self.present and k not in self.fetching:
                 self._make_room(self.files[k].bytes)
                 self._start_fetch(k)
+            else:
+                self._waited(k, marker.name)
         if self.ordered:
             self._fetch_ahead()
         else:
             self._fetch_wanted()
         self.peak = max(self.peak, self.held)
+
+    def _waited(self, k: int, name: str) -> None:
+        """Say once when the reader has waited a minute at a gate: what the agent knows of it (a
+        stalled run's logs then tell a missing file from a reader that never came to its gate)."""
+        since = self.waits.setdefault(k, time.monotonic())
+        if since and time.monotonic() - since > WAIT_REPORTED:
+            self.waits[k] = 0.0
+            where = "on disk, its reader not at the gate" if k in self.present else "still fetching"
+            files = f"reading {sorted(self.reading)}, due {sorted(+self.due)}, fetching {list(self.fetching)}"
+            print(
+                f"data: {name} asked for {WAIT_REPORTED:.0f}s and not opened: {where}; files (by number) "
+                f"{files}; {size(self.held)} of {size(self.budget)} held",
+                flush=True,
+            )
 
     def _forget_stale_reads(self) -> None:
         """Before the reader opens another file: it reads READ_PARALLEL at once and writes each one's
