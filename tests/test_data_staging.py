@@ -196,7 +196,7 @@ def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_sma
     tmp_path: Path, packed: tuple[Path, shards.ShardManifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dlinfra.errors import SpecError
-    from dlinfra.prepare import pinned_shards
+    from dlinfra.pinned_data import pinned_shards
     from dlinfra.spec.model import Spec
 
     root, _ = packed

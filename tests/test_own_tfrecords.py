@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from dlinfra.contract import NodeConfig
 from dlinfra.errors import SpecError
-from dlinfra.prepare import pinned_shards
+from dlinfra.pinned_data import pinned_shards
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.store import Store
 from dlinfra.spec.model import Spec

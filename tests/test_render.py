@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -20,15 +21,15 @@ import yaml
 from uv import find_uv_bin
 
 from dlinfra import __version__
-from dlinfra.contract import LOCK_PATH
+from dlinfra.contract import BUDGET_CHECKPOINT_SECONDS, LOCK_PATH
 from dlinfra.environment.lock import Index, Lock
 from dlinfra.prepare import Environment, NodeInstall, boot_install, release_requirement
-from dlinfra.render import node_config_from_user_data, render_cluster
+from dlinfra.render import build_node_configs, node_config_from_user_data, render_cluster
 from dlinfra.render.cloud_init import Install, render_user_data
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.spec.model import Spec
 from package_index import PackageIndex, build_wheel, package_index_fixture  # noqa: F401
-from support import FAKE_CREDS, Cli, fixed_locks, node_configs
+from support import FAKE_CREDS, Cli, addresses, fixed_locks, node_configs, store_config
 
 CLOUD_INIT = shutil.which("cloud-init")
 STORE = "s3://bucket/runs/r-1"
@@ -248,6 +249,19 @@ def test_aws_user_data_installs_this_exact_version_and_starts_the_agent() -> Non
     assert "dlinfra node run /etc/dlinfra/node.json" in unit
     assert "Restart=on-failure" in unit
     assert any(c.startswith("shutdown -h +") for c in commands), "OS-level watchdog"
+
+
+def test_the_os_watchdog_powers_off_at_the_budgets_end_when_that_comes_before_max_runtime() -> None:
+    """cluster.max_cost of $2 at $4/h: 30 min, and the checkpoint's wait, not max_runtime's 10 h."""
+    sets = ["cluster.max_cost=2", "cluster.max_runtime=36000"]
+    spec = load_spec(None, Overrides(target="aws", workers=1, sets=sets))
+    env = _environment(spec)
+    made = build_node_configs(
+        spec, "r-1", store_config(spec, STORE), addresses(spec), typed=True, usd_per_hour=4.0
+    )
+    for text in render_cluster(env.locked(made), _boot(spec, env)).values():
+        shutdowns = [c for c in yaml.safe_load(text)["runcmd"] if c[0] == "shutdown"]
+        assert shutdowns == [["shutdown", "-h", f"+{math.ceil((1800 + BUDGET_CHECKPOINT_SECONDS) / 60) + 5}"]]
 
 
 def test_local_user_data_carries_only_the_node_config() -> None:

@@ -20,7 +20,7 @@ NODE_JSON_PATH = "/etc/dlinfra/node.json"
 EXIT_DONE = 0
 EXIT_FAILED = 1  # the run failed (user code, data, too many restarts): restarting cannot help
 EXIT_USAGE = 2  # bad node config or flags
-EXIT_STOPPED = 3  # the max_runtime watchdog fired
+EXIT_STOPPED = 3  # the watchdog fired: max_runtime, or the budget (cluster.max_cost)
 EXIT_RETRY = 75  # EX_TEMPFAIL: a peer went away; start me again and I resume from the checkpoint
 # A spot notice: the machine is being reclaimed. Starting the node again on it is pointless; the watcher
 # (or, locally, the launcher) starts a replacement elsewhere instead.
@@ -32,6 +32,9 @@ NO_RESTART_EXIT_CODES = (*FINAL_EXIT_CODES, EXIT_INTERRUPTED)
 # Where a node's seconds before its first step go, in the order a node reaches them; each life of a
 # node records when it reached each one in its status, and the CLI puts them on the command's clock.
 LOCK_PATH = "/etc/dlinfra/env.lock"  # where a booted node keeps the lock it installed
+
+# At the budget the run checkpoints, then stops: the longest it waits for that checkpoint.
+BUDGET_CHECKPOINT_SECONDS = 120.0
 
 PHASES = ("spawned", "up", "tensorflow", "peers", "program", "first step")
 
@@ -87,6 +90,20 @@ class SubnetLayout(BaseModel):
         return out
 
 
+class Budget(BaseModel):
+    """cluster.max_cost against the whole cluster's price from the catalog (its nodes and a NAT
+    gateway): what each node's watchdog stops the run at, counted from the node's first start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_cost: float  # USD
+    usd_per_hour: float  # every node of the cluster, and what the network bills by the hour
+
+    @property
+    def seconds(self) -> float:
+        return self.max_cost / self.usd_per_hour * 3600
+
+
 class NodeConfig(BaseModel):
     """Written to /etc/dlinfra/node.json by cloud-init; read by `dlinfra node run`."""
 
@@ -110,6 +127,7 @@ class NodeConfig(BaseModel):
     startup_timeout: float
     heartbeat_interval: float
     max_runtime: float
+    budget: Budget | None = None  # cluster.max_cost on a priced target
     max_restarts: int = 5
     instance_type: str | None = None  # what the node runs on (None: a process on the deploying machine)
     gpus: int = 0  # GPUs the node trains on; it fails at once if TensorFlow sees fewer
@@ -119,6 +137,14 @@ class NodeConfig(BaseModel):
     spot_in_cluster: bool = False  # some node is spot: the chief's beacon relays their notices to it
     # sha256 of the environment lock this node runs (its flavor's; None: nothing to check against)
     lock_sha256: str | None = None
+
+    @property
+    def runs_for(self) -> float:
+        """Seconds after its first start by which this node's watchdog has stopped it: max_runtime, or
+        the budget's end and the checkpoint taken then."""
+        if self.budget is None:
+            return self.max_runtime
+        return min(self.max_runtime, self.budget.seconds + BUDGET_CHECKPOINT_SECONDS)
 
     @property
     def flavor(self) -> Literal["cpu", "gpu"]:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from dlinfra.contract import NodeConfig, StoreConfig
 from dlinfra.errors import DlinfraError, RunFailed
-from dlinfra.prepare import Environment, Prepared, absolute_dataset, boot_install, prepare
+from dlinfra.pinned_data import absolute_dataset
+from dlinfra.prepare import Environment, Prepared, boot_install, checked_rate, prepare
 from dlinfra.render import build_node_configs, render_cluster
 from dlinfra.runs.compare import lock_changes
 from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
@@ -76,8 +77,10 @@ def preview(
     (`dlinfra render` and `validate`): nothing is created."""
     spec = absolute_dataset(spec, spec_path.absolute().parent if spec_path else Path.cwd())
     store = StoreConfig.for_run(spec, f"{spec.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID")
-    typed = target.uses_instance_types
-    configs = build_node_configs(spec, "RUN_ID", store, target.addresses(spec), typed=typed)
+    typed, rate = target.uses_instance_types, checked_rate(spec, target.hourly_cost(spec), target.name)
+    configs = build_node_configs(
+        spec, "RUN_ID", store, target.addresses(spec), typed=typed, usd_per_hour=rate
+    )
     # the run's environment is resolved as a deploy would: a conflict is refused here already
     install = target.node_install(spec)
     env = Environment.of(spec, configs, install, None)
@@ -102,6 +105,7 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
         pins=origin.pins if origin else None,
         locks=origin.locks if origin else None,
         typed=target.uses_instance_types,
+        usd_per_hour=checked_rate(spec, target.hourly_cost(spec), target.name),
         upload=request.upload,
         user_data_limit=target.user_data_limit,
     )

@@ -307,7 +307,7 @@ def _approver(yes: bool) -> Any:
 
 
 def _finish(outcome: Any) -> None:
-    from dlinfra.cli.views import print_failure, result_view
+    from dlinfra.cli.views import outcome_cost, print_failure, result_view
 
     if outcome.state == "DONE":
         out.print(result_view(outcome))
@@ -321,6 +321,8 @@ def _finish(outcome: Any) -> None:
         print_failure(err, outcome)
         raise typer.Exit(1)
     err.print(f"run {outcome.run.id} STOPPED: {outcome.error}", markup=False)
+    if spent := outcome_cost(outcome):
+        err.print(f"cost: {spent}", markup=False)
     raise typer.Exit(1)
 
 

@@ -20,7 +20,7 @@ inspection_app = typer.Typer()
 @inspection_app.command()
 def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
     """Per-node state, step, heartbeat age and restarts of a run."""
-    from dlinfra.cli.views import nodes_table
+    from dlinfra.cli.views import cost_line, nodes_table
     from dlinfra.runs.reports import run_status
 
     report = run_status(run_id)
@@ -29,6 +29,8 @@ def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
         return
     for role, hw in report["roles"].items():
         out.print(f"{role:<7} {hw['count']:>3} x {hw['hardware']}", markup=False)
+    if (line := cost_line(report["cost"])) is not None:
+        out.print(line, markup=False)
     out.print(nodes_table(report["nodes"], out.width, title=f"run {report['run_id']}: {report['status']}"))
 
 

@@ -18,6 +18,7 @@ from rich.text import Text
 from dlinfra.cli.console import out, table_box
 from dlinfra.deploy import Outcome, Snapshot
 from dlinfra.runs.records import Metrics
+from dlinfra.runs.reports import run_cost
 from dlinfra.runs.startup import describe
 from dlinfra.spec.catalog import InstanceType
 
@@ -181,11 +182,26 @@ def result_table(outcome: Outcome) -> Table:
         ("total time", f"{outcome.wall_seconds:.1f} s"),
         ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
         ("startup (s after the command)", describe(outcome.startup) or "-"),
+        *([("cost", spent)] if (spent := outcome_cost(outcome)) else []),
         *_evaluation(m),
     ]
     for key, value in rows:
         table.add_row(key, str(value))
     return table
+
+
+def outcome_cost(outcome: Outcome) -> str | None:
+    """The run's cost at its plan's prices (see cost_line), for its result."""
+    line = cost_line(run_cost(outcome.run, outcome.run.manifest()))
+    return line.removeprefix("cost: ") if line else None
+
+
+def cost_line(cost: dict[str, Any]) -> str | None:
+    """What a run has cost so far at its plan's prices, and its cap: None where nothing is billed."""
+    if cost.get("usd_spent") is None:
+        return None
+    cap = f"; cluster.max_cost ${cost['max_cost']:g}" if cost.get("max_cost") else ""
+    return f"cost: ${cost['usd_spent']:.4f} at ${cost['usd_per_hour']:.3f}/h since the nodes started{cap}"
 
 
 def _learning_rate(m: Metrics | None) -> str:
@@ -218,6 +234,7 @@ def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:
         ("script time", f"{m.train_seconds:.1f} s"),
         ("total time", f"{outcome.wall_seconds:.1f} s"),
         ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
+        *([("cost", spent)] if (spent := outcome_cost(outcome)) else []),
     ]
     for key, value in rows:
         table.add_row(key, value)
@@ -264,8 +281,8 @@ def print_failure(console: Console, outcome: Outcome) -> None:
 
 
 # Columns a narrow screen drops first; the run id, the one thing a user copies, is never cut.
-RUNS_COLUMNS = ("run", "status", "age", "target", "strategy", "accuracy", "resources", "owner")
-_RUNS_DROPPED_FIRST = ("owner", "resources", "strategy", "target", "age", "accuracy", "status")
+RUNS_COLUMNS = ("run", "status", "age", "target", "strategy", "accuracy", "cost", "resources", "owner")
+_RUNS_DROPPED_FIRST = ("owner", "resources", "strategy", "cost", "target", "age", "accuracy", "status")
 
 
 def _width(columns: list[list[str]]) -> int:
@@ -300,7 +317,18 @@ def _run_cells(r: dict[str, Any]) -> dict[str, str]:
     acc = "-" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
     up = "-" if not r["resources_up"] else "up" + _num(r["usd_per_hour"], " ${:.2f}/h")
     owner = r.get("owner") or "-"  # who heals and tears it down (runs.ownership)
-    texts = (r["run_id"], r["status"], r["age"], r["target"] or "-", r["strategy"] or "-", acc, up, owner)
+    cost = _num(r.get("usd_spent"), "${:.2f}")  # at the plan's prices since the nodes started
+    texts = (
+        r["run_id"],
+        r["status"],
+        r["age"],
+        r["target"] or "-",
+        r["strategy"] or "-",
+        acc,
+        cost,
+        up,
+        owner,
+    )
     return dict(zip(RUNS_COLUMNS, texts, strict=True))
 
 

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dlinfra.contract import EXIT_DONE, EXIT_RETRY, EXIT_STOPPED, NodeConfig, tf_config
+from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig, tf_config
 from dlinfra.environment.installed import check
 from dlinfra.errors import DlinfraError
-from dlinfra.node import devices, serving, spot
+from dlinfra.node import devices, serving, spot, watchdog
 from dlinfra.node.beacon import port_open
 from dlinfra.node.checkpoints import CheckpointSync, log_clock
 from dlinfra.node.instance_store import OWN_MACHINE_ENV, stage_on_instance_store
@@ -35,6 +35,9 @@ from dlinfra.training.streaming import Stream
 T = TypeVar("T")
 POLL_SECONDS = 1.0
 TENSORBOARD_SYNC_SECONDS = 10.0
+
+
+_KEPT: list[Any] = []  # servers that live as long as this process
 
 
 class PeersUnreachable(DlinfraError):
@@ -64,7 +67,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         return EXIT_DONE
     if status.restarts > cfg.max_restarts:
         return give_up(cfg, store, status, f"restarted {status.restarts} times (max_restarts)", "")
-    _start_watchdog(cfg, store, status)
+    watchdog.start(cfg, store, status, work)
     if delay := backoff_seconds(status.restarts):
         status.update(state=f"restarting in {delay:.0f}s")
         time.sleep(delay)
@@ -163,11 +166,13 @@ def _train(
     status.update(state="waiting for peers", total_steps=t.steps)
     me = cfg.address
     peers = [addr for addrs in cfg.peers.values() for addr in addrs if addr != me]
-    handout = dispatcher = None
+    handout = None
     if cfg.strategy == "parameter_server":
         if cfg.dispatcher is not None and packed is not None:
             handout = dispatch.Dispatch.of(packed, cfg.dispatcher, t.seed)
-            dispatcher = dispatch.start_dispatcher(handout)  # the workers wait for it to serve
+            # Never stopped: the trainer leaves by os._exit. Its gRPC shutdown waits for every call in
+            # flight; a chief that stopped it after its last step, under load, never went on (a CI run).
+            _KEPT.append(dispatch.start_dispatcher(handout))  # the workers wait for it to serve
         wait_for_peers(peers, cfg.startup_timeout)
         strategy = None
     else:
@@ -185,12 +190,14 @@ def _train(
     progress = Progress(cfg, store, status, work)
     restore_from = checkpoints.download_latest()
     status.update(resumed_from=checkpoints.restored_step)
+    asks_checkpoints = cfg.spot_in_cluster or cfg.budget is not None
     hooks = loop.Hooks(
         work_dir=work,
         on_progress=progress.report,
         on_checkpoint=checkpoints.upload if cfg.is_chief else (lambda step, d: None),
         restore_from=restore_from,
-        checkpoint_now=(lambda: spot.checkpoint_requested(work)) if cfg.spot_in_cluster else None,
+        # spot notices, relayed by the chief's beacon, and the budget's end (watchdog) ask for one
+        checkpoint_now=(lambda: spot.checkpoint_requested(work)) if asks_checkpoints else None,
     )
     status.update(state="training")
     started = time.time()
@@ -199,7 +206,6 @@ def _train(
     else:
         outcome = loop.train_mirrored(cfg, program, hooks, strategy)
     train_seconds = time.time() - started
-    del dispatcher  # served the workers' pipelines until here
     if not cfg.is_chief:
         status.stop(state="done", step=outcome.step)
         return EXIT_DONE
@@ -360,29 +366,6 @@ def _mean_sd(rates: list[float], seconds: list[float]) -> MeanSd | None:
         return None
     mean = sum(r * w for r, w in pairs) / total
     return MeanSd(mean=mean, sd=math.sqrt(sum(w * (r - mean) ** 2 for r, w in pairs) / total))
-
-
-def _start_watchdog(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> None:
-    """After max_runtime, stop this node whatever it is doing: a forgotten cluster must not burn money.
-    The clock starts at the node's first life, so restarts do not extend it."""
-
-    def fire() -> None:
-        pointer = store.latest_checkpoint()
-        print(f"watchdog: max_runtime {cfg.max_runtime:.0f}s reached, stopping", flush=True)
-        store.write_marker(
-            "STOPPED",
-            node=cfg.name,
-            reason="max_runtime",
-            last_checkpoint=pointer.prefix if pointer else None,
-        )
-        status.stop(state="stopped")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_STOPPED)
-
-    timer = threading.Timer(max(0.0, status.first_started + cfg.max_runtime - time.time()), fire)
-    timer.daemon = True
-    timer.start()
 
 
 def _redirect_output(path: Path) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.contract import EXIT_STOPPED, NodeConfig
-from dlinfra.node import spot
+from dlinfra.node import spot, watchdog
 from dlinfra.node.status import SPAWNED_AT, read_state, state_file
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
@@ -104,9 +104,13 @@ class Beacon:
             if code is not None:
                 return self.spot.finish() if self.spot is not None and leaving else _end_like(code)
             self.answer_stack_requests(pid)
-            if self._past_max_runtime(fields):
+            if self._past_its_limit(fields):
+                limit = watchdog.binding_limit(self.cfg)
                 self.store.write_marker(
-                    "STOPPED", node=self.cfg.name, reason="max_runtime (trainer unresponsive)"
+                    "STOPPED",
+                    node=self.cfg.name,
+                    reason=f"{limit} (trainer unresponsive)",
+                    verdict="budget" if limit == "budget" else None,
                 )
                 _forward(trainer, signal.SIGKILL)
                 trainer.wait()
@@ -146,9 +150,9 @@ class Beacon:
         except Exception as exc:
             print(f"beacon {self.cfg.name}: stack dump failed: {exc}", file=sys.stderr, flush=True)
 
-    def _past_max_runtime(self, fields: dict[str, Any] | None) -> bool:
+    def _past_its_limit(self, fields: dict[str, Any] | None) -> bool:
         first = (fields or {}).get("first_started")
-        return first is not None and time.time() > first + self.cfg.max_runtime + WATCHDOG_GRACE
+        return first is not None and time.time() > first + self.cfg.runs_for + WATCHDOG_GRACE
 
     def _sync_log(self) -> None:
         if self.log_file is None or not self.log_file.exists():

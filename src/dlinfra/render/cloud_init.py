@@ -100,7 +100,7 @@ def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
         else "CPU (tensorflow-cpu)",
         venv=VENV,
         # the agent's own watchdog fires first; the OS one is the backstop a hung agent cannot skip
-        shutdown_minutes=math.ceil(config.max_runtime / 60) + 5,
+        shutdown_minutes=math.ceil(config.runs_for / 60) + 5,
         final_exit_codes=NO_RESTART_EXIT_CODES,
     )
 

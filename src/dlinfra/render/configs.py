@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlinfra.contract import NodeConfig, StoreConfig
+from dlinfra.contract import Budget, NodeConfig, StoreConfig
 from dlinfra.render.addresses import AddressPlan
 from dlinfra.spec.hardware import cluster_hardware
 from dlinfra.spec.model import Spec
@@ -21,8 +21,10 @@ def build_node_configs(
     code: Bundle | None = None,
     *,
     typed: bool,
+    usd_per_hour: float = 0.0,
 ) -> dict[str, NodeConfig]:
-    """`typed`: the target runs each node on its instance type (see hardware)."""
+    """`typed`: the target runs each node on its instance type (see hardware). `usd_per_hour`: what
+    the whole cluster costs (Target.hourly_cost), which cluster.max_cost is kept against."""
     cluster = plan.description()
     # Heartbeats come several times per timeout so one slow write is never read as a lost node.
     heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
@@ -33,6 +35,8 @@ def build_node_configs(
     # Nodes that share a machine (local processes) take consecutive slices of its GPUs.
     gpu_offset: dict[str, int] = {}
     taken: dict[str, int] = {}
+    cap = spec.cluster.max_cost
+    budget = Budget(max_cost=cap, usd_per_hour=usd_per_hour) if cap is not None and usd_per_hour > 0 else None
     for node in plan:
         gpu_offset[node.name] = taken.get(node.host, 0)
         taken[node.host] = gpu_offset[node.name] + hardware[node.role].gpus
@@ -52,6 +56,7 @@ def build_node_configs(
             startup_timeout=spec.cluster.startup_timeout,
             heartbeat_interval=heartbeat,
             max_runtime=spec.cluster.max_runtime,
+            budget=budget,
             max_restarts=spec.cluster.max_restarts,
             instance_type=hardware[node.role].instance_type if typed else None,
             gpus=hardware[node.role].gpus,

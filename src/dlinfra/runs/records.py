@@ -8,6 +8,7 @@ newer dlinfra, or something that is not ours) with a clear error instead of gues
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -326,3 +327,12 @@ class Manifest(Record):
     def resources_up(self) -> bool:
         """Cloud resources were applied for this run and not destroyed since."""
         return bool(self.instances) and not self.destroyed
+
+    def usd_spent(self, now: float) -> float | None:
+        """What the run has cost at its plan's prices from its nodes' start to its end (or `now`); None
+        where nothing is billed. The clock cluster.max_cost keeps, give or take each node's boot."""
+        rate = self.plan.usd_per_hour if self.plan else None
+        if not rate or self.started is None:
+            return None
+        end = datetime.fromisoformat(self.finished).timestamp() if self.finished else now
+        return rate * max(0.0, end - datetime.fromisoformat(self.started).timestamp()) / 3600

@@ -42,6 +42,16 @@ def run_status(run_id: str | None) -> dict[str, Any]:
         "status": marker.marker if marker else manifest.status,
         "roles": roles,
         "nodes": nodes,
+        "cost": run_cost(run, manifest),
+    }
+
+
+def run_cost(run: Run, manifest: Manifest) -> dict[str, Any]:
+    """What the run has cost so far at its plan's prices (Manifest.usd_spent), and its cap."""
+    return {
+        "usd_spent": manifest.usd_spent(time.time()),
+        "usd_per_hour": manifest.plan.usd_per_hour if manifest.plan else None,
+        "max_cost": run.spec().cluster.max_cost,
     }
 
 
@@ -81,7 +91,9 @@ def list_run_rows() -> list[dict[str, Any]]:
             m = run.manifest()
         except StoreError:  # corrupt, or another dlinfra's record: list it, do not guess at its fields
             rows.append(
-                dict.fromkeys(("created", "target", "strategy", "eval_accuracy", "usd_per_hour", "owner"))
+                dict.fromkeys(
+                    ("created", "target", "strategy", "eval_accuracy", "usd_spent", "usd_per_hour", "owner")
+                )
             )
             rows[-1]["resources_up"] = False
             rows[-1] |= {"run_id": run.id, "status": "unreadable (`dlinfra show` says why)", "age": "-"}
@@ -100,6 +112,7 @@ def list_run_rows() -> list[dict[str, Any]]:
                 "target": m.target,
                 "strategy": m.strategy,
                 "eval_accuracy": accuracy,
+                "usd_spent": m.usd_spent(time.time()),
                 # cloud resources still up (deployed with --keep or --detach): what they cost
                 "usd_per_hour": (m.plan.usd_per_hour if m.plan else None) if m.resources_up else None,
                 "resources_up": m.resources_up,

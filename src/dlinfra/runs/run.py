@@ -242,6 +242,19 @@ def list_runs() -> list[Run]:
     return sorted(found, key=lambda r: _created(r.dir), reverse=True)
 
 
+def seconds_per_step(name: str, target: str) -> float | None:
+    """How long a step took in the newest finished run of experiment `name` on `target`, if any."""
+    for run in list_runs():
+        try:
+            m = run.manifest()
+        except StoreError:  # another dlinfra's record: it times nothing of ours
+            continue
+        done = m.metrics or {}
+        if m.name == name and m.target == target and m.status == "DONE" and done.get("steps"):
+            return float(done["train_seconds"]) / int(done["steps"])
+    return None
+
+
 def _created(run_dir: Path) -> str:
     """Sort key that survives a manifest of another schema version (listed, not read)."""
     try:

@@ -124,6 +124,12 @@ class ClusterSpec(StrictModel):
         le=30 * DAY,
         description="Watchdog: every node stops after this many seconds (30 days at most).",
     )
+    max_cost: float | None = Field(
+        None,
+        gt=0,
+        description="USD: once the cluster has cost this much at the catalog's prices, the run checkpoints "
+        "and stops (STOPPED, verdict budget). Spot nodes are priced on demand, erring on the safe side.",
+    )
     local_network: Literal["auto", "private", "host"] = Field(
         "auto",
         description="local target: private puts the cluster in its own network namespace, unreachable from "

@@ -120,6 +120,13 @@ class PlanSummary:
     def _runtime_line(self) -> str:
         """The most the run can cost: every node stops itself at max_runtime, watched or not."""
         hours = self.spec.cluster.max_runtime / 3600
+        cap = self.spec.cluster.max_cost
+        if cap is not None and self.cost.known and cap < self.cost.known * hours:
+            return (
+                f"At cluster.max_cost (${cap:g}): the run checkpoints and stops after "
+                f"{cap / self.cost.known * 60:.1f} min at ${self.cost.known:.3f}/h, counted from each node's "
+                f"start, watched or not (max_runtime, {hours:g} h, allows ${self.cost.known * hours:.2f})."
+            )
         return (
             f"At max_runtime ({hours:g} h): at most ${self.cost.known * hours:.2f}, priced as above; "
             "every node stops itself then (cluster.max_runtime)."
