@@ -209,7 +209,8 @@ def test_a_parameter_server_worker_killed_mid_pass_loses_its_files_of_that_pass_
     steps = 4000
     spec = _project(tmp_path, "parameter_server", "file://packed", steps, cache_gb=cache_gb)
     # the other workers are held stopped below until the killed one serves again: not frozen yet
-    spec.write_text(spec.read_text() + "cluster:\n  heartbeat_timeout: 600\n")
+    # a stall fails with every node's stacks before the finish times out (600 s, and none)
+    spec.write_text(spec.read_text() + "cluster:\n  heartbeat_timeout: 600\n  stall_timeout: 300\n")
     live = start_deploy(tmp_path, str(spec), "--workers", "3")
     kill_at(live, "worker-1", 0.1, steps=steps)
     # Under load the restart outlasted the rest of the run (a CI run: 17 s to the end, its second
@@ -264,6 +265,8 @@ def test_a_throttled_parameter_server_worker_takes_fewer_files_and_the_others_do
     _pack(str(packed), "--eval-shards", "2")
     steps = 1500
     spec = _project(tmp_path, "parameter_server", "file://packed", steps)
+    # a stall fails with every node's stacks before the finish times out (600 s, and none)
+    spec.write_text(spec.read_text() + "cluster:\n  stall_timeout: 300\n")
     live = start_deploy(tmp_path, str(spec), "--workers", "3")
     live.published_status("worker-1", lambda s: s.get("state") == "serving")
     with cpu(live.trainer_pid("worker-1"), 0.05):
