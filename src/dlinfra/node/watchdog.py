@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from dlinfra.contract import BUDGET_CHECKPOINT_SECONDS, EXIT_STOPPED, NodeConfig
 from dlinfra.node.spot import CHECKPOINT_FLAG
@@ -79,7 +80,7 @@ def _spend_out(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path)
     _stop(cfg, store, status, reason, "budget")
 
 
-def _stop(cfg: NodeConfig, store: RunStore, status: NodeStatus, reason: str, verdict: str | None) -> None:
+def _stop(cfg: NodeConfig, store: RunStore, status: NodeStatus, reason: str, verdict: str | None) -> NoReturn:
     pointer = store.latest_checkpoint()
     if verdict is None:
         print(f"watchdog: max_runtime {cfg.max_runtime:.0f}s reached, stopping", flush=True)
