@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ class NodeStatus:
 
     def __init__(self, store: RunStore, node: str, role: str, index: int, work: Path):
         self.store, self.path = store, state_file(work)
+        self._writing = threading.RLock()  # the watchdog's thread writes too (one dict, one temp file)
         previous = store.status(node)
         now = time.time()
         self.fields: dict[str, Any] = {
@@ -72,8 +74,9 @@ class NodeStatus:
 
     def mark(self, phase: str, at: float | None = None) -> None:
         """This life reached a startup phase (contract.PHASES) at `at` (default: now)."""
-        self.fields["phases"][phase] = round(time.time() if at is None else at, 3)
-        self._write()
+        with self._writing:
+            self.fields["phases"][phase] = round(time.time() if at is None else at, 3)
+            self._write()
 
     @property
     def restarts(self) -> int:
@@ -89,21 +92,25 @@ class NodeStatus:
         starts = fields.get("state") == "training" != self.fields.get("state")
         if starts or ("step" in fields and fields["step"] != self.fields.get("step")):
             fields["progress_at"] = time.time()
-        self.fields.update(fields)
-        self._write()
+        with self._writing:
+            self.fields.update(fields)
+            self._write()
 
     def stop(self, **final: Any) -> None:
         """The last word of this life, published at once (the beacon may not get another beat in)."""
         self.update(**final)
+        with self._writing:
+            last = NodeState(**self.fields, heartbeat=time.time())
         try:
-            self.store.put_status(NodeState(**self.fields, heartbeat=time.time()))
+            self.store.put_status(last)
         except Exception as exc:  # a store outage must not turn a clean end into a crash
             print(f"could not publish the final status: {exc}", flush=True)
 
     def _write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.fields), encoding="utf-8")
-        tmp.replace(self.path)
+        with self._writing:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.fields), encoding="utf-8")
+            tmp.replace(self.path)
 
 
 def give_up(
