@@ -6,12 +6,12 @@ worker), and a user's script."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 from collections import Counter
 from pathlib import Path
 
@@ -208,23 +208,21 @@ def test_a_parameter_server_worker_killed_mid_pass_loses_its_files_of_that_pass_
     # a run long enough (a minute here) that the restarted worker rejoins and reads again
     steps = 4000
     spec = _project(tmp_path, "parameter_server", "file://packed", steps, cache_gb=cache_gb)
-    # the other workers are held stopped below until the killed one serves again: not frozen yet
     # a stall fails with every node's stacks before the finish times out (600 s, and none)
-    spec.write_text(spec.read_text() + "cluster:\n  heartbeat_timeout: 600\n  stall_timeout: 300\n")
+    spec.write_text(spec.read_text() + "cluster:\n  stall_timeout: 300\n")
+    cpu = cgroup_cpu_limit()
     live = start_deploy(tmp_path, str(spec), "--workers", "3")
     kill_at(live, "worker-1", 0.1, steps=steps)
     # Under load the restart outlasted the rest of the run (a CI run: 17 s to the end, its second
-    # life not yet serving): hold the others until it serves, so its second life takes files.
-    others = [live.trainer_pid(node) for node in ("worker-0", "worker-2")]
-    for pid in others:
-        os.killpg(pid, signal.SIGSTOP)
-    try:
+    # life not yet serving): slow the others down until it serves, so its second life takes files.
+    # Slowed, not stopped: two workers SIGSTOPped that long once left the run with no step after
+    # their SIGCONT (every node alive, no error; not understood, not reproduced in five runs).
+    with contextlib.ExitStack() as slowed:
+        for node in ("worker-0", "worker-2"):
+            slowed.enter_context(cpu(live.trainer_pid(node), 0.05))
         live.published_status(
             "worker-1", lambda s: s.get("restarts") == 1 and s.get("state") == "serving", 300
         )
-    finally:
-        for pid in others:
-            os.killpg(pid, signal.SIGCONT)
     done = live.finish()
     assert done.returncode == 0, done.stdout + done.stderr
     status = live.status("worker-1")
