@@ -68,6 +68,8 @@ def test_an_unpriced_node_cannot_be_capped_and_a_free_target_is_not() -> None:
     unpriced = HourlyCost({"chief": 0.5, "worker": None}, unpriced=("x9.huge in us-east-1",))
     problem = budget_problem(100.0, unpriced, FirstCheckpoint.estimate(CHECKPOINT_EVERY, None))
     assert problem is not None and "no price for x9.huge in us-east-1" in problem and "Fix:" in problem
+    nothing_priced = HourlyCost({"chief": None}, unpriced=("x9.huge in us-east-1",))
+    assert budget_problem(100.0, nothing_priced, FirstCheckpoint.estimate(CHECKPOINT_EVERY, None)) is not None
     free = HourlyCost({"chief": 0.0, "worker": 0.0})
     assert budget_problem(0.0001, free, FirstCheckpoint.estimate(CHECKPOINT_EVERY, None)) is None
 

@@ -250,7 +250,8 @@ def seconds_per_step(name: str, target: str) -> float | None:
         except StoreError:  # another dlinfra's record: it times nothing of ours
             continue
         done = m.metrics or {}
-        if m.name == name and m.target == target and m.status == "DONE" and done.get("steps"):
+        timed = done.get("steps") and done.get("train_seconds")  # a script's steps may be unknown
+        if m.name == name and m.target == target and m.status == "DONE" and timed:
             return float(done["train_seconds"]) / int(done["steps"])
     return None
 

@@ -48,7 +48,7 @@ class FirstCheckpoint:
 
 def budget_problem(max_cost: float | None, cost: HourlyCost, first: FirstCheckpoint) -> str | None:
     """Why cluster.max_cost cannot be kept, or None. A target whose nodes cost nothing is not capped."""
-    if max_cost is None or cost.known == 0:
+    if max_cost is None:
         return None
     if cost.unpriced:
         return (
@@ -56,7 +56,7 @@ def budget_problem(max_cost: float | None, cost: HourlyCost, first: FirstCheckpo
             "cannot be capped. Fix: choose instance types it prices (`dlinfra instances`), or drop max_cost"
         )
     least = cost.known * first.seconds / 3600
-    if max_cost >= least:
+    if cost.known == 0 or max_cost >= least:
         return None
     return (
         f"cluster.max_cost: ${max_cost:g} buys {max_cost / cost.known * 60:.1f} min of this cluster at "
