@@ -224,6 +224,7 @@ def test_runs_says_what_it_left_out_within_the_screen(columns: int) -> None:
     named, _, rest = note.partition(" (")
     assert named.startswith(f"{columns} columns: ") and rest == "`dlinfra runs --json` has all)", text
     assert {"owner", "resources", "strategy"} <= set(named.split(": ")[1].split(", ")), text
+    assert any("`dlinfra runs --json`" in line for line in text.splitlines()), "the command is whole"
 
 
 def test_instances_keeps_every_instance_type_whole(home: Path) -> None:
@@ -245,3 +246,15 @@ def test_show_prints_paths_exactly_even_with_brackets(
     result = run_cli("show", run.id, env=_env(home), timeout=120)
     assert result.returncode == 0, result.stderr
     assert _whole_on_one_line(result.stdout, str(run.dir)) == f"run_dir: {run.dir}"
+
+
+def test_the_note_never_cuts_the_command_it_names_at_any_width() -> None:
+    from dlinfra.cli.views import _dropped_caption
+
+    dropped = ["age", "target", "strategy", "cost", "resources", "owner"]
+    for columns in range(30, 120):
+        note = _dropped_caption(dropped, columns, "dlinfra runs --json")
+        assert note is not None and any("`dlinfra runs --json`" in line for line in note.splitlines()), (
+            columns,
+            note,
+        )

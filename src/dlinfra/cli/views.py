@@ -348,8 +348,10 @@ def _dropped_caption(dropped: list[str], width: int, full_view: str) -> str | No
     """What a narrow screen left out, wrapped by hand: our consoles soft-wrap, so rich never would."""
     if not dropped:
         return None
-    note = f"not shown at {width} columns: {', '.join(dropped)} (`{full_view}` has all)"
-    return "\n".join(textwrap.wrap(note, width, break_on_hyphens=False))
+    # the command is one word to the wrapper: a user copies it, so it is never cut across lines
+    whole = full_view.replace(" ", "\0")
+    note = f"not shown at {width} columns: {', '.join(dropped)} (`{whole}` has all)"
+    return "\n".join(textwrap.wrap(note, width, break_on_hyphens=False)).replace("\0", " ")
 
 
 def runs_table(rows: list[dict[str, Any]], width: int) -> Table:
