@@ -137,6 +137,23 @@ def test_the_chief_relays_a_notice_acted_on_once_as_a_flag_its_trainer_consumes(
     assert [n.node for n in store.notices()] == ["worker-1", "worker-0"]
 
 
+def test_a_node_waits_for_a_checkpoint_newer_than_its_ask_or_for_the_runs_end(tmp_path: Path) -> None:
+    """What a noticed node and the budget's watchdog wait for before they stop (spot.checkpoint_since)."""
+    store = RunStore(Store.from_url((tmp_path / "store").as_uri()))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "ckpt-100.index").write_bytes(b"i")
+    store.put_checkpoint(100, ckpt)  # taken before the ask: not the one asked for
+    asked = time.time() + 0.01
+    time.sleep(0.02)
+    assert spot.checkpoint_since(store, asked, time.time() + 0.3) == "late"
+    (ckpt / "ckpt-200.index").write_bytes(b"i")
+    store.put_checkpoint(200, ckpt)
+    assert spot.checkpoint_since(store, asked, time.time() + 30) == "stored"
+    store.write_marker("STOPPED", reason="budget")
+    assert spot.checkpoint_since(store, asked, time.time() + 30) == "ended"
+
+
 # ---------------------------------------------------------------- the watcher's side
 
 

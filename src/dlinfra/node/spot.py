@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dlinfra.contract import EXIT_INTERRUPTED, NodeConfig
 from dlinfra.runs.layout import RunStore
@@ -181,15 +181,12 @@ class SpotWatch:
         deadline = (
             (notice.deadline - LEAVE_MARGIN) if notice.deadline else notice.noticed + ACTED_REBALANCE_WAIT
         )
-        while time.time() < deadline:
-            if self.store.marker() is not None:
-                self._say("the run ended before this node had to leave")
-                return
-            pointer = self.store.latest_checkpoint()
-            if pointer is not None and (pointer.time or 0) >= notice.noticed:
-                self._say(f"checkpoint {pointer.prefix} is stored: leaving")
-                break
-            time.sleep(0.5)
+        waited = checkpoint_since(self.store, notice.noticed, deadline)
+        if waited == "ended":
+            self._say("the run ended before this node had to leave")
+            return
+        if waited == "stored":
+            self._say("a checkpoint newer than the notice is stored: leaving")
         else:
             self._say("no checkpoint newer than the notice before the deadline: leaving anyway")
         self.leaving.set()
@@ -250,6 +247,19 @@ class NoticeRelay:
         if wanted:
             self.flag.write_text(str(time.time()), encoding="utf-8")
         return wanted
+
+
+def checkpoint_since(store: RunStore, since: float, deadline: float) -> Literal["ended", "stored", "late"]:
+    """Wait for the checkpoint asked for at `since` (node.spot's flag): `stored` once one newer is,
+    `ended` if the run ends first, `late` at `deadline`."""
+    while time.time() < deadline:
+        if store.marker() is not None:
+            return "ended"
+        pointer = store.latest_checkpoint()
+        if pointer is not None and (pointer.time or 0) >= since:
+            return "stored"
+        time.sleep(0.5)
+    return "late"
 
 
 def checkpoint_requested(work: Path) -> bool:

@@ -4,9 +4,9 @@ must not burn money.
     max_runtime   every node stops after cluster.max_runtime seconds, whatever it is doing
     budget        at cluster.max_cost (NodeConfig.budget: the cluster's price from the catalog) the run
                   checkpoints first: each node drops its trainer's checkpoint flag (node.spot; under
-                  the mirrored strategy any one worker's flag makes them all save), the chief waits
-                  for a checkpoint newer than that and writes STOPPED with verdict `budget`, the others
-                  wait for that marker; then every node stops. A script run (training.command) keeps
+                  the mirrored strategy any one worker's flag makes them all save), each waits for a
+                  checkpoint newer than that (or the run's end), the first to stop writes STOPPED
+                  with verdict `budget`, and every node stops. A script run (training.command) keeps
                   what its own checkpoints saved: nothing here can ask it for one.
 
 Both clocks start at the node's first life, so restarts do not extend them; the beacon and the
@@ -24,11 +24,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from dlinfra.contract import BUDGET_CHECKPOINT_SECONDS, EXIT_STOPPED, NodeConfig
-from dlinfra.node.spot import CHECKPOINT_FLAG
+from dlinfra.node.spot import CHECKPOINT_FLAG, checkpoint_since
 from dlinfra.node.status import NodeStatus
 from dlinfra.runs.layout import RunStore
-
-POLL_SECONDS = 1.0
 
 
 def binding_limit(cfg: NodeConfig) -> str:
@@ -67,15 +65,8 @@ def _spend_out(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path)
     print(f"watchdog: {reason}: checkpointing, then stopping", flush=True)
     status.update(state="checkpointing for the budget")
     (work / CHECKPOINT_FLAG).write_text(str(asked), encoding="utf-8")
-    while time.time() < asked + BUDGET_CHECKPOINT_SECONDS:
-        if cfg.is_chief:
-            pointer = store.latest_checkpoint()
-            if pointer is not None and (pointer.time or 0) >= asked:
-                break
-        elif store.marker() is not None:  # the chief has its checkpoint: the run is over
-            break
-        time.sleep(POLL_SECONDS)
-    else:
+    # a node that is not the chief may go once the checkpoint is stored: nothing needs it after
+    if checkpoint_since(store, asked, asked + BUDGET_CHECKPOINT_SECONDS) == "late":
         print(f"watchdog: no checkpoint in {BUDGET_CHECKPOINT_SECONDS:.0f}s: stopping anyway", flush=True)
     _stop(cfg, store, status, reason, "budget")
 
