@@ -17,7 +17,7 @@ from dlinfra.contract import BUDGET_CHECKPOINT_SECONDS
 from dlinfra.spec.catalog import catalog
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.spec.pricing import BOOT_SECONDS
-from e2e.conftest import aws_emulation
+from e2e.conftest import aws_emulation, own_files_args
 from support import FAKE_CREDS, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
@@ -87,15 +87,16 @@ def test_a_cap_below_the_first_checkpoint_is_refused_with_exit_2_and_nothing_mad
 
 
 def test_the_run_checkpoints_at_its_cap_and_stops_with_the_budget_verdict_at_the_catalogs_price(
-    aws_env: dict[str, Any],
+    aws_env: dict[str, Any], s3_own_files: str
 ) -> None:
-    """A cap worth BUDGET_SECONDS of the cluster: the chief checkpoints at the cap, the run is STOPPED
-    with verdict budget, the stack is destroyed, and the cost shown is the catalog's arithmetic."""
+    """A cap worth BUDGET_SECONDS of the cluster, training on a user's own TFRecord files in S3: the
+    chief checkpoints at the cap, the run is STOPPED with verdict budget, the stack is destroyed, and
+    the cost shown is the catalog's arithmetic."""
     spec = load_spec(None, Overrides(target="aws", workers=1, sets=[f"name={NAME}"])).model_dump()
     rate = _catalog_rate(spec)
     max_cost = round(rate * BUDGET_SECONDS / 3600, 6)
 
-    result = _deploy(aws_env, max_cost)
+    result = _deploy(aws_env, max_cost, *own_files_args(s3_own_files))
     assert result.returncode == 1, result.stdout + result.stderr
     run_dir = sorted((aws_env["home"] / "runs").iterdir())[-1]
     manifest = json.loads((run_dir / "manifest.json").read_text())
