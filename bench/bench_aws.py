@@ -12,24 +12,16 @@ import tempfile
 import time
 from pathlib import Path
 
-MIRROR = Path(os.environ.get("DLINFRA_TF_PROVIDER_MIRROR", "/opt/tf-plugins"))
+from emulated_aws import start_moto, terraform_rc
 
 
 def main() -> None:
     os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    server, endpoint = start_moto()
     work = Path(tempfile.mkdtemp())
-    rc = work / "terraform.tfrc"
-    lines = [f'plugin_cache_dir = "{work}"']
-    if MIRROR.is_dir():
-        lines += ["provider_installation {", f'  filesystem_mirror {{ path = "{MIRROR}" }}', "}"]
-    rc.write_text("\n".join(lines) + "\n")
+    rc = terraform_rc(work)
     creds = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",

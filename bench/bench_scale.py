@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-MIRROR = Path(os.environ.get("DLINFRA_TF_PROVIDER_MIRROR", "/opt/tf-plugins"))
+from emulated_aws import start_moto, terraform_rc
+
 # Big enough for 1000 workers (a /20 holds 3967) and inside the default VPC, clear of its NAT subnet.
 SUBNET = "10.42.16.0/20"
 GOALS = {("render", 1000): 2.0, ("plan", 1000): 60.0, ("apply", 64): 180.0}
@@ -66,18 +67,10 @@ def main() -> None:
 
     os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    server, endpoint = start_moto()
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    rc = work / "terraform.tfrc"
-    lines = [f'plugin_cache_dir = "{work}"']
-    if MIRROR.is_dir():
-        lines += ["provider_installation {", f'  filesystem_mirror {{ path = "{MIRROR}" }}', "}"]
-    rc.write_text("\n".join(lines) + "\n")
+    rc = terraform_rc(work)
     env = dict(os.environ, **CREDS, AWS_DEFAULT_REGION="us-east-1", TF_CLI_CONFIG_FILE=str(rc))
     env["DLINFRA_HOME"] = str(work / "home")
     kw = {"endpoint_url": endpoint, "region_name": "us-east-1"} | {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra import deploy as deploy_flow
+from dlinfra import watching
 from dlinfra.deploy import _Follow
 from dlinfra.errors import DlinfraError, RunFailed, TerraformError
 from dlinfra.prepare import NodeInstall, prepare
@@ -32,6 +32,9 @@ class FailingTeardownTarget:
     def teardown(self, run: object) -> str:
         self.teardowns += 1
         raise TerraformError("terraform destroy failed: ExpiredToken")
+
+    def controller(self, spec: object) -> None:
+        return None  # no account controller: a detached run waits for `dlinfra watch`
 
 
 @pytest.fixture
@@ -101,13 +104,13 @@ def test_a_follower_acts_on_nothing_and_may_take_the_run_once_its_owner_is_gone(
 ) -> None:
     """follow_only under a live owner: progress only; once the owner's lease lapses (it died) it
     hands back, so `watch` can take the run over; once the run ended it returns its result."""
-    monkeypatch.setattr(deploy_flow, "OWNER_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(watching, "OWNER_CHECK_SECONDS", 0.0)
     other = claim(prepared.store, "cli", "cli elsewhere", lease_seconds=1.5)
     assert isinstance(other, Lease)
     seen: list[object] = []
-    assert deploy_flow.follow_only(prepared, seen.append, time.time(), until_unowned=True) is None
+    assert watching.follow_only(prepared, seen.append, time.time(), until_unowned=True) is None
     assert seen, "it showed progress while it followed"
     assert isinstance(claim(prepared.store, "cli", "cli here"), Lease)  # the follower's takeover
     prepared.store.write_marker("DONE")
-    ended = deploy_flow.follow_only(prepared, lambda s: None, time.time())
+    ended = watching.follow_only(prepared, lambda s: None, time.time())
     assert ended is not None and ended.state == "DONE"

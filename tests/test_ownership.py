@@ -63,11 +63,17 @@ def test_a_live_owner_keeps_the_run_and_a_release_hands_it_on(store: RunStore) -
     assert isinstance(again, Lease)
     first.release()  # the older claim was replaced by `again`: its release must not free the run
     assert isinstance(claim(store, "controller", "controller i-1"), Owner)
-    again.release(handed_to="controller")
-    owner, _ = store.owner()
-    assert owner is not None and owner.kind == "none" and owner.handed_to == "controller"
+    again.hand_over()
+    # reserved for the controller: a CLI watching meanwhile is refused, and follows it
+    pending = claim(store, "cli", "cli b")
+    assert isinstance(pending, Owner) and pending.holder == ownership.PENDING
     taken = claim(store, "controller", "controller i-1")
     assert isinstance(taken, Lease) and ownership.owner_of(store) == taken.record
+    # picked up: a second controller (a replaced one racing the first) no longer may take it
+    assert isinstance(claim(store, "controller", "controller i-2"), Owner)
+    taken.release()
+    owner, _ = store.owner()
+    assert owner is not None and owner.kind == "none" and ownership.owner_of(store) is None
 
 
 def test_a_silent_owner_loses_the_run_after_its_lease_and_cannot_act_again(store: RunStore) -> None:

@@ -21,10 +21,10 @@ import pytest
 from rich.console import Console
 
 from dlinfra.cli.console import set_color
-from dlinfra.deploy import Outcome
 from dlinfra.runs.records import MeanSd, Metrics, NodeState
 from dlinfra.runs.run import Run
 from dlinfra.spec.model import Spec
+from dlinfra.watching import Outcome
 from support import run_cli
 
 RUN_DIR = "file:///home/someone/projects/my-experiments/.dlinfra/runs/digits-cnn-20261124-123051-4a20"

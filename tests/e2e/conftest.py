@@ -201,6 +201,17 @@ def aws_emulation(endpoint: str, tf_cli_config: Path, home: Path, bucket: str) -
     return {"env": env, "home": home, "args": args, "endpoint": endpoint, "cwd": home, "ami": ami}
 
 
+def release_private_ip_as_aws_does(instance: dict[str, Any]) -> None:
+    """Stand-in for AWS behaviour moto lacks: terminating an instance deletes its primary network
+    interface and frees its private IP; moto keeps the IP taken until the instance object is
+    garbage-collected. The moto server runs in this process, so free it where moto keeps it."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+
+    subnet = ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_subnet(instance["SubnetId"])
+    subnet.del_subnet_ip(instance["PrivateIpAddress"])
+
+
 def start_deploy(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Live:
     return Live(tmp, args, env)
 

@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from dlinfra.spec.catalog import catalog
-from e2e.conftest import aws_emulation, own_files_args, start_deploy
+from e2e.conftest import aws_emulation, own_files_args, release_private_ip_as_aws_does, start_deploy
 from support import FAKE_CREDS, alive_node_pids, cli_process, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
@@ -319,7 +319,7 @@ def test_terminated_instance_is_replaced_by_reapply_and_the_run_completes(aws_en
     before = json.loads((live.run_dir / "manifest.json").read_text())["instances"]
     old = ec2.describe_instances(InstanceIds=[before["worker-0"]])["Reservations"][0]["Instances"][0]
     ec2.terminate_instances(InstanceIds=[before["worker-0"]])
-    _release_private_ip_as_aws_does(old)
+    release_private_ip_as_aws_does(old)
     terminated_at = time.time()
     done = live.finish(timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -383,49 +383,6 @@ def test_a_heal_that_keeps_failing_fails_the_run_with_exit_1_and_tears_down(aws_
     assert "stack destroyed" in done.stdout
     assert json.loads((live.run_dir / "manifest.json").read_text())["destroyed"] is True
     assert alive_node_pids(live.run_dir.name) == []
-
-
-def _release_private_ip_as_aws_does(instance: dict[str, Any]) -> None:
-    """Stand-in for AWS behaviour moto lacks: terminating an instance deletes its primary network
-    interface and frees its private IP; moto keeps the IP taken until the instance object is
-    garbage-collected. The moto server runs in this process, so free it where moto keeps it."""
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.ec2.models import ec2_backends
-
-    subnet = ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_subnet(instance["SubnetId"])
-    subnet.del_subnet_ip(instance["PrivateIpAddress"])
-
-
-def test_rerun_of_an_aws_run_applies_the_same_tfvars_and_wheel(
-    kept_run: dict[str, Any], aws_env: dict[str, Any]
-) -> None:
-    first = kept_run["run_dir"]
-    result = run_cli(
-        "rerun",
-        kept_run["run_id"],
-        "--yes",
-        "--emulate-instances",
-        env=aws_env["env"],
-        cwd=aws_env["cwd"],
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    second = max((aws_env["home"] / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
-    manifest = json.loads((second / "manifest.json").read_text())
-    original = json.loads((first / "manifest.json").read_text())
-    assert manifest["rerun_of"] == kept_run["run_id"]
-    # Identical apart from the run id (which also names the store prefix and the tags).
-    expected = (first / "tfvars.json").read_text().replace(kept_run["run_id"], second.name)
-    assert (second / "tfvars.json").read_text() == expected
-    assert manifest["wheel"]["sha256"] == original["wheel"]["sha256"]
-    assert manifest["terraform_lock_sha256"] == original["terraform_lock_sha256"]
-    s3 = _client(aws_env["endpoint"], "s3")
-    wheel = s3.get_object(Bucket=BUCKET, Key=f"runs/{second.name}/code/{manifest['wheel']['name']}")[
-        "Body"
-    ].read()
-    assert hashlib.sha256(wheel).hexdigest() == original["wheel"]["sha256"]
-    user_data = (second / "user-data" / "worker-0.yaml").read_text()
-    assert f"s3://{BUCKET}/runs/{second.name}/code/{manifest['wheel']['name']}" in user_data
 
 
 def test_detached_aws_run_ends_alone_and_one_of_two_racing_watchers_removes_what_is_left(
@@ -541,9 +498,20 @@ def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_paramete
     rerun = run_cli("rerun", run_dir.name, env=env, cwd=aws_env["cwd"], timeout=600)
     second = max((home / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
     assert second != run_dir, rerun.stdout + rerun.stderr
-    assert json.loads((second / "tfvars.json").read_text())["ami_id"] == first
     assert json.loads((second / "manifest.json").read_text())["ami_id"] == first
     assert f"base AMI {first}" in rerun.stdout
+    # the rerun applies what the original applied: its tfvars (apart from the run id, and the AMI
+    # the parameter resolved then, now pinned), provider lock and wheel, the wheel in its own store
+    original, again = (json.loads((d / "manifest.json").read_text()) for d in (run_dir, second))
+    assert again["rerun_of"] == run_dir.name
+    applied = json.loads((run_dir / "tfvars.json").read_text().replace(run_dir.name, second.name))
+    assert json.loads((second / "tfvars.json").read_text()) == applied | {"ami_id": first}
+    assert again["wheel"]["sha256"] == original["wheel"]["sha256"]
+    assert again["terraform_lock_sha256"] == original["terraform_lock_sha256"]
+    wheel_key = f"runs/{second.name}/code/{again['wheel']['name']}"
+    wheel = s3.get_object(Bucket=BUCKET, Key=wheel_key)["Body"].read()
+    assert hashlib.sha256(wheel).hexdigest() == original["wheel"]["sha256"]
+    assert f"s3://{BUCKET}/{wheel_key}" in (second / "user-data" / "worker-0.yaml").read_text()
 
     ec2.deregister_image(ImageId=first)
     gone = run_cli("rerun", run_dir.name, "--yes", env=env, cwd=aws_env["cwd"], timeout=600)
@@ -553,7 +521,7 @@ def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_paramete
 
 
 def _terminate_frees_private_ips_as_aws_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stand-in for AWS behaviour moto lacks (see _release_private_ip_as_aws_does): a terminated
+    """Stand-in for AWS behaviour moto lacks (see release_private_ip_as_aws_does): a terminated
     instance's private IP is free again, so a replacement that destroys the old instance first (as
     healing does after a spot notice) can take it. Patched in this process, where the server runs."""
     from moto.ec2.models.instances import InstanceBackend

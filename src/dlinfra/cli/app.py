@@ -14,6 +14,7 @@ import typer
 from dlinfra import __version__
 from dlinfra.cli.console import ColorMode, err, out, set_color
 from dlinfra.cli.console import error as _error
+from dlinfra.cli.controller import controller_app
 from dlinfra.cli.data import data_app
 from dlinfra.cli.images import image_app
 from dlinfra.cli.inspection import inspection_app
@@ -48,6 +49,7 @@ app.add_typer(inspection_app)  # status, logs, runs, compare, show, debug, destr
 app.add_typer(node_app, name="node")
 app.add_typer(image_app, name="image")
 app.add_typer(data_app, name="data")
+app.add_typer(controller_app, name="controller")
 
 
 @app.callback()
@@ -312,9 +314,14 @@ def _finish(outcome: Any) -> None:
     if outcome.state == "DONE":
         out.print(result_view(outcome))
         return
-    if outcome.state == "DETACHED":
+    if outcome.state in ("DETACHED", "HANDED_OVER"):
         run_id = outcome.run.id
-        out.print(f"run {run_id}: nodes are up, detached. Follow it: dlinfra watch {run_id}", markup=False)
+        owner = (
+            "handed to the account's controller (it heals the run and tears it down)"
+            if outcome.state == "HANDED_OVER"
+            else "detached"
+        )
+        out.print(f"run {run_id}: nodes are up, {owner}. Follow it: dlinfra watch {run_id}", markup=False)
         out.print(f"logs: dlinfra logs {run_id} -f · stop it: dlinfra destroy {run_id}", markup=False)
         return
     if outcome.state == "FAILED":

@@ -16,11 +16,11 @@ from rich.table import Table
 from rich.text import Text
 
 from dlinfra.cli.console import out, table_box
-from dlinfra.deploy import Outcome, Snapshot
 from dlinfra.runs.records import Metrics
 from dlinfra.runs.reports import run_cost
 from dlinfra.runs.startup import describe
 from dlinfra.spec.catalog import InstanceType
+from dlinfra.watching import Outcome, Snapshot
 
 
 def _num(value: Any, fmt: str = "{:.0f}") -> str:

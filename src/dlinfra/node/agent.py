@@ -33,7 +33,10 @@ from dlinfra.training.staging import DataError
 from dlinfra.training.streaming import Stream
 
 T = TypeVar("T")
-POLL_SECONDS = 1.0
+# How often a ps or a ps-strategy worker looks for the run's end in the store: it only has to leave
+# before the watcher's grace after the marker (3 poll + 5 s) runs out, and on a 1-vCPU instance (a VM
+# under emulation more so) a look a second took a sixth of the core its TensorFlow server needs.
+SERVE_POLL_SECONDS = 3.0
 TENSORBOARD_SYNC_SECONDS = 10.0
 
 
@@ -144,7 +147,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
     what = ", TensorFlow's server alone" if lean else ""
     print(f"serving {cfg.role} {cfg.index} at {cfg.address} ({server.target}{pools}{what})", flush=True)
     while (marker := store.marker()) is None:
-        time.sleep(POLL_SECONDS)
+        time.sleep(SERVE_POLL_SECONDS)
     status.stop(state=marker.marker.lower())
     if data_worker is not None:
         data_worker.stop()

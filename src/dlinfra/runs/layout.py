@@ -15,8 +15,15 @@
     code/env-<flavor>.lock        the run's environment, locked with hashes (cpu or gpu build of TF)
     code/data-<sha256>.json       the data files a glob listed when the run was prepared (their pin)
     terraform/                    the provider lock file and tfvars of a cloud run
+    run-dir.tar.gz                the run dir a controller acts from (a run handed over to it)
 
-No other module names a key: they ask a RunStore.
+and of the results bucket's `controller/` prefix, the account controller's (ControllerStore):
+
+    controller.json               ControllerInfo: the controller, and when it last looked for runs
+    handovers/<run id>.json       Handover: a run the controller is to own until it ends
+    logs/<holder>.log             a controller's own log (`dlinfra controller logs`)
+
+No other module names a key: they ask a RunStore or the ControllerStore.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from dlinfra.runs.records import (
     MARKERS,
     SCHEMA_VERSION,
     CheckpointPointer,
+    ControllerInfo,
+    Handover,
     Manifest,
     Marker,
     MarkerName,
@@ -58,6 +67,10 @@ TENSORBOARD = "tensorboard"
 STACKS_REQUEST = "debug/request.json"
 NOTICES = "notices"
 OWNER = "owner.json"
+RUN_DIR = "run-dir.tar.gz"
+CONTROLLER_PREFIX = "controller"
+HANDOVERS = "handovers"
+CONTROLLER_INFO = "controller.json"
 STACKS_HEADER = "# dlinfra stack dump for request "
 # The results bucket's lifecycle rule expires old checkpoints by this tag (prefix patterns can't match).
 CHECKPOINT_TAGS = {"dlinfra:kind": "checkpoint"}
@@ -132,8 +145,12 @@ class RunStore:
     # ---------------------------------------------------------------- how the run ended
 
     def marker(self) -> Marker | None:
+        # One listing of the prefix's top level, then a read only of a marker that is there: nodes,
+        # watchers and the controller ask every second or two, and three reads that mostly miss cost
+        # a slow machine (a 1-vCPU instance, a VM under emulation) most of a core.
+        present = {listed.name for listed in self.store.files()}
         for name in MARKERS:
-            if (found := self._read(Marker, name)) is not None:
+            if name in present and (found := self._read(Marker, name)) is not None:
                 return found
         return None
 
@@ -289,6 +306,12 @@ class RunStore:
     def data_listing(self, sha256: str) -> bytes:
         return self._pinned(data_listing_key(sha256), sha256)
 
+    def put_run_dir(self, data: bytes) -> None:
+        self.store.put_bytes(RUN_DIR, data)
+
+    def run_dir(self) -> bytes | None:
+        return self.store.get_bytes(RUN_DIR)
+
     def put_terraform_pins(self, lock_file: Path, tfvars_text: str) -> None:
         """A cloud run's provider lock and inputs: what a rerun months later must apply again."""
         self.store.put_file("terraform/.terraform.lock.hcl", lock_file)
@@ -311,3 +334,58 @@ def data_listing_key(sha256: str) -> str:
 def bundle_key(sha256: str) -> str:
     """Also where the run dir keeps its copy: the run dir mirrors the store for the code."""
     return f"code/bundle-{sha256}.tar.gz"
+
+
+class ControllerStore:
+    """The results bucket's `controller/` prefix: the runs handed to the account's controller, and
+    its logs. One per bucket: runs of every experiment that stores there share it."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    @classmethod
+    def of_bucket(cls, bucket: str, endpoint_url: str | None, region: str | None) -> ControllerStore:
+        return cls(Store.from_url(f"s3://{bucket}/{CONTROLLER_PREFIX}", endpoint_url, region))
+
+    def uri(self, key: str = "") -> str:
+        return self.store.uri(key)
+
+    def put_info(self, info: ControllerInfo) -> None:
+        self.store.put_json(CONTROLLER_INFO, info.model_dump(mode="json"))
+
+    def info(self) -> ControllerInfo | None:
+        raw = self.store.get_json(CONTROLLER_INFO)
+        return None if raw is None else parse(ControllerInfo, raw, self.store.uri(CONTROLLER_INFO))
+
+    def put_handover(self, handover: Handover) -> None:
+        self.store.put_json(f"{HANDOVERS}/{handover.run_id}.json", handover.model_dump(mode="json"))
+
+    def handovers(self) -> list[Handover]:
+        """Every run handed over and not yet finished with, oldest first."""
+        found = []
+        for key in self.store.list_keys(f"{HANDOVERS}/"):
+            if key.endswith(".json") and (raw := self.store.get_json(key)) is not None:
+                found.append(parse(Handover, raw, self.store.uri(key)))
+        return sorted(found, key=lambda h: h.time)
+
+    def remove_handover(self, run_id: str) -> None:
+        self.store.delete(f"{HANDOVERS}/{run_id}.json")
+
+    def put_log(self, holder: str, path: Path) -> None:
+        self.store.put_file(f"logs/{log_name(holder)}", path)
+
+    def logs(self) -> list[str]:
+        """The controllers' logs' names, newest holder last by name."""
+        return [key.removeprefix("logs/") for key in self.store.list_keys("logs/")]
+
+    def log_uri(self, name: str) -> str:
+        return self.store.uri(f"logs/{name}")
+
+    def log(self, name: str) -> str | None:
+        data = self.store.get_bytes(f"logs/{name}")
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def log_name(holder: str) -> str:
+    """`controller i-0abc…` → `controller-i-0abc….log`: a key without spaces."""
+    return "-".join(holder.split()) + ".log"

@@ -29,6 +29,10 @@ from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import Owner
 
 LEASE_SECONDS = 90.0  # how long a silent holder keeps the run: outlasts a store outage of a minute
+# How long a run handed to the controller stays reserved for it: a stopped controller instance boots
+# and picks it up within minutes; one that never does leaves the run to whoever watches it next.
+HANDOVER_SECONDS = 600.0
+PENDING = "controller (handed over, not picked up yet)"
 RENEW_SECONDS = 15.0
 CLAIM_ATTEMPTS = 5
 
@@ -81,15 +85,33 @@ class Lease:
                 return False
             return True
 
-    def release(self, handed_to: str | None = None) -> None:
-        """Give the run up: ended, detached, or handed to the controller (which claims it next)."""
+    def release(self) -> None:
+        """Give the run up: it ended, or it was detached (whoever attaches next owns it)."""
+        self._give_up(self.record.model_copy(update={"kind": "none"}))
+
+    def hand_over(self) -> None:
+        """Give the run to the account's controller: reserved for it alone (no CLI takes it meanwhile)
+        until it claims the run, or for HANDOVER_SECONDS if it never comes."""
+        now = time.time()
+        pending = Owner(
+            kind="controller",
+            holder=PENDING,
+            token=secrets.token_hex(8),
+            since=now,
+            renewed=now,
+            lease_seconds=HANDOVER_SECONDS,
+            handed_to="controller",
+        )
+        self._give_up(pending)
+
+    def _give_up(self, record: Owner) -> None:
         self._done.set()
         if self._keeper is not None:
             self._keeper.join()
         with self._lock:
             if self._lost.is_set():
                 return
-            self._swap(self.record.model_copy(update={"kind": "none", "handed_to": handed_to}))
+            self._swap(record)
             self._lost.set()
 
     def _swap(self, record: Owner) -> bool:
@@ -100,12 +122,15 @@ class Lease:
 
 
 def claim(store: RunStore, kind: Kind, holder: str, lease_seconds: float = LEASE_SECONDS) -> Lease | Owner:
-    """Take the run's lease if it is free, released, expired or already this holder's; else the
-    live owner that holds it."""
+    """Take the run's lease if it is free, released, expired or already this holder's (or, for a
+    controller, handed over to the controller); else the live owner that holds it."""
     for _ in range(CLAIM_ATTEMPTS):
         current, version = store.owner()
         now = time.time()
-        if current is not None and current.holder != holder and current.live(now):
+        mine = current is not None and (
+            current.holder == holder or (kind == "controller" and current.handed_to == "controller")
+        )
+        if current is not None and not mine and current.live(now):
             return current
         record = Owner(
             kind=kind,

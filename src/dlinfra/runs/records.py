@@ -106,6 +106,33 @@ class Owner(Record):
         return self.kind != "none" and now < self.renewed + self.lease_seconds
 
 
+class Handover(Record):
+    """A run handed to the account's controller (`deploy` with a controller): enough to act for it
+    from the bucket alone. The run dir itself travels in the run's store (RunStore.put_run_dir)."""
+
+    run_id: str
+    store: StoreConfig  # the run's own store
+    emulate_instances: str | None = None  # the processes or VMs standing in for instances (tests)
+    keep: bool = False  # leave the stack up after the run ends (`deploy --keep`)
+    by: str  # the holder that handed it over
+    time: float
+
+
+class ControllerInfo(Record):
+    """The account's controller as it last said: who it is, and when it last looked for runs."""
+
+    holder: str  # "controller <instance id>" (or "controller <host> pid N" run by hand)
+    instance_id: str | None = None  # None: not on an instance (nothing to start when it stops)
+    idle_minutes: float
+    beat: float  # its clock when it last looked
+    state: Literal["running", "stopped"] = "running"
+    runs: list[str] = Field(default_factory=list)  # the runs it owns now
+
+    def running(self, now: float, poll: float) -> bool:
+        """Whether it still looks for runs (a silent one died without saying so)."""
+        return self.state == "running" and now < self.beat + 6 * poll
+
+
 class Notice(Record):
     """A spot notice one node's beacon saw in its instance metadata, and what came of it. Written by
     that beacon only: when it sees the notice, then again when the node leaves."""
@@ -313,6 +340,7 @@ class Manifest(Record):
     pids: dict[str, int] = Field(default_factory=dict)  # node → process group of its beacon
     network: str | None = None  # local: private (the cluster's own namespace) or host
     detached: bool = False  # deployed with --detach: no watcher until `dlinfra watch`
+    handed_over: bool = False  # given to the account's controller: the store's manifest is the news
     instances: dict[str, str] = Field(default_factory=dict)
     heals: list[Heal] = Field(default_factory=list)
     devices: dict[str, list[str]] = Field(default_factory=dict)  # node → what TensorFlow saw on it

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
-from dlinfra.runs.ownership import Owned, acting, owner_of
+from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
 from dlinfra.runs.records import MARKERS, Manifest, Notice
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
@@ -98,6 +98,8 @@ def list_run_rows() -> list[dict[str, Any]]:
             rows[-1]["resources_up"] = False
             rows[-1] |= {"run_id": run.id, "status": "unreadable (`dlinfra show` says why)", "age": "-"}
             continue
+        if m.handed_over and (m.resources_up or m.status not in FINAL_STATUSES):
+            m = _as_the_controller_left_it(run, m)
         status, accuracy = m.status, (m.metrics or {}).get("eval_accuracy")
         # nobody watching a detached run: the store knows whether it ended
         if status == "RUNNING" and m.detached and (marker := run.store().marker()):
@@ -120,6 +122,16 @@ def list_run_rows() -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _as_the_controller_left_it(run: Run, manifest: Manifest) -> Manifest:
+    """A run handed to the controller: the controller publishes how it ended to the store, and
+    this machine's copy of the manifest catches up from there."""
+    stored = run.store().manifest()
+    if stored is None or stored == manifest:
+        return manifest
+    run.write_manifest(stored)
+    return stored
 
 
 def _owner(run: Run) -> str | None:
@@ -177,9 +189,20 @@ def _startup(run: Run) -> list[tuple[str, float]]:
 
 
 def destroy_run(run_id: str) -> str:
+    """Tear the run down; one the account's controller owns is stopped instead, and its owner
+    tears it down (two holders must never both destroy)."""
     run = Run.open(run_id)
-    with acting(run.store(), run.id):
-        return target_for(run.manifest().target).teardown(run)
+    try:
+        with acting(run.store(), run.id):
+            return target_for(run.manifest().target).teardown(run)
+    except Owned as owned:
+        if owned.owner.kind != "controller":
+            raise
+        run.store().write_marker("STOPPED", reason=f"stopped by `dlinfra destroy` ({cli_holder()})")
+        return (
+            f"run {run.id}: STOPPED; its owner, {owned.owner.holder}, stops its nodes and tears it down "
+            f"(`dlinfra watch {run.id}` follows it)"
+        )
 
 
 def destroy_ended() -> list[str]:

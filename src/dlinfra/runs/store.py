@@ -81,6 +81,10 @@ class Store:
         """Keys under `prefix` (a folder: "notices/"), relative to the store, sorted."""
         raise NotImplementedError
 
+    def delete(self, key: str) -> None:
+        """Remove the key; one that is not there is no error."""
+        raise NotImplementedError
+
     def get_versioned(self, key: str) -> tuple[bytes, str] | None:
         """The object and a version tag of its content, for `put_if`."""
         raise NotImplementedError
@@ -171,6 +175,9 @@ class FileStore(Store):
                 return None
             self.put_bytes(key, data)
             return hashlib.sha256(data).hexdigest()
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
 
     def list_keys(self, prefix: str) -> list[str]:
         folder = self._path(prefix.rstrip("/"))
@@ -319,6 +326,9 @@ class S3Store(Store):
             return str(put["ETag"])
 
         return self._retrying(put, "write")
+
+    def delete(self, key: str) -> None:
+        self._retrying(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)), "delete")
 
     def list_keys(self, prefix: str) -> list[str]:
         def listed() -> list[str]:

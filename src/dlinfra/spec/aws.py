@@ -98,6 +98,12 @@ class AwsSpec(StrictModel):
         pattern=f"^{BUCKET_RE}$",
         description="S3 bucket for Terraform state (default: local in the run dir).",
     )
+    controller: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: `deploy --detach` hands the run to the account's controller when the results "
+        "bucket has one (`dlinfra controller run`), which heals it, enforces its limits and tears it "
+        "down with no laptop watching; off: never (the run waits for `dlinfra watch`).",
+    )
     root_volume_gb: int = Field(100, ge=8, le=16384)
     ssm_access: bool = Field(
         False,

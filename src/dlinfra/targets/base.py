@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 if TYPE_CHECKING:
     from dlinfra.prepare import NodeInstall, Prepared
     from dlinfra.render.addresses import AddressPlan
+    from dlinfra.runs.layout import ControllerStore
     from dlinfra.runs.run import Run
     from dlinfra.spec.model import Spec
     from dlinfra.spec.pricing import HourlyCost
@@ -98,6 +99,14 @@ class Target(Protocol):
 
     def teardown(self, run: Run) -> str:
         """Remove whatever the run left (after a run, and for `dlinfra destroy`); says what it did."""
+        ...
+
+    def controller(self, spec: Spec) -> ControllerStore | None:
+        """The account's controller a detached run of `spec` is handed to (None: none is there)."""
+        ...
+
+    def ready_for_controller(self, run: Run) -> None:
+        """Make the run actable from the bucket alone (its state moved there) before the hand-over."""
         ...
 
     def hourly_cost(self, spec: Spec) -> HourlyCost: ...

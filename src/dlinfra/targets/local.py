@@ -28,6 +28,7 @@ from dlinfra.targets.local_machine import read_machine
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared
+    from dlinfra.runs.layout import ControllerStore
     from dlinfra.runs.run import Run
     from dlinfra.spec.model import Spec
 
@@ -100,6 +101,12 @@ class LocalTarget:
 
     def attach(self, prepared: Prepared) -> AttachedNodes:
         return AttachedNodes(prepared.run.id, prepared.run.manifest().pids)
+
+    def controller(self, spec: Spec) -> ControllerStore | None:
+        return None  # nothing of a local run outlives this machine's processes
+
+    def ready_for_controller(self, run: Run) -> None:
+        pass
 
     def teardown(self, run: Run) -> str:
         """Stop node process groups a crashed or killed `dlinfra deploy` left behind."""
@@ -212,33 +219,8 @@ class LocalCluster:
             node.process.wait()
 
     def _launch(self, name: str) -> None:
-        log = self.run_dir / "logs" / f"{name}.log"
         env = self.environments.get(self._flavors.get(name, "cpu"))
-        argv = [
-            str(env.python) if env else sys.executable,
-            "-m",
-            "dlinfra",
-            "node",
-            "run",
-            str(self.run_dir / "nodes" / f"{name}.json"),
-            "--log-file",
-            str(log),
-            "--work-dir",
-            str(self.run_dir / "work" / name),
-        ]
-        with open(log, "ab") as out:
-            process = subprocess.Popen(
-                self.namespace.command(argv) if self.namespace else argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=dict(
-                    os.environ,
-                    PYTHONUNBUFFERED="1",
-                    **({"DLINFRA_LOCK_FILE": str(env.lock_file)} if env else {}),
-                ),
-                start_new_session=True,  # own process group: teardown reaches TF's children too
-            )
+        process, log = launch(self.run_dir, name, env, self.namespace)
         self.nodes[name] = NodeProcess(name, process, log)
 
     def exit_codes(self) -> dict[str, int | None]:
@@ -303,17 +285,63 @@ class LocalCluster:
         }
 
 
+def launch(
+    run_dir: Path, name: str, env: NodeEnv | None, namespace: private_network.Namespace | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start one node from its config in the run dir (`nodes/<name>.json`), in a process group of
+    its own (teardown reaches TF's children too), its output appended to `logs/<name>.log`."""
+    log = run_dir / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(env.python) if env else sys.executable,
+        "-m",
+        "dlinfra",
+        "node",
+        "run",
+        str(run_dir / "nodes" / f"{name}.json"),
+        "--log-file",
+        str(log),
+        "--work-dir",
+        str(run_dir / "work" / name),
+    ]
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            namespace.command(argv) if namespace else argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(
+                os.environ,
+                PYTHONUNBUFFERED="1",
+                **({"DLINFRA_LOCK_FILE": str(env.lock_file)} if env else {}),
+            ),
+            start_new_session=True,
+        )
+    return process, log
+
+
 @dataclass
 class AttachedNodes:
     """The node process groups of a detached run, found again by their pids. They are not this
     process's children: there are no exit codes to read (a node that is gone reads as 0, and the
-    store says how it ended) and nothing to restart; a node that dies goes silent and is lost."""
+    store says how it ended) and nothing to restart; a node that dies goes silent and is lost.
+    With `run_dir` (emulated instances: whoever owns the run boots the instances it creates), a
+    replaced instance's node is started again from its recorded config, at its old address."""
 
     run_id: str
     pids: dict[str, int]
+    run_dir: Path | None = None
+    environments: Callable[[], dict[str, NodeEnv]] = dict
+    record: Callable[[dict[str, int]], object] = lambda pids: None
+    _started: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def exit_codes(self) -> dict[str, int | None]:
-        return {name: None if _is_node_of(pid, self.run_id) else 0 for name, pid in self.pids.items()}
+        return {
+            name: self._started[name].poll()
+            if name in self._started
+            else (None if _is_node_of(pid, self.run_id) else 0)
+            for name, pid in self.pids.items()
+        }
 
     def poll(self) -> dict[str, int | None]:
         return self.exit_codes()
@@ -321,6 +349,17 @@ class AttachedNodes:
     def kill(self, name: str) -> None:
         if _is_node_of(self.pids[name], self.run_id):
             _signal_group(self.pids[name], signal.SIGKILL)
+
+    def replace(self, name: str, user_data: str) -> None:
+        """Boot a replaced instance's node again (the same user-data: a heal re-applies the run's)."""
+        if self.run_dir is None:
+            raise DlinfraError(f"{name}: an emulated instance of a detached run cannot be booted again here")
+        self.kill(name)
+        flavor = node_config_from_user_data(user_data).flavor
+        process, _ = launch(self.run_dir, name, self.environments().get(flavor))
+        self._started[name] = process
+        self.pids[name] = process.pid
+        self.record(dict(self.pids))
 
     def stop(self, grace: float = 10.0) -> None:
         alive = [pid for pid in self.pids.values() if _is_node_of(pid, self.run_id)]

@@ -40,7 +40,8 @@ TAKEN_LOG = SHARDS_DIR / "taken.tsv"  # pass and file of each file this node too
 GATE_PATTERN = f"{GATES_DIR}/*"
 READ_PARALLEL = 4  # files one input pipeline reads at once (program.Shard.records)
 RECORDS_PER_ELEMENT = 64  # records the tf.data service moves at once (dispatched_records)
-TICK = 0.005  # seconds between the agent's looks at the reader's markers (a fetch's end wakes it too)
+TICK = 0.02  # seconds between the agent's looks at the reader's markers (a fetch's end wakes it too):
+# a reader waits at most this long per file; looking every 5 ms took a fifth of a slow 1-vCPU machine
 GB = 10**9
 WAIT_REPORTED = 60.0  # seconds a reader waits at a gate before the agent says why
 

@@ -21,7 +21,9 @@ from dlinfra.environment.lock import Platform
 from dlinfra.images.vm import VM_PLATFORM
 from dlinfra.prepare import NodeInstall, release_requirement
 from dlinfra.render import AddressPlan, private_ip_plan
+from dlinfra.runs.layout import ControllerStore
 from dlinfra.runs.records import ImagePin, PlanCounts
+from dlinfra.runs.store import parse_s3_url
 from dlinfra.spec.catalog import machine_of
 from dlinfra.spec.pricing import HourlyCost
 from dlinfra.targets.aws import amis, emulator, preflight, review, stack, tfvars
@@ -170,15 +172,39 @@ class AwsTarget:
 
     def attach(self, prepared: Prepared) -> InstanceCluster:
         from dlinfra.targets.aws.healing import InstanceCluster
-        from dlinfra.targets.local import AttachedNodes
+        from dlinfra.targets.local import AttachedNodes, node_environments
 
         run, spec = prepared.run, prepared.spec
         manifest = run.manifest()
         tf = stack.run_stack(run, self.options.log)
         cluster = InstanceCluster(spec, run, tf, dict(manifest.instances), self.options.log)
         if manifest.pids:  # emulated instances: local processes a detached deploy left running
-            cluster.emulated = AttachedNodes(run.id, manifest.pids)
+            cluster.emulated = AttachedNodes(
+                run.id,
+                dict(manifest.pids),
+                run_dir=run.dir,
+                environments=lambda: node_environments(prepared, self.options.log),
+                record=lambda pids: run.update_manifest(pids=pids),
+            )
         return cluster
+
+    def controller(self, spec: Spec) -> ControllerStore | None:
+        """The results bucket's controller, when one has registered there and the spec allows it."""
+        url = spec.storage.url or ""
+        if spec.aws.controller == "off" or not url.startswith("s3://"):
+            return None
+        bucket, _ = parse_s3_url(url)
+        found = ControllerStore.of_bucket(
+            bucket, spec.storage.endpoint_url or spec.aws.endpoint_url, spec.aws.region
+        )
+        return found if found.info() is not None else None
+
+    def ready_for_controller(self, run: Run) -> None:
+        """The run's state into the state bucket (the results bucket if none is set), where the
+        controller acts from."""
+        spec = run.spec()
+        bucket = spec.aws.state_bucket or parse_s3_url(spec.storage.url or "")[0]
+        stack.move_state(run, bucket, self.options.log)
 
     def teardown(self, run: Run) -> str:
         from dlinfra.targets.aws.vms import stop_leftover_vms

@@ -172,10 +172,8 @@ class InstanceCluster:
             )
             self.log(f"{name}: replaced by {instance['id']} at {instance['private_ip']}")
             self.instances[name] = instance["id"]
-            if isinstance(self.emulated, LocalCluster | VmCluster):
+            if self.emulated is not None:
                 self.emulated.replace(name, user_data[name])
-            elif self.emulated is not None:  # re-attached: nothing here can boot its process again
-                self.log(f"{name}: an emulated instance of a detached run cannot be booted again here")
         self.run.update_manifest(heals=heals, instances=dict(self.instances))
 
     def _terminate(self, names: list[str]) -> None:

@@ -42,6 +42,23 @@ def run_stack(run: Run, log: Log) -> Terraform:
     return tf
 
 
+def move_state(run: Run, bucket: str, log: Log) -> None:
+    """Move a run's local Terraform state into `bucket` (one key per run, under S3's lock file):
+    a run handed to the controller is acted on from there, and this machine's copy goes."""
+    root = run.dir / "terraform" / "stack"
+    if (root / "backend.tf.json").exists():
+        return  # the spec's state bucket has held it from the start
+    spec = run.spec()
+    held = spec.model_copy(update={"aws": spec.aws.model_copy(update={"state_bucket": bucket})})
+    backend = tfvars.state_backend(held, run.id)
+    (root / "backend.tf.json").write_text(json.dumps(backend, indent=2))
+    Terraform(root, log=log).run(
+        ["init", "-input=false", "-no-color", "-migrate-state", "-force-copy"], json_events=False
+    )
+    for local in ("terraform.tfstate", "terraform.tfstate.backup"):
+        (root / local).unlink(missing_ok=True)
+
+
 def var_file(run: Run) -> Path:
     return run.dir / "tfvars.json"
 

@@ -1,0 +1,98 @@
+"""`dlinfra controller run|status|logs`: the account's controller, which owns runs handed to it
+(`deploy --detach` where one runs) until they end, with no laptop watching."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from dlinfra.cli.console import out
+from dlinfra.cli.options import EndpointOpt
+
+if TYPE_CHECKING:  # loaded when a command runs: `--help` stays fast
+    from dlinfra.runs.layout import ControllerStore
+
+controller_app = typer.Typer(
+    help="The account's controller: owns handed-over runs to their end, with no laptop watching.",
+    no_args_is_help=True,
+)
+
+BucketOpt = Annotated[str, typer.Option("--bucket", help="The results bucket (storage.url's) it serves.")]
+RegionOpt = Annotated[str, typer.Option("--region", help="AWS region of the bucket.")]
+
+
+def _store(bucket: str, region: str, endpoint_url: str | None) -> ControllerStore:
+    from dlinfra.errors import SpecError
+    from dlinfra.runs.layout import ControllerStore
+    from dlinfra.spec.grammar import bucket_problems
+
+    if problems := bucket_problems(bucket, region):
+        raise SpecError(problems)
+    return ControllerStore.of_bucket(bucket, endpoint_url, region)
+
+
+@controller_app.command()
+def run(
+    bucket: BucketOpt,
+    region: RegionOpt = "us-east-1",
+    endpoint_url: EndpointOpt = None,
+    idle_minutes: Annotated[
+        float,
+        typer.Option(
+            "--idle-minutes", min=0, help="Stop (and stop its instance) after this long with no run."
+        ),
+    ] = 10.0,
+    instance_id: Annotated[
+        str | None,
+        typer.Option("--instance-id", help="Its own EC2 instance, stopped when idle (none: run by hand)."),
+    ] = None,
+) -> None:
+    """Own every run handed over in the bucket until it ends; stop after `--idle-minutes` without."""
+    from dlinfra.controller import Controller
+
+    def stop_instance(instance: str) -> None:
+        import boto3
+
+        boto3.client("ec2", region_name=region, endpoint_url=endpoint_url).stop_instances(
+            InstanceIds=[instance]
+        )
+
+    controller = Controller(_store(bucket, region, endpoint_url), idle_minutes, instance_id, stop_instance)
+    controller.run()
+
+
+@controller_app.command()
+def status(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: EndpointOpt = None) -> None:
+    """Who the controller is, whether it runs, and the runs it owns or has yet to pick up."""
+    from dlinfra.runs.handover import POLL_SECONDS
+
+    store = _store(bucket, region, endpoint_url)
+    info = store.info()
+    if info is None:
+        out.print(f"no controller has run for s3://{bucket}: `dlinfra controller run --bucket {bucket}`")
+        return
+    ago = time.time() - info.beat
+    state = "running" if info.running(time.time(), POLL_SECONDS) else f"{info.state} (silent)"
+    if info.state == "stopped":
+        state = "stopped"
+    out.print(
+        f"{info.holder}: {state}, last looked {ago:.0f}s ago; stops after {info.idle_minutes:g} idle min"
+    )
+    pending = [h.run_id for h in store.handovers() if h.run_id not in info.runs]
+    out.print(f"owns: {', '.join(info.runs) or 'nothing'}", markup=False)
+    if pending:
+        out.print(f"handed over, not picked up yet: {', '.join(pending)}", markup=False)
+
+
+@controller_app.command()
+def logs(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: EndpointOpt = None) -> None:
+    """The controllers' own logs, as last synced to the bucket (every 30 s, and when one stops)."""
+    store = _store(bucket, region, endpoint_url)
+    names = store.logs()
+    if not names:
+        out.print(f"no controller log in {store.uri()}", markup=False)
+    for name in names:
+        out.print(f"==> {store.log_uri(name)}", markup=False)
+        out.print(store.log(name) or "", markup=False, end="")

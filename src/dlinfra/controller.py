@@ -1,0 +1,175 @@
+"""The account's controller: one long-lived process near the runs (on a small instance of its own,
+`dlinfra controller run`) that owns every run handed to it until the run ends: it heals, records
+verdicts, enforces limits and tears down with the same watch loop a `deploy` runs, so a run goes on
+and ends clean with no laptop watching.
+
+It keeps no memory that matters. Each look at the bucket it lists the hand-overs, takes up those it
+does not own yet (runs.handover: the run dir from the store, the lease reserved for it), and owns
+each in a thread of its own until the run ends, then drops the hand-over. A controller that died
+mid-run, or its replacement, picks the same runs up from the same records once their leases lapse.
+With nothing to own for `idle_minutes` it says so in the bucket and stops its own instance: a
+stopped instance costs only its disk.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlinfra.deploy import act_for
+from dlinfra.errors import DlinfraError, StoreError
+from dlinfra.prepare import Prepared
+from dlinfra.runs.handover import POLL_SECONDS, take_up
+from dlinfra.runs.layout import ControllerStore, RunStore
+from dlinfra.runs.ownership import Lease, claim
+from dlinfra.runs.records import ControllerInfo, Handover
+from dlinfra.runs.run import home, utc_now
+from dlinfra.targets.base import TargetOptions
+
+LOG_SYNC_SECONDS = 30.0
+
+
+def holder_name(instance_id: str | None) -> str:
+    return (
+        f"controller {instance_id}" if instance_id else f"controller {socket.gethostname()} pid {os.getpid()}"
+    )
+
+
+@dataclass
+class Controller:
+    store: ControllerStore
+    idle_minutes: float
+    instance_id: str | None = None  # its own instance, stopped when idle (None: run by hand)
+    stop_instance: Callable[[str], None] = lambda instance_id: None
+    poll: float = POLL_SECONDS
+    log_file: Path = field(default_factory=lambda: home() / "controller.log")
+    _owned: dict[str, threading.Thread] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def holder(self) -> str:
+        return holder_name(self.instance_id)
+
+    def log(self, line: str) -> None:
+        stamped = f"{utc_now()} {line}"
+        with self._lock, open(self.log_file, "a", encoding="utf-8") as out:
+            out.write(stamped + "\n")
+        print(stamped, flush=True)
+
+    def run(self) -> str:
+        """Own what is handed over until nothing has been for `idle_minutes`; then stop."""
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.log(f"{self.holder}: watching {self.store.uri()} (idle stop after {self.idle_minutes:g} min)")
+        idle_since = time.monotonic()
+        synced = 0.0
+        while True:
+            try:
+                busy = self._look()
+            except StoreError as exc:  # the bucket out of reach for a while: the runs' owners go on
+                self.log(f"cannot read {self.store.uri()}: {exc}; looking again in {self.poll:g}s")
+                busy = True
+            if busy:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= self.idle_minutes * 60:
+                break
+            if time.monotonic() - synced >= LOG_SYNC_SECONDS:
+                self._sync_log()
+                synced = time.monotonic()
+            time.sleep(self.poll)
+        said = f"{self.holder}: nothing to own for {self.idle_minutes:g} min: stopping"
+        self.log(said)
+        self.store.put_info(self._info("stopped", []))
+        self._sync_log()
+        if self.instance_id:
+            self.stop_instance(self.instance_id)
+        return said
+
+    def _look(self) -> bool:
+        """Take up what was handed over and is not owned here yet; say so in the bucket. Whether
+        anything is handed over or owned."""
+        handovers = self.store.handovers()
+        for handover in handovers:
+            if not self._owns(handover.run_id):
+                self._take(handover)
+        owned = self._alive()
+        self.store.put_info(self._info("running", owned))
+        return bool(owned or handovers)
+
+    def _owns(self, run_id: str) -> bool:
+        thread = self._owned.get(run_id)
+        return thread is not None and thread.is_alive()
+
+    def _alive(self) -> list[str]:
+        return sorted(run_id for run_id in self._owned if self._owns(run_id))
+
+    def _info(self, state: Any, runs: list[str]) -> ControllerInfo:
+        return ControllerInfo(
+            holder=self.holder,
+            instance_id=self.instance_id,
+            idle_minutes=self.idle_minutes,
+            beat=time.time(),
+            state=state,
+            runs=runs,
+        )
+
+    def _take(self, handover: Handover) -> None:
+        store = RunStore.open(handover.store)
+        if (marker := store.marker()) is not None and _finished_with(store, handover.keep):
+            self.store.remove_handover(handover.run_id)
+            return
+        got = claim(store, "controller", self.holder)
+        if not isinstance(got, Lease):
+            return  # another owner's live lease: it acts, and this controller looks again later
+        self.log(
+            f"run {handover.run_id}: owned (handed over by {handover.by}"
+            + (f"; it ended {marker.marker} meanwhile" if marker else "")
+            + ")"
+        )
+        thread = threading.Thread(
+            target=self._own, args=(handover, got), name=f"own-{handover.run_id}", daemon=True
+        )
+        self._owned[handover.run_id] = thread
+        thread.start()
+
+    def _own(self, handover: Handover, lease: Lease) -> None:
+        run_id, store = handover.run_id, RunStore.open(handover.store)
+        try:
+            run = take_up(handover)
+        except DlinfraError as exc:  # nothing acted yet: let whoever watches next take the run
+            lease.release()
+            self.store.remove_handover(run_id)
+            self.log(f"run {run_id}: not taken up: {exc}")
+            return
+        options = TargetOptions(
+            log=lambda line: self.log(f"run {run_id}: {line}"), emulate_instances=handover.emulate_instances
+        )
+        try:
+            outcome = act_for(Prepared.load(run), lease, options, keep=handover.keep)
+        except Exception as exc:
+            # the watch loop tore the stack down on its way out: a run nobody owns must not go on
+            why = str(exc) if isinstance(exc, DlinfraError) else traceback.format_exc()
+            self.log(f"run {run_id}: the controller failed while owning it: {why}")
+            store.write_marker("FAILED", error=f"the controller failed while owning the run: {why[:500]}")
+            self.store.remove_handover(run_id)
+            return
+        run.publish_manifest()  # the deploying machine reads how it ended from the store
+        self.log(f"run {run_id}: {outcome.state}" + (f": {outcome.error}" if outcome.error else ""))
+        if outcome.state != "DETACHED":  # DETACHED: another owner took it over, and finishes it
+            self.store.remove_handover(run_id)
+
+    def _sync_log(self) -> None:
+        if self.log_file.is_file():
+            self.store.put_log(self.holder, self.log_file)
+
+
+def _finished_with(store: RunStore, keep: bool) -> bool:
+    """An ended run whose stack is gone (or kept on purpose): nothing is left to own."""
+    manifest = store.manifest()
+    return manifest is not None and (manifest.destroyed or keep)

@@ -1,0 +1,108 @@
+"""Handing a run to the account's controller, and taking it up there.
+
+The controller keeps no memory that matters: a run it owns is acted on from the bucket alone. So a
+hand-over puts three things there, in this order: the run dir (`run-dir.tar.gz` in the run's store:
+its locked spec, user-data, tfvars, provider lock and copy of the HCL), the hand-over record in the
+bucket's `controller/` prefix, and the run's lease, reserved for the controller (runs.ownership). The
+run's Terraform state is already in S3 by then (the target moved it). A controller that dies, or a
+new one, finds the same three things and picks the run up again.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import time
+from pathlib import Path
+
+from dlinfra.errors import StoreError
+from dlinfra.runs.layout import MANIFEST, ControllerStore, RunStore
+from dlinfra.runs.ownership import Lease
+from dlinfra.runs.records import Handover
+from dlinfra.runs.run import SPEC_LOCK, Run, home
+
+POLL_SECONDS = 5.0  # between a controller's looks at the bucket's hand-overs
+
+# What the controller acts from; never the local state, plans, logs, VMs or provider binaries.
+CARRIED = (SPEC_LOCK, "tfvars.json", "terraform.lock.hcl", "user-data", "nodes", "code", "terraform")
+LEFT_OUT = (".terraform", "terraform.tfstate", "terraform.tfstate.backup", "terraform.log", "tfplan")
+
+
+def pack(run: Run) -> bytes:
+    """The run dir's records as one gzipped tar (the manifest travels on its own, newest)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name in CARRIED:
+            if (run.dir / name).exists():
+                tar.add(run.dir / name, arcname=name, filter=_carried)
+    return out.getvalue()
+
+
+def _carried(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if any(part in LEFT_OUT for part in Path(info.name).parts) else info
+
+
+def hand_over(
+    run: Run,
+    store: RunStore,
+    controller: ControllerStore,
+    lease: Lease,
+    *,
+    keep: bool,
+    emulate_instances: str | None,
+) -> Handover:
+    """Give the run to the controller. The lease goes last: until then, this CLI still owns it."""
+    run.update_manifest(handed_over=True)
+    run.publish_manifest()
+    store.put_run_dir(pack(run))
+    handover = Handover(
+        run_id=run.id,
+        store=run.manifest().store,
+        emulate_instances=emulate_instances,
+        keep=keep,
+        by=lease.record.holder,
+        time=time.time(),
+    )
+    controller.put_handover(handover)
+    lease.hand_over()
+    return handover
+
+
+def controller_note(controller: ControllerStore) -> str | None:
+    """What to do when the controller a run was handed to is not running now."""
+    info = controller.info()
+    if info is not None and info.running(time.time(), POLL_SECONDS):
+        return None
+    bucket = controller.uri().removeprefix("s3://").split("/", 1)[0]
+    who = (
+        f"the controller ({info.holder}) is {info.state if info else 'gone'}"
+        if info
+        else "no controller runs"
+    )
+    return (
+        f"{who}: it picks the run up when it runs again (`dlinfra controller run --bucket {bucket}`); "
+        "after 10 min without it, the next `dlinfra watch` takes the run"
+    )
+
+
+def take_up(handover: Handover) -> Run:
+    """The handed-over run's dir on this machine, made from the store if it is not here yet (a new
+    controller, or one whose disk was replaced)."""
+    run_dir = home() / "runs" / handover.run_id
+    store = RunStore.open(handover.store)
+    if not (run_dir / MANIFEST).is_file():
+        data = store.run_dir()
+        manifest = store.manifest()
+        if data is None or manifest is None:
+            raise StoreError(
+                f"run {handover.run_id} was handed over, but {store.uri()} holds no run dir. Fix: "
+                f"`dlinfra watch {handover.run_id}` from the machine that deployed it"
+            )
+        staging = run_dir.with_name(f".{handover.run_id}.taking")
+        staging.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(staging, filter="data")
+        run = Run(handover.run_id, staging)
+        run.write_manifest(manifest)
+        staging.rename(run_dir)
+    return Run(handover.run_id, run_dir)

@@ -1,0 +1,133 @@
+"""The controller's records in moto's S3: a hand-over carries the run dir (and nothing it must not),
+a new controller takes the run up from the bucket alone, and an idle controller says so and stops
+its instance. The whole loop, with Terraform and a healed run, is tests/e2e/test_controller.py."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dlinfra.controller import Controller
+from dlinfra.runs import handover
+from dlinfra.runs.layout import ControllerStore
+from dlinfra.runs.ownership import PENDING, Lease, claim
+from dlinfra.runs.records import Handover, Owner
+from dlinfra.runs.run import Run
+from dlinfra.spec.model import Spec
+from support import FAKE_CREDS, aws_client, run_cli
+
+
+@pytest.fixture
+def bucket(moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    for key, value in FAKE_CREDS.items():
+        monkeypatch.setenv(key, value)
+    name = f"ctl-{tmp_path.name[-20:].lower().replace('_', '-')}".rstrip("-")
+    aws_client(moto_endpoint, "s3").create_bucket(Bucket=name)
+    return name
+
+
+def _run(home: Path, bucket: str, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Run:
+    monkeypatch.setenv("DLINFRA_HOME", str(home))
+    spec = Spec.model_validate(
+        {
+            "name": "digits",
+            "target": "aws",
+            "storage": {"url": f"s3://{bucket}/runs"},
+            "aws": {"endpoint_url": endpoint},
+        }
+    )
+    run = Run.create(spec)
+    (run.dir / "user-data").mkdir()
+    (run.dir / "user-data" / "chief-0.yaml").write_text("#cloud-config\n")
+    (run.dir / "tfvars.json").write_text("{}\n")
+    stack = run.dir / "terraform" / "stack"
+    (stack / ".terraform" / "providers").mkdir(parents=True)
+    (stack / ".terraform" / "providers" / "aws").write_bytes(b"\0" * 1024)
+    (stack / "main.tf").write_text("# the run's pinned HCL\n")
+    (stack / "terraform.tfstate").write_text('{"local": "state"}\n')
+    (run.dir / "logs").mkdir()
+    (run.dir / "logs" / "chief-0.log").write_text("a log stays on the machine that ran it\n")
+    return run
+
+
+def test_a_handed_over_run_is_taken_up_from_the_bucket_alone_and_reserved_for_the_controller(
+    bucket: str, moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _run(tmp_path / "laptop", bucket, moto_endpoint, monkeypatch)
+    store = run.store()
+    controller = ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1")
+    lease = claim(store, "cli", "cli laptop")
+    assert isinstance(lease, Lease)
+
+    given = handover.hand_over(run, store, controller, lease, keep=False, emulate_instances="process")
+
+    assert [h.run_id for h in controller.handovers()] == [run.id] and given.by == "cli laptop"
+    owner, _ = store.owner()
+    assert owner is not None and owner.holder == PENDING
+    assert isinstance(claim(store, "cli", "cli other"), Owner)  # a watch meanwhile only follows
+
+    monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "controller"))  # another machine, empty
+    taken = handover.take_up(controller.handovers()[0])
+    assert taken.dir == tmp_path / "controller" / "runs" / run.id
+    assert (taken.dir / "terraform" / "stack" / "main.tf").read_text() == "# the run's pinned HCL\n"
+    assert (taken.dir / "user-data" / "chief-0.yaml").is_file() and (taken.dir / "tfvars.json").is_file()
+    for left in ("terraform/stack/.terraform", "terraform/stack/terraform.tfstate", "logs"):
+        assert not (taken.dir / left).exists(), left
+    assert taken.manifest().handed_over and taken.spec() == run.spec()
+    assert isinstance(claim(store, "controller", "controller i-1"), Lease)
+
+
+def test_an_idle_controller_says_so_in_the_bucket_syncs_its_log_and_stops_its_instance(
+    bucket: str, moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "controller"))
+    store = ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1")
+    stopped: list[str] = []
+    controller = Controller(
+        store, idle_minutes=0.0, instance_id="i-0123", stop_instance=stopped.append, poll=0.1
+    )
+
+    said = controller.run()
+
+    assert stopped == ["i-0123"] and "nothing to own for 0 min: stopping" in said
+    info = store.info()
+    assert info is not None and info.state == "stopped" and info.holder == "controller i-0123"
+    assert store.logs() == ["controller-i-0123.log"]
+    assert said in (store.log("controller-i-0123.log") or "")
+
+
+def test_a_run_that_ended_and_was_torn_down_is_dropped_not_owned(
+    bucket: str, moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller replaced after the run ended and its stack went: nothing to own, the hand-over
+    goes, and no lease is taken."""
+    run = _run(tmp_path / "laptop", bucket, moto_endpoint, monkeypatch)
+    store = run.store()
+    store.write_marker("DONE")
+    run.update_manifest(destroyed=True)
+    run.publish_manifest()
+    controller_store = ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1")
+    controller_store.put_handover(
+        Handover(run_id=run.id, store=run.manifest().store, by="cli laptop", time=time.time())
+    )
+    controller = Controller(controller_store, idle_minutes=0.0, poll=0.1)
+
+    controller.run()
+
+    assert controller_store.handovers() == [] and store.owner() == (None, None)
+
+
+def test_controller_status_and_logs_without_a_controller_say_how_to_start_one(
+    bucket: str, moto_endpoint: str, tmp_path: Path
+) -> None:
+    env = {"DLINFRA_HOME": str(tmp_path / "home"), **FAKE_CREDS}
+    status = run_cli("controller", "status", "--bucket", bucket, "--endpoint-url", moto_endpoint, env=env)
+    assert status.returncode == 0
+    assert (
+        f"no controller has run for s3://{bucket}: `dlinfra controller run --bucket {bucket}`"
+        in status.stdout
+    )
+    bad = run_cli("controller", "status", "--bucket", "Bad_Bucket", "--endpoint-url", moto_endpoint, env=env)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "Bad_Bucket" in bad.stderr
