@@ -36,7 +36,7 @@ def initialized(tmp_path_factory: pytest.TempPathFactory, make_infra_copy, terra
 
 
 def test_the_tree_holds_both_root_stacks_and_every_module():
-    assert {"stack", "bucket"} <= set(CONFIG_DIRS)
+    assert {"stack", "bucket", "controller"} <= set(CONFIG_DIRS)
     assert set(MODULE_DIRS) == {
         "modules/network",
         "modules/node_iam",
