@@ -4,12 +4,15 @@ its instance. The whole loop, with Terraform and a healed run, is tests/e2e/test
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dlinfra.controller import Controller
+from dlinfra.render.cloud_init import render_controller_user_data
 from dlinfra.runs import handover
 from dlinfra.runs.layout import ControllerStore
 from dlinfra.runs.ownership import PENDING, Lease, claim
@@ -131,3 +134,26 @@ def test_controller_status_and_logs_without_a_controller_say_how_to_start_one(
     )
     bad = run_cli("controller", "status", "--bucket", "Bad_Bucket", "--endpoint-url", moto_endpoint, env=env)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "Bad_Bucket" in bad.stderr
+
+
+def test_the_controllers_user_data_passes_cloud_init_schema_and_starts_it_at_every_boot(
+    tmp_path: Path,
+) -> None:
+    text = render_controller_user_data("my-results", "eu-west-1", 10, endpoint_url=None)
+    path = tmp_path / "controller.yaml"
+    path.write_text(text)
+    checked = subprocess.run(
+        ["cloud-init", "schema", "--config-file", str(path)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0 and "Valid" in checked.stdout, checked.stdout + checked.stderr
+    unit = next(f["content"] for f in yaml.safe_load(text)["write_files"] if f["path"].endswith(".service"))
+    assert "controller run --bucket my-results --region eu-west-1 --idle-minutes 10 --instance-id" in unit
+    assert "WantedBy=multi-user.target" in unit and "SuccessAction=poweroff" in unit
+    assert "--endpoint-url" not in unit  # real AWS: no emulator endpoint
+
+
+def test_setup_controller_without_an_image_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    env = {"DLINFRA_HOME": str(tmp_path / "home"), **FAKE_CREDS}
+    refused = run_cli("setup", "--bucket", "my-results", "--controller", env=env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "--controller needs --ami" in refused.stderr and not (tmp_path / "home" / "setup").exists()

@@ -77,7 +77,7 @@ class Controller:
                 busy = True
             if busy:
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= self.idle_minutes * 60:
+            elif time.monotonic() - idle_since >= self.idle_minutes * 60 and self._may_stop():
                 break
             if time.monotonic() - synced >= LOG_SYNC_SECONDS:
                 self._sync_log()
@@ -85,11 +85,23 @@ class Controller:
             time.sleep(self.poll)
         said = f"{self.holder}: nothing to own for {self.idle_minutes:g} min: stopping"
         self.log(said)
-        self.store.put_info(self._info("stopped", []))
         self._sync_log()
         if self.instance_id:
             self.stop_instance(self.instance_id)
         return said
+
+    def _may_stop(self) -> bool:
+        """Say `stopped` first, then look once more: a deploy writes its hand-over first, then reads
+        whether the controller runs (and starts it if not), so one of the two sees the other."""
+        try:
+            self.store.put_info(self._info("stopped", []))
+            if not self.store.handovers():
+                return True
+        except StoreError as exc:
+            self.log(f"cannot read {self.store.uri()}: {exc}; not stopping blind")
+            return False
+        self.log(f"{self.holder}: a run was handed over as it was stopping: staying")
+        return False
 
     def _look(self) -> bool:
         """Take up what was handed over and is not owned here yet; say so in the bucket. Whether

@@ -208,6 +208,7 @@ class _Follow:
                 hand_over(
                     run, self.prepared.store, controller, lease, keep=self.keep, emulate_instances=emulated
                 )
+                target.wake_controller(self.prepared.spec, controller)
                 if note := controller_note(controller):
                     self.options.log(note)
                 return Outcome(run, "HANDED_OVER")

@@ -168,11 +168,14 @@ class Live:
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
 
 
-def aws_emulation(endpoint: str, tf_cli_config: Path, home: Path, bucket: str) -> dict[str, Any]:
+def aws_emulation(
+    endpoint: str, tf_cli_config: Path, home: Path, bucket: str, make_bucket: bool = True
+) -> dict[str, Any]:
     """What an aws-target deploy against the moto server at `endpoint` needs: an environment of fake
-    keys and nothing of the caller's AWS settings, results in s3://`bucket`/runs, moto's AMI."""
+    keys and nothing of the caller's AWS settings, results in s3://`bucket`/runs (made here unless
+    the test makes it, with `dlinfra setup`), moto's AMI."""
     s3 = aws_client(endpoint, "s3")
-    if bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+    if make_bucket and bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
         s3.create_bucket(Bucket=bucket)
     ami = aws_client(endpoint, "ec2").describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     env = (

@@ -1,13 +1,18 @@
-"""The account's controller against moto: `deploy --detach` hands the run over and the laptop's CLI
-is gone; the controller (`dlinfra controller run`, a process here with a home of its own, standing in
-for its instance) heals a worker whose instance is terminated, ends the run DONE, destroys its stack
-and stops itself once idle. Instances are emulated as processes, as in test_aws_emulated."""
+"""The account's controller against moto: `dlinfra setup --controller` applies its stack (an instance
+under the controller role, in a VPC of its own), which stops itself when idle; `deploy --detach`
+starts it again and hands the run over, and the laptop's CLI is gone; the controller heals a worker
+whose instance is terminated, ends the run DONE, destroys its stack and stops its instance again.
+What this stands in for: EC2 boots. Instances are emulated as processes, as in test_aws_emulated:
+the controller's instance is `dlinfra controller run` as its unit runs it, in a home of its own,
+booted by whoever starts the instance."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
-import subprocess
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -29,14 +34,24 @@ def _s3_json(s3: Any, key: str) -> Any:
         return None
 
 
-def _wait(what: str, ready: Any, timeout: float, controller: subprocess.Popen[str]) -> Any:
+def _wait(what: str, ready: Any, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert controller.poll() is None, f"the controller exited while waiting for {what}"
         if found := ready():
             return found
         time.sleep(1)
     raise AssertionError(f"{what}: not within {timeout:.0f}s")
+
+
+def _controller_pids(instance_id: str) -> list[int]:
+    """The emulated controller instance's process (it runs in a session of its own)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "controller run" in cmdline and instance_id in cmdline:
+                found.append(int(proc.name))
+    return found
 
 
 def _left_of(endpoint: str, run_id: str) -> dict[str, list[str]]:
@@ -62,62 +77,67 @@ def _left_of(endpoint: str, run_id: str) -> dict[str, list[str]]:
     }
 
 
-def test_a_handed_over_run_is_healed_ended_and_torn_down_by_the_controller_with_no_cli_left(
+def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_healed_and_torn_down(
     moto_endpoint: str, tf_cli_config: Path, tmp_path: Path
 ) -> None:
     (tmp_path / "laptop").mkdir()
-    aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "laptop", BUCKET)
+    aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "laptop", BUCKET, make_bucket=False)
     s3, ec2 = aws_client(moto_endpoint, "s3"), aws_client(moto_endpoint, "ec2")
-    controller_env = aws["env"] | {"DLINFRA_HOME": str(tmp_path / "controller")}
     bucket_args = ["--bucket", BUCKET, "--endpoint-url", moto_endpoint]
-    idle = ["--idle-minutes", str(IDLE_MINUTES)]
-    # a controller that ran once and stopped, idle: the bucket knows it, stopped
-    first = run_cli(
-        "controller", "run", *bucket_args, "--idle-minutes", "0", env=controller_env, cwd=tmp_path
-    )
-    assert first.returncode == 0 and "nothing to own for 0 min: stopping" in first.stdout, first.stderr
-    assert _s3_json(s3, "controller/controller.json")["state"] == "stopped"
 
-    # One worker: the chief waits for it, so the run cannot end before the replacement trains.
-    args = ["--target", "aws", "--workers", "1", "--steps", "2000", "--yes", "--emulate-instances"]
-    args += ["--detach", *aws["args"]]
-    handed = run_cli("deploy", *args, env=aws["env"], cwd=aws["cwd"], timeout=900)
-    assert handed.returncode == 0, handed.stdout + handed.stderr
-    assert "handed to the account's controller" in handed.stdout, handed.stdout
-    assert "is stopped: it picks the run up when it runs again" in handed.stdout, handed.stdout
-    run_id = re.search(r"run (\S+): nodes are up, handed", handed.stdout)[1]  # type: ignore[index]
-    # the CLI is gone: the run is reserved for the controller, which comes back and takes it up
-    controller = cli_process("controller", "run", *bucket_args, *idle, env=controller_env, cwd=tmp_path)
+    def instance_state(instance_id: str) -> str:
+        found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+        return str(found["State"]["Name"])
+
+    made = run_cli(
+        "setup", *bucket_args, "--controller", "--ami", aws["ami"], "--idle-minutes", str(IDLE_MINUTES),
+        "--emulate-instances", env=aws["env"], cwd=aws["cwd"], timeout=900,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    instance_id = _s3_json(s3, "controller/controller.json")["instance_id"]
+    assert re.search(
+        rf"controller {instance_id} \(t3.medium, \$0.0416/h while it runs; stopped, only its 16 GiB gp3 disk",
+        made.stdout,
+    ), made.stdout
     try:
+        controller = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+        tags = {t["Key"]: t["Value"] for t in controller["Tags"]}
+        assert tags["dlinfra:role"] == "controller" and "dlinfra:run-id" not in tags
+        assert controller["IamInstanceProfile"]["Arn"].endswith("/dlinfra-controller")
+        # nothing to own: it says so and stops its own instance
+        _wait("the idle controller's instance stopped", lambda: instance_state(instance_id) == "stopped", 300)
+        assert _s3_json(s3, "controller/controller.json")["state"] == "stopped"
+        _wait("the controller's process gone", lambda: not _controller_pids(instance_id), 60)
+
+        # One worker: the chief waits for it, so the run cannot end before the replacement trains.
+        args = ["--target", "aws", "--workers", "1", "--steps", "2000", "--yes", "--emulate-instances"]
+        args += ["--detach", *aws["args"]]
+        handed = run_cli("deploy", *args, env=aws["env"], cwd=aws["cwd"], timeout=900)
+        assert handed.returncode == 0, handed.stdout + handed.stderr
+        assert f"controller {instance_id}: started (it was stopped)" in handed.stdout, handed.stdout
+        assert "handed to the account's controller" in handed.stdout, handed.stdout
+        run_id = re.search(r"run (\S+): nodes are up, handed", handed.stdout)[1]  # type: ignore[index]
         laptop_run = aws["home"] / "runs" / run_id
         # the laptop's state went to the bucket with the run: the controller acts from there
         assert not (laptop_run / "terraform" / "stack" / "terraform.tfstate").exists()
         assert "Contents" in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"dlinfra/{run_id}/terraform.tfstate")
+        assert instance_state(instance_id) == "running"
 
         owner = _wait(
             "the controller owning the run",
-            lambda: (
-                (o := _s3_json(s3, f"runs/{run_id}/owner.json"))
-                and o["holder"].startswith("controller ")
-                and o["handed_to"] is None
-                and o
-            ),
+            lambda: (o := _s3_json(s3, f"runs/{run_id}/owner.json")) and o["handed_to"] is None and o,
             120,
-            controller,
         )
-        assert owner["kind"] == "controller"
+        assert owner["kind"] == "controller" and owner["holder"] == f"controller {instance_id}"
         # a watch attached now only follows: it names the owner and applies nothing
         watch = cli_process("watch", run_id, env=aws["env"], cwd=aws["cwd"])
 
         chief_log = laptop_run / "logs" / "chief-0.log"
-        _wait(
-            "step 200 of the chief",
-            lambda: (
-                int((re.findall(r" step (\d+)/", chief_log.read_text(errors="replace")) or ["0"])[-1]) >= 200
-            ),
-            300,
-            controller,
-        )
+
+        def chief_step() -> int:
+            return int((re.findall(r" step (\d+)/", chief_log.read_text(errors="replace")) or ["0"])[-1])
+
+        _wait("step 200 of the chief", lambda: chief_step() >= 200, 300)
         worker = json.loads((laptop_run / "manifest.json").read_text())["instances"]["worker-0"]
         old = ec2.describe_instances(InstanceIds=[worker])["Reservations"][0]["Instances"][0]
         ec2.terminate_instances(InstanceIds=[worker])
@@ -125,45 +145,37 @@ def test_a_handed_over_run_is_healed_ended_and_torn_down_by_the_controller_with_
 
         followed, _ = watch.communicate(timeout=900)
         assert watch.returncode == 0, followed
-        assert f"run {run_id} is owned by {owner['holder']}: following it only" in followed
+        assert f"run {run_id} is owned by controller {instance_id}: following it only" in followed
         assert "stack destroyed" not in followed and "terraform" not in followed.lower()
         assert _s3_json(s3, f"runs/{run_id}/DONE") is not None
 
-        # the controller replaced the worker, recorded it, and tore the stack down
+        # the controller replaced the worker, recorded it, tore the stack down, and stopped again
         _wait(
-            "the controller finishing the run",
-            lambda: "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix="controller/handovers/"),
-            600,
-            controller,
+            "the controller's instance stopped again", lambda: instance_state(instance_id) == "stopped", 600
         )
+        assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix="controller/handovers/")
         published = _s3_json(s3, f"runs/{run_id}/manifest.json")
         assert [h["node"] for h in published["heals"]] == ["worker-0"]
         assert published["status"] == "DONE" and published["destroyed"] is True
-        assert _left_of(moto_endpoint, run_id) == {
-            "instances": [],
-            "vpcs": [],
-            "nat_gateways": [],
-            "eips": [],
-        }
-        metrics = _s3_json(s3, f"runs/{run_id}/metrics.json")
-        assert metrics["steps"] == 2000
+        nothing: dict[str, list[str]] = {"instances": [], "vpcs": [], "nat_gateways": [], "eips": []}
+        assert _left_of(moto_endpoint, run_id) == nothing
+        assert _s3_json(s3, f"runs/{run_id}/metrics.json")["steps"] == 2000
 
-        # idle: it says so in the bucket and stops
-        controller.wait(timeout=IDLE_MINUTES * 60 + 120)
-        assert controller.returncode == 0
-        assert _s3_json(s3, "controller/controller.json")["state"] == "stopped"
-        logs = run_cli("controller", "logs", *bucket_args, env=aws["env"], cwd=tmp_path)
-        assert f"run {run_id}: owned (handed over by cli " in logs.stdout, logs.stdout
-        assert f"run {run_id}: worker-0: replaced by i-" in logs.stdout
-        assert f"run {run_id}: run {run_id}: stack destroyed" in logs.stdout
-        assert "nothing to own for 0.5 min: stopping" in logs.stdout
+        logs = run_cli("controller", "logs", *bucket_args, env=aws["env"], cwd=aws["cwd"]).stdout
+        assert f"run {run_id}: owned (handed over by cli " in logs, logs
+        assert f"run {run_id}: worker-0: replaced by i-" in logs
+        assert f"run {run_id}: run {run_id}: stack destroyed" in logs
+        assert logs.count(f"controller {instance_id}: nothing to own for 0.5 min: stopping") == 2
+        status = run_cli("controller", "status", *bucket_args, env=aws["env"], cwd=aws["cwd"]).stdout
+        assert f"controller {instance_id}: stopped" in status and "owns: nothing" in status
 
         # the laptop learns how it ended from the store
         rows = json.loads(run_cli("runs", "--json", env=aws["env"], cwd=aws["cwd"]).stdout)
         row = next(r for r in rows if r["run_id"] == run_id)
         assert row["status"] == "DONE" and row["resources_up"] is False
     finally:
-        if controller.poll() is None:
-            controller.kill()
-        out, err = controller.communicate(timeout=60)
-        print(out[-5000:], err[-3000:])
+        for pid in _controller_pids(instance_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out = aws["home"] / "emulated-controller" / "controller.out"
+        print(out.read_text()[-5000:] if out.exists() else "no controller output")

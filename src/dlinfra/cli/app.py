@@ -14,7 +14,7 @@ import typer
 from dlinfra import __version__
 from dlinfra.cli.console import ColorMode, err, out, set_color
 from dlinfra.cli.console import error as _error
-from dlinfra.cli.controller import controller_app
+from dlinfra.cli.controller import controller_app, setup
 from dlinfra.cli.data import data_app
 from dlinfra.cli.images import image_app
 from dlinfra.cli.inspection import inspection_app
@@ -23,7 +23,6 @@ from dlinfra.cli.node import node_app
 from dlinfra.cli.options import (
     ALL_OVERRIDES,
     EmulateOpt,
-    EndpointOpt,
     JsonOpt,
     KeepOpt,
     RunArg,
@@ -334,18 +333,7 @@ def _finish(outcome: Any) -> None:
 
 
 app.command()(plan)  # cli/review.py: also --base (a pull request's review) and --emulated
-
-
-@app.command()
-def setup(
-    bucket: Annotated[str, typer.Option("--bucket", help="Name of the results bucket to create.")],
-    region: Annotated[str, typer.Option("--region", help="AWS region.")] = "us-east-1",
-    endpoint_url: EndpointOpt = None,
-) -> None:
-    """Create the long-lived results bucket (once; its own Terraform state, never a run's)."""
-    from dlinfra.targets.aws.stack import setup_bucket
-
-    out.print(setup_bucket(bucket, region, endpoint_url, log=lambda line: err.print(line, markup=False)))
+app.command()(setup)  # cli/controller.py: the results bucket, and with --controller the controller
 
 
 @app.command()

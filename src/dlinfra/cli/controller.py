@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dlinfra.cli.console import out
-from dlinfra.cli.options import EndpointOpt
+from dlinfra.cli.console import err, out
+from dlinfra.cli.options import EmulateOpt, EndpointOpt
 
 if TYPE_CHECKING:  # loaded when a command runs: `--help` stays fast
     from dlinfra.runs.layout import ControllerStore
@@ -21,6 +21,45 @@ controller_app = typer.Typer(
 
 BucketOpt = Annotated[str, typer.Option("--bucket", help="The results bucket (storage.url's) it serves.")]
 RegionOpt = Annotated[str, typer.Option("--region", help="AWS region of the bucket.")]
+IdleOpt = Annotated[
+    float,
+    typer.Option("--idle-minutes", min=0, help="Stop (its instance too) after this long with no run."),
+]
+
+
+def setup(
+    bucket: Annotated[str, typer.Option("--bucket", help="Name of the results bucket to create.")],
+    region: Annotated[str, typer.Option("--region", help="AWS region.")] = "us-east-1",
+    endpoint_url: EndpointOpt = None,
+    controller: Annotated[
+        bool,
+        typer.Option(
+            "--controller",
+            help="Also the account's controller: a small instance that owns detached runs to their end.",
+        ),
+    ] = False,
+    ami: Annotated[
+        str | None,
+        typer.Option("--ami", help="With --controller: the image it boots (dlinfra, terraform, provider)."),
+    ] = None,
+    idle_minutes: IdleOpt = 10.0,
+    emulate_instances: EmulateOpt = None,
+) -> None:
+    """Create the long-lived results bucket (once; its own Terraform state, never a run's), and with
+    --controller the account's controller beside it (its own stack and state)."""
+    from dlinfra.errors import SpecError
+    from dlinfra.targets.aws import controller as account_controller
+    from dlinfra.targets.aws.stack import setup_bucket
+
+    if controller and not ami:
+        raise SpecError(["--controller needs --ami: the image the controller boots. Fix: add --ami ami-…"])
+    log = lambda line: err.print(line, markup=False)  # noqa: E731
+    out.print(setup_bucket(bucket, region, endpoint_url, log=log), markup=False)
+    if controller and ami:
+        made = account_controller.setup(
+            bucket, region, endpoint_url, ami, idle_minutes, log, emulate=emulate_instances == "process"
+        )
+        out.print(made, markup=False)
 
 
 def _store(bucket: str, region: str, endpoint_url: str | None) -> ControllerStore:

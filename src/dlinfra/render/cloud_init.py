@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from dlinfra import __version__
 from dlinfra.contract import LOCK_PATH, NO_RESTART_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 from dlinfra.errors import SpecError
 from dlinfra.images import IMAGE_JSON_PATH, VENV, pip_options
@@ -47,7 +48,7 @@ class Install:
 
 
 @cache
-def _template() -> jinja2.Template:
+def _template(name: str = "user-data.yaml.j2") -> jinja2.Template:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         undefined=jinja2.StrictUndefined,
@@ -57,7 +58,20 @@ def _template() -> jinja2.Template:
     # Every value a shell reads is quoted by this filter, never pasted: validation upstream is the
     # first wall, the quoting the second.
     env.filters["sh"] = shlex.quote
-    return env.get_template("user-data.yaml.j2")
+    return env.get_template(name)
+
+
+def render_controller_user_data(
+    bucket: str, region: str, idle_minutes: float, endpoint_url: str | None = None
+) -> str:
+    """The account controller's user-data: a systemd unit that runs `dlinfra controller run` for
+    `bucket` at every boot (the image carries dlinfra, terraform and the AWS provider)."""
+    arguments = ["--bucket", bucket, "--region", region, "--idle-minutes", f"{idle_minutes:g}"]
+    if endpoint_url:
+        arguments += ["--endpoint-url", endpoint_url]
+    return _template("controller-user-data.yaml.j2").render(
+        version=__version__, bucket=bucket, venv=VENV, arguments=shlex.join(arguments)
+    )
 
 
 def render_user_data(config: NodeConfig, install: Install | None = None) -> str:

@@ -109,4 +109,9 @@ class Target(Protocol):
         """Make the run actable from the bucket alone (its state moved there) before the hand-over."""
         ...
 
+    def wake_controller(self, spec: Spec, store: ControllerStore) -> None:
+        """Start the controller if it is not running, once the hand-over is written (it looks for
+        hand-overs again after saying it stops, so one of the two always sees the other)."""
+        ...
+
     def hourly_cost(self, spec: Spec) -> HourlyCost: ...

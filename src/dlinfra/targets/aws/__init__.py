@@ -206,6 +206,13 @@ class AwsTarget:
         bucket = spec.aws.state_bucket or parse_s3_url(spec.storage.url or "")[0]
         stack.move_state(run, bucket, self.options.log)
 
+    def wake_controller(self, spec: Spec, store: ControllerStore) -> None:
+        """Its instance started if it is stopped (or went silent): a run was just handed to it."""
+        from dlinfra.targets.aws import controller
+
+        emulate = self.options.emulate_instances is not None
+        controller.wake(store, spec.aws.region, spec.aws.endpoint_url, self.options.log, emulate)
+
     def teardown(self, run: Run) -> str:
         from dlinfra.targets.aws.vms import stop_leftover_vms
 

@@ -1,0 +1,127 @@
+"""The account's controller as the aws target makes and wakes it: its stack (`dlinfra setup
+--controller`: infra/controller, state of its own beside the bucket's), and the start of its stopped
+instance when a run is handed over. With --emulate-instances its instance is a local process, booted
+by whoever starts the instance (as the run's nodes are by whoever applies them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from dlinfra.errors import SpecError
+from dlinfra.render.cloud_init import render_controller_user_data
+from dlinfra.runs.handover import POLL_SECONDS
+from dlinfra.runs.layout import ControllerStore
+from dlinfra.runs.records import ControllerInfo
+from dlinfra.runs.run import home
+from dlinfra.spec.catalog import catalog
+from dlinfra.targets.aws.stack import copy_hcl
+from dlinfra.targets.base import Log
+from dlinfra.terraform import Terraform
+
+ROOT_VOLUME_GB = 16  # infra/controller's root disk: what a stopped controller costs
+
+
+def cheapest_type(region: str) -> tuple[str, float]:
+    """The catalog's cheapest instance type in `region`, and its $/h."""
+    priced = [(price, t.name) for t in catalog().types if (price := t.price(region)) is not None]
+    if not priced:
+        raise SpecError([f"--region {region}: the catalog has no prices there. Fix: use a region it prices"])
+    price, name = min(priced)
+    return name, price
+
+
+def setup(
+    bucket: str,
+    region: str,
+    endpoint_url: str | None,
+    ami_id: str,
+    idle_minutes: float,
+    log: Log,
+    emulate: bool = False,
+) -> str:
+    """Apply the controller's stack for `bucket` and register it there; say what it costs."""
+    instance_type, usd_per_hour = cheapest_type(region)
+    root = home() / "setup" / f"{bucket}-controller"
+    if not root.exists():
+        copy_hcl("controller", root)
+    variables = {
+        "region": region,
+        "endpoint_url": endpoint_url,
+        "bucket": bucket,
+        "ami_id": ami_id,
+        "instance_type": instance_type,
+        "user_data": render_controller_user_data(bucket, region, idle_minutes, endpoint_url),
+        "tags": {"dlinfra:purpose": "controller"},
+    }
+    inputs = root / "controller.tfvars.json"
+    inputs.write_text(json.dumps(variables, indent=2))
+    tf = Terraform(root / "controller", log=log)
+    tf.init()
+    tf.plan(inputs, root / "controller.tfplan")
+    tf.apply(root / "controller.tfplan")
+    instance_id = tf.output()["instance_id"]
+    store = ControllerStore.of_bucket(bucket, endpoint_url, region)
+    store.put_info(
+        ControllerInfo(
+            holder=f"controller {instance_id}",
+            instance_id=instance_id,
+            idle_minutes=idle_minutes,
+            beat=time.time(),
+            state="stopped",  # until its first look: the next hand-over starts it if it is not up
+        )
+    )
+    if emulate:
+        _boot(store, bucket, region, endpoint_url, instance_id, idle_minutes)
+    return (
+        f"controller {instance_id} ({instance_type}, ${usd_per_hour:.4f}/h while it runs; stopped, only its "
+        f"{ROOT_VOLUME_GB} GiB gp3 disk is billed) serves s3://{bucket} (state in {root})"
+    )
+
+
+def wake(store: ControllerStore, region: str, endpoint_url: str | None, log: Log, emulate: bool) -> None:
+    """Start the controller's instance if it is stopped (or went silent): a run was just handed over."""
+    info = store.info()
+    if info is None or info.instance_id is None or info.running(time.time(), POLL_SECONDS):
+        return
+    _ec2(region, endpoint_url).start_instances(InstanceIds=[info.instance_id])
+    log(f"controller {info.instance_id}: started (it was {info.state})")
+    if emulate:
+        bucket = store.uri().removeprefix("s3://").split("/", 1)[0]
+        _boot(store, bucket, region, endpoint_url, info.instance_id, info.idle_minutes)
+
+
+def _boot(
+    store: ControllerStore,
+    bucket: str,
+    region: str,
+    endpoint_url: str | None,
+    instance_id: str,
+    idle_minutes: float,
+) -> None:
+    """The emulated instance: `dlinfra controller run` as its unit would run it, in a session and a
+    home of its own (it outlives this CLI, as the instance would)."""
+    where = home() / "emulated-controller"
+    where.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "dlinfra", "controller", "run", "--bucket", bucket, "--region", region]
+    argv += ["--idle-minutes", f"{idle_minutes:g}", "--instance-id", instance_id]
+    argv += ["--endpoint-url", endpoint_url] if endpoint_url else []
+    with open(where / "controller.out", "ab") as out:
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, DLINFRA_HOME=str(where)),
+            start_new_session=True,
+        )
+
+
+def _ec2(region: str, endpoint_url: str | None) -> Any:
+    import boto3
+
+    return boto3.client("ec2", region_name=region, endpoint_url=endpoint_url)
