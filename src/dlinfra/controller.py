@@ -13,6 +13,7 @@ stopped instance costs only its disk.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -154,22 +155,26 @@ class Controller:
         run_id, store = handover.run_id, RunStore.open(handover.store)
         try:
             run = take_up(handover)
-        except DlinfraError as exc:  # nothing acted yet: let whoever watches next take the run
+        except Exception as exc:  # nothing acted yet: let whoever watches next take the run
             lease.release()
-            self.store.remove_handover(run_id)
-            self.log(f"run {run_id}: not taken up: {exc}")
+            self.log(f"run {run_id}: not taken up: {_why(exc)}")
+            with contextlib.suppress(StoreError):
+                self.store.remove_handover(run_id)
             return
+        said = f"run {run_id}: "  # every line the run's owner logs names the run, once
         options = TargetOptions(
-            log=lambda line: self.log(f"run {run_id}: {line}"), emulate_instances=handover.emulate_instances
+            log=lambda line: self.log(said + line.removeprefix(said)),
+            emulate_instances=handover.emulate_instances,
         )
         try:
             outcome = act_for(Prepared.load(run), lease, options, keep=handover.keep)
         except Exception as exc:
             # the watch loop tore the stack down on its way out: a run nobody owns must not go on
-            why = str(exc) if isinstance(exc, DlinfraError) else traceback.format_exc()
+            why = _why(exc)
             self.log(f"run {run_id}: the controller failed while owning it: {why}")
-            store.write_marker("FAILED", error=f"the controller failed while owning the run: {why[:500]}")
-            self.store.remove_handover(run_id)
+            with contextlib.suppress(StoreError):
+                store.write_marker("FAILED", error=f"the controller failed while owning the run: {why[:500]}")
+                self.store.remove_handover(run_id)
             return
         run.publish_manifest()  # the deploying machine reads how it ended from the store
         self.log(f"run {run_id}: {outcome.state}" + (f": {outcome.error}" if outcome.error else ""))
@@ -179,6 +184,11 @@ class Controller:
     def _sync_log(self) -> None:
         if self.log_file.is_file():
             self.store.put_log(self.holder, self.log_file)
+
+
+def _why(exc: Exception) -> str:
+    """Our own errors say what to do; anything else is a bug, told with its traceback."""
+    return str(exc) if isinstance(exc, DlinfraError) else traceback.format_exc()
 
 
 def _finished_with(store: RunStore, keep: bool) -> bool:
