@@ -16,7 +16,7 @@ from dlinfra.render.cloud_init import render_controller_user_data
 from dlinfra.runs import handover
 from dlinfra.runs.layout import ControllerStore
 from dlinfra.runs.ownership import PENDING, Lease, claim
-from dlinfra.runs.records import Handover, Owner
+from dlinfra.runs.records import ControllerInfo, Handover, Owner
 from dlinfra.runs.run import Run
 from dlinfra.spec.model import Spec
 from support import FAKE_CREDS, aws_client, run_cli
@@ -157,3 +157,22 @@ def test_setup_controller_without_an_image_is_refused_before_anything_is_made(tm
     refused = run_cli("setup", "--bucket", "my-results", "--controller", env=env)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "--controller needs --ami" in refused.stderr and not (tmp_path / "home" / "setup").exists()
+
+
+def test_destroying_a_controller_that_owns_a_run_is_refused_naming_the_run(
+    bucket: str, moto_endpoint: str, tmp_path: Path
+) -> None:
+    store = ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1")
+    info = ControllerInfo(
+        holder="controller i-0abc", instance_id="i-0abc", idle_minutes=10, beat=time.time(), runs=["digits-1"]
+    )
+    store.put_info(info)
+    env = {"DLINFRA_HOME": str(tmp_path / "home"), **FAKE_CREDS}
+    args = ["--bucket", bucket, "--endpoint-url", moto_endpoint]
+    refused = run_cli("controller", "destroy", *args, env=env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"the controller of s3://{bucket} still owns digits-1" in refused.stderr
+    store.put_info(info.model_copy(update={"runs": []}))
+    nowhere = run_cli("controller", "destroy", *args, env=env)
+    assert nowhere.returncode == 2 and "no controller stack was set up from this machine" in nowhere.stderr
+    assert store.info() == info.model_copy(update={"runs": []})  # refused: nothing removed

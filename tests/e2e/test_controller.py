@@ -173,6 +173,14 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         rows = json.loads(run_cli("runs", "--json", env=aws["env"], cwd=aws["cwd"]).stdout)
         row = next(r for r in rows if r["run_id"] == run_id)
         assert row["status"] == "DONE" and row["resources_up"] is False
+
+        # nothing handed over: its stack can go, and the bucket knows no controller any more
+        gone = run_cli("controller", "destroy", *bucket_args, env=aws["env"], cwd=aws["cwd"], timeout=600)
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+        assert instance_state(instance_id) == "terminated"
+        assert _s3_json(s3, "controller/controller.json") is None
+        vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:dlinfra:purpose", "Values": ["controller"]}])["Vpcs"]
+        assert vpcs == []
     finally:
         for pid in _controller_pids(instance_id):
             with contextlib.suppress(ProcessLookupError):

@@ -135,3 +135,22 @@ def logs(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: Endpo
     for name in names:
         out.print(f"==> {store.log_uri(name)}", markup=False)
         out.print(store.log(name) or "", markup=False, end="")
+
+
+@controller_app.command()
+def stop(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: EndpointOpt = None) -> None:
+    """Stop the controller's instance now (a hand-over starts it again; idle, it stops by itself)."""
+    from dlinfra.targets.aws import controller as account_controller
+
+    out.print(
+        account_controller.stop(_store(bucket, region, endpoint_url), region, endpoint_url), markup=False
+    )
+
+
+@controller_app.command()
+def destroy(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: EndpointOpt = None) -> None:
+    """Remove the controller's stack (refused while a run is handed to it); the bucket stays."""
+    from dlinfra.targets.aws import controller as account_controller
+
+    log = lambda line: err.print(line, markup=False)  # noqa: E731
+    out.print(account_controller.destroy(bucket, _store(bucket, region, endpoint_url), log), markup=False)

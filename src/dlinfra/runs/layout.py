@@ -353,6 +353,9 @@ class ControllerStore:
     def put_info(self, info: ControllerInfo) -> None:
         self.store.put_json(CONTROLLER_INFO, info.model_dump(mode="json"))
 
+    def remove_info(self) -> None:
+        self.store.delete(CONTROLLER_INFO)
+
     def info(self) -> ControllerInfo | None:
         raw = self.store.get_json(CONTROLLER_INFO)
         return None if raw is None else parse(ControllerInfo, raw, self.store.uri(CONTROLLER_INFO))

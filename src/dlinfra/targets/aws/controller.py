@@ -5,11 +5,14 @@ by whoever starts the instance (as the run's nodes are by whoever applies them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from dlinfra.errors import SpecError
@@ -104,7 +107,10 @@ def _boot(
     idle_minutes: float,
 ) -> None:
     """The emulated instance: `dlinfra controller run` as its unit would run it, in a session and a
-    home of its own (it outlives this CLI, as the instance would)."""
+    home of its own (it outlives this CLI, as the instance would). Once per instance: starting a
+    running instance boots nothing, and two processes would both hold its lease."""
+    if _pids_here(instance_id):
+        return
     where = home() / "emulated-controller"
     where.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "dlinfra", "controller", "run", "--bucket", bucket, "--region", region]
@@ -121,7 +127,62 @@ def _boot(
         )
 
 
+def _pids_here(instance_id: str) -> list[int]:
+    """The processes standing in for the instance here (--emulate-instances)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "controller run" in cmdline and f"--instance-id {instance_id}" in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
 def _ec2(region: str, endpoint_url: str | None) -> Any:
     import boto3
 
     return boto3.client("ec2", region_name=region, endpoint_url=endpoint_url)
+
+
+def stop(store: ControllerStore, region: str, endpoint_url: str | None) -> str:
+    """Stop the controller's instance now. Runs it owns go on; their leases lapse and the next
+    `dlinfra watch` (or the controller, started again by a hand-over) takes them."""
+    info = store.info()
+    if info is None or info.instance_id is None:
+        return f"no controller instance serves {store.uri()}"
+    _ec2(region, endpoint_url).stop_instances(InstanceIds=[info.instance_id])
+    _end_emulated(info.instance_id)
+    store.put_info(info.model_copy(update={"state": "stopped", "beat": time.time(), "runs": []}))
+    owned = f"; the runs it owned ({', '.join(info.runs)}) wait for their next owner" if info.runs else ""
+    return f"controller {info.instance_id}: stopped{owned}"
+
+
+def destroy(bucket: str, store: ControllerStore, log: Log) -> str:
+    """Remove the controller's stack (never while a run is handed to it) and its registration."""
+    info = store.info()
+    busy = sorted({h.run_id for h in store.handovers()} | set(info.runs if info else []))
+    if busy:
+        raise SpecError(
+            [f"the controller of s3://{bucket} still owns {', '.join(busy)}. Fix: wait for the run(s) to "
+             "end (`dlinfra controller status`), or `dlinfra destroy RUN` them first"]
+        )  # fmt: skip
+    root = home() / "setup" / f"{bucket}-controller"
+    if not (root / "controller.tfvars.json").is_file():
+        raise SpecError(
+            [f"--bucket {bucket}: no controller stack was set up from this machine ({root} is missing). "
+             "Fix: run this where `dlinfra setup --controller` ran"]
+        )  # fmt: skip
+    if info and info.instance_id:
+        _end_emulated(info.instance_id)
+    Terraform(root / "controller", log=log).destroy(root / "controller.tfvars.json")
+    store.remove_info()
+    return f"controller of s3://{bucket}: stack destroyed (the bucket and its runs are untouched)"
+
+
+def _end_emulated(instance_id: str) -> None:
+    """An emulated instance stops with its process."""
+    for pid in _pids_here(instance_id):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
