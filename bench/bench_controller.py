@@ -107,7 +107,7 @@ def main() -> None:
 
     # hand-over, then heal with no CLI
     controller = subprocess.Popen(
-        [*dl, "controller", "run", "--bucket", BUCKET, "--endpoint-url", endpoint, "--idle-minutes", "0.2"],
+        [*dl, "controller", "run", "--bucket", BUCKET, "--endpoint-url", endpoint, "--idle-minutes", "1.5"],
         env=env | {"DLINFRA_HOME": str(controller_home)}, cwd=work, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -12,8 +12,11 @@ MIRROR = Path(os.environ.get("DLINFRA_TF_PROVIDER_MIRROR", "/opt/tf-plugins"))
 
 def start_moto() -> tuple[Any, str]:
     """The running server (stop it when done) and its endpoint URL."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request would bury the figures
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
