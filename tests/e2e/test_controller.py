@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from dlinfra.targets.aws.controller import emulated_pids
 from e2e.conftest import aws_emulation, release_private_ip_as_aws_does
 from support import aws_client, cli_process, run_cli
 
@@ -41,17 +42,6 @@ def _wait(what: str, ready: Any, timeout: float) -> Any:
             return found
         time.sleep(1)
     raise AssertionError(f"{what}: not within {timeout:.0f}s")
-
-
-def _controller_pids(instance_id: str) -> list[int]:
-    """The emulated controller instance's process (it runs in a session of its own)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "controller run" in cmdline and instance_id in cmdline:
-                found.append(int(proc.name))
-    return found
 
 
 def _left_of(endpoint: str, run_id: str) -> dict[str, list[str]]:
@@ -107,7 +97,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         # nothing to own: it says so and stops its own instance
         _wait("the idle controller's instance stopped", lambda: instance_state(instance_id) == "stopped", 300)
         assert _s3_json(s3, "controller/controller.json")["state"] == "stopped"
-        _wait("the controller's process gone", lambda: not _controller_pids(instance_id), 60)
+        _wait("the controller's process gone", lambda: not emulated_pids(instance_id), 60)
 
         # One worker: the chief waits for it, so the run cannot end before the replacement trains.
         args = ["--target", "aws", "--workers", "1", "--steps", "2000", "--yes", "--emulate-instances"]
@@ -182,7 +172,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:dlinfra:purpose", "Values": ["controller"]}])["Vpcs"]
         assert vpcs == []
     finally:
-        for pid in _controller_pids(instance_id):
+        for pid in emulated_pids(instance_id):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         out = aws["home"] / "emulated-controller" / "controller.out"

@@ -109,7 +109,7 @@ def _boot(
     """The emulated instance: `dlinfra controller run` as its unit would run it, in a session and a
     home of its own (it outlives this CLI, as the instance would). Once per instance: starting a
     running instance boots nothing, and two processes would both hold its lease."""
-    if _pids_here(instance_id):
+    if emulated_pids(instance_id):
         return
     where = home() / "emulated-controller"
     where.mkdir(parents=True, exist_ok=True)
@@ -127,7 +127,7 @@ def _boot(
         )
 
 
-def _pids_here(instance_id: str) -> list[int]:
+def emulated_pids(instance_id: str) -> list[int]:
     """The processes standing in for the instance here (--emulate-instances)."""
     found = []
     for proc in Path("/proc").iterdir():
@@ -183,6 +183,6 @@ def destroy(bucket: str, store: ControllerStore, log: Log) -> str:
 
 def _end_emulated(instance_id: str) -> None:
     """An emulated instance stops with its process."""
-    for pid in _pids_here(instance_id):
+    for pid in emulated_pids(instance_id):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
