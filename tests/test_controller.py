@@ -82,11 +82,31 @@ def test_a_handed_over_run_is_taken_up_from_the_bucket_alone_and_reserved_for_th
     assert isinstance(claim(store, "controller", "controller i-1"), Lease)
 
 
+def test_a_controller_on_a_machine_of_its_own_never_takes_the_deploying_machines_pids(
+    bucket: str, moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Emulated nodes are processes of the deploying machine: only a controller emulated as a process
+    of that machine acts on them; one on EC2 (or a VM standing in) acts through the EC2 API alone."""
+    controller = ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1")
+    for emulated, home in (("process", "beside"), (None, "vm")):
+        run = _run(tmp_path / f"laptop-{home}", bucket, moto_endpoint, monkeypatch)
+        run.update_manifest(pids={"chief-0": 4242, "worker-0": 4243})
+        lease = claim(run.store(), "cli", "cli laptop")
+        assert isinstance(lease, Lease)
+        handover.hand_over(run, run.store(), controller, lease, keep=False, emulate_instances=emulated)
+        monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / home))
+        given = next(h for h in controller.handovers() if h.run_id == run.id)
+        taken = handover.take_up(given)
+        assert taken.manifest().pids == ({"chief-0": 4242, "worker-0": 4243} if emulated else {})
+
+
 def test_an_idle_controller_says_so_in_the_bucket_syncs_its_log_and_stops_its_instance(
     bucket: str, moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "controller"))
     store = ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1")
+    # as `setup --emulate-instances=vm` registered it: every record the controller writes keeps it
+    store.put_info(ControllerInfo(holder="controller i-0123", idle_minutes=0, beat=0, emulated="vm"))
     stopped: list[str] = []
     controller = Controller(
         store, idle_minutes=0.0, instance_id="i-0123", stop_instance=stopped.append, poll=0.1
@@ -97,6 +117,7 @@ def test_an_idle_controller_says_so_in_the_bucket_syncs_its_log_and_stops_its_in
     assert stopped == ["i-0123"] and "nothing to own for 0 min: stopping" in said
     info = store.info()
     assert info is not None and info.state == "stopped" and info.holder == "controller i-0123"
+    assert info.emulated == "vm"
     assert store.logs() == ["controller-i-0123.log"]
     assert said in (store.log("controller-i-0123.log") or "")
 

@@ -77,6 +77,25 @@ def test_recipe_digest_names_what_goes_into_the_image(wheel: Path, tmp_path: Pat
         '"$venv/bin/pip" install --quiet --no-cache-dir --no-deps --disable-pip-version-check "/tmp/w.whl"',
     ]
     assert "[train" not in local, "no extras resolved at build: the lock holds the flavor's TensorFlow"
+    assert "terraform" not in local
+
+
+def test_the_controller_recipe_carries_terraform_and_the_providers_and_its_digest_names_them(
+    wheel: Path,
+) -> None:
+    lock = Lock(LOCKS["cpu"].text, "controller")
+    tooled = Recipe("controller", wheel, lock, tools="a" * 64)
+    assert tooled.digest != Recipe("controller", wheel, lock, tools="b" * 64).digest  # another terraform
+    assert tooled.digest != Recipe("controller", wheel, lock).digest
+    with pytest.raises(ValueError, match="tools"):
+        tooled.render("/w.whl", "/env.lock", "", "local")  # its tools must be staged somewhere
+    script = tooled.render("/w.whl", "/env.lock", "", "local", "/tmp/tools")
+    assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
+    # where terraform looks with no CLI config: one of its implied local mirror directories
+    assert 'install -m 0755 "/tmp/tools/terraform" "/usr/local/bin/terraform"' in script
+    assert 'cp -a "/tmp/tools/plugins/." "/usr/local/share/terraform/plugins/"' in script
+    record = json.loads(re.search(r"json.loads\('(.*)'\)", script).group(1))
+    assert record["flavor"] == "controller" and record["recipe_digest"] == tooled.digest
 
 
 def _install_check(gpus: int, want_sha: str | None, tmp_path: Path) -> str:
@@ -177,15 +196,12 @@ def test_boot_installs_nothing_only_when_the_image_bakes_this_very_wheel_and_loc
 
 
 def test_vendor_data_supplies_the_platform_and_never_the_hosts_credentials() -> None:
-    local = load_spec(None, Overrides(target="aws", endpoint_url="http://127.0.0.1:5000"))
-    script = vendor_data(local, "10.0.2.2")
+    script = vendor_data("us-east-1", "http://127.0.0.1:5000", "10.0.2.2")
     assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
     assert "endpoint_url = http://127.0.0.1:5000" in script
     assert "ListenStream=127.0.0.1:5000" in script and "systemd-socket-proxyd 10.0.2.2:5000" in script
     assert not any(value in script for value in FAKE_CREDS.values() if len(value) > 12)
-    remote = vendor_data(
-        load_spec(None, Overrides(target="aws", endpoint_url="http://10.9.8.7:4566")), "10.0.2.2"
-    )
+    remote = vendor_data("us-east-1", "http://10.9.8.7:4566", "10.0.2.2")
     assert "endpoint_url = http://10.9.8.7:4566" in remote and "socket-proxyd" not in remote
 
 

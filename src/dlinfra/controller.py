@@ -51,6 +51,7 @@ class Controller:
     stop_instance: Callable[[str], None] = lambda instance_id: None
     poll: float = POLL_SECONDS
     log_file: Path = field(default_factory=lambda: home() / "controller.log")
+    emulated: Any = None  # ControllerInfo.emulated, as `setup` registered it: kept in every record
     _owned: dict[str, threading.Thread] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -67,6 +68,8 @@ class Controller:
     def run(self) -> str:
         """Own what is handed over until nothing has been for `idle_minutes`; then stop."""
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(StoreError):
+            self.emulated = info.emulated if (info := self.store.info()) else None
         self.log(f"{self.holder}: watching {self.store.uri()} (idle stop after {self.idle_minutes:g} min)")
         idle_since = time.monotonic()
         synced = 0.0
@@ -130,6 +133,7 @@ class Controller:
             beat=time.time(),
             state=state,
             runs=runs,
+            emulated=self.emulated,
         )
 
     def _take(self, handover: Handover) -> None:

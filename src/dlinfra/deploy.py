@@ -204,7 +204,9 @@ class _Follow:
                     lease.release()  # whoever attaches next owns it
                     return Outcome(run, "DETACHED")
                 target.ready_for_controller(run)
-                emulated = self.options.emulate_instances
+                # a controller on a machine of its own (EC2, or a VM standing in) reaches no process here
+                info = controller.info()
+                emulated = self.options.emulate_instances if info and info.emulated == "process" else None
                 hand_over(
                     run, self.prepared.store, controller, lease, keep=self.keep, emulate_instances=emulated
                 )

@@ -204,6 +204,45 @@ def aws_emulation(
     return {"env": env, "home": home, "args": args, "endpoint": endpoint, "cwd": home, "ami": ami}
 
 
+def s3_json(s3: Any, bucket: str, key: str) -> Any:
+    try:
+        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
+def wait_for(what: str, ready: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := ready():
+            return found
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s")
+
+
+def left_of(endpoint: str, run_id: str) -> dict[str, list[str]]:
+    """What of the run is still in moto, by its run tag: instances not terminated, VPCs, NAT
+    gateways not deleted, Elastic IPs."""
+    ec2 = aws_client(endpoint, "ec2")
+    tagged = [{"Name": "tag:dlinfra:run-id", "Values": [run_id]}]
+    reservations = ec2.describe_instances(Filters=tagged)["Reservations"]
+    return {
+        "instances": [
+            i["InstanceId"]
+            for r in reservations
+            for i in r["Instances"]
+            if i["State"]["Name"] != "terminated"
+        ],
+        "vpcs": [v["VpcId"] for v in ec2.describe_vpcs(Filters=tagged)["Vpcs"]],
+        "nat_gateways": [
+            n["NatGatewayId"]
+            for n in ec2.describe_nat_gateways(Filters=tagged)["NatGateways"]
+            if n["State"] != "deleted"
+        ],
+        "eips": [a["AllocationId"] for a in ec2.describe_addresses(Filters=tagged)["Addresses"]],
+    }
+
+
 def release_private_ip_as_aws_does(instance: dict[str, Any]) -> None:
     """Stand-in for AWS behaviour moto lacks: terminating an instance deletes its primary network
     interface and frees its private IP; moto keeps the IP taken until the instance object is

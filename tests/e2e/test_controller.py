@@ -13,58 +13,17 @@ import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from dlinfra.targets.aws.controller import emulated_pids
-from e2e.conftest import aws_emulation, release_private_ip_as_aws_does
+from e2e.conftest import aws_emulation, left_of, release_private_ip_as_aws_does, s3_json, wait_for
 from support import aws_client, cli_process, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
 BUCKET = "dlinfra-controlled"
 IDLE_MINUTES = 0.5
-
-
-def _s3_json(s3: Any, key: str) -> Any:
-    try:
-        return json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
-    except s3.exceptions.NoSuchKey:
-        return None
-
-
-def _wait(what: str, ready: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := ready():
-            return found
-        time.sleep(1)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s")
-
-
-def _left_of(endpoint: str, run_id: str) -> dict[str, list[str]]:
-    """What of the run is still in moto, by its run tag: instances not terminated, VPCs, NAT
-    gateways not deleted, Elastic IPs."""
-    ec2 = aws_client(endpoint, "ec2")
-    tagged = [{"Name": "tag:dlinfra:run-id", "Values": [run_id]}]
-    reservations = ec2.describe_instances(Filters=tagged)["Reservations"]
-    return {
-        "instances": [
-            i["InstanceId"]
-            for r in reservations
-            for i in r["Instances"]
-            if i["State"]["Name"] != "terminated"
-        ],
-        "vpcs": [v["VpcId"] for v in ec2.describe_vpcs(Filters=tagged)["Vpcs"]],
-        "nat_gateways": [
-            n["NatGatewayId"]
-            for n in ec2.describe_nat_gateways(Filters=tagged)["NatGateways"]
-            if n["State"] != "deleted"
-        ],
-        "eips": [a["AllocationId"] for a in ec2.describe_addresses(Filters=tagged)["Addresses"]],
-    }
 
 
 def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_healed_and_torn_down(
@@ -84,7 +43,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         "--emulate-instances", env=aws["env"], cwd=aws["cwd"], timeout=900,
     )  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
-    instance_id = _s3_json(s3, "controller/controller.json")["instance_id"]
+    instance_id = s3_json(s3, BUCKET, "controller/controller.json")["instance_id"]
     assert re.search(
         rf"controller {instance_id} \(t3.medium, \$0.0416/h while it runs; stopped, only its 16 GiB gp3 disk",
         made.stdout,
@@ -95,9 +54,11 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         assert tags["dlinfra:role"] == "controller" and "dlinfra:run-id" not in tags
         assert controller["IamInstanceProfile"]["Arn"].endswith("/dlinfra-controller")
         # nothing to own: it says so and stops its own instance
-        _wait("the idle controller's instance stopped", lambda: instance_state(instance_id) == "stopped", 300)
-        assert _s3_json(s3, "controller/controller.json")["state"] == "stopped"
-        _wait("the controller's process gone", lambda: not emulated_pids(instance_id), 60)
+        wait_for(
+            "the idle controller's instance stopped", lambda: instance_state(instance_id) == "stopped", 300
+        )
+        assert s3_json(s3, BUCKET, "controller/controller.json")["state"] == "stopped"
+        wait_for("the controller's process gone", lambda: not emulated_pids(instance_id), 60)
 
         # One worker: the chief waits for it, so the run cannot end before the replacement trains.
         args = ["--target", "aws", "--workers", "1", "--steps", "2000", "--yes", "--emulate-instances"]
@@ -113,9 +74,9 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         assert "Contents" in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"dlinfra/{run_id}/terraform.tfstate")
         assert instance_state(instance_id) == "running"
 
-        owner = _wait(
+        owner = wait_for(
             "the controller owning the run",
-            lambda: (o := _s3_json(s3, f"runs/{run_id}/owner.json")) and o["handed_to"] is None and o,
+            lambda: (o := s3_json(s3, BUCKET, f"runs/{run_id}/owner.json")) and o["handed_to"] is None and o,
             120,
         )
         assert owner["kind"] == "controller" and owner["holder"] == f"controller {instance_id}"
@@ -127,7 +88,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         def chief_step() -> int:
             return int((re.findall(r" step (\d+)/", chief_log.read_text(errors="replace")) or ["0"])[-1])
 
-        _wait("step 200 of the chief", lambda: chief_step() >= 200, 300)
+        wait_for("step 200 of the chief", lambda: chief_step() >= 200, 300)
         worker = json.loads((laptop_run / "manifest.json").read_text())["instances"]["worker-0"]
         old = ec2.describe_instances(InstanceIds=[worker])["Reservations"][0]["Instances"][0]
         ec2.terminate_instances(InstanceIds=[worker])
@@ -137,19 +98,19 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         assert watch.returncode == 0, followed
         assert f"run {run_id} is owned by controller {instance_id}: following it only" in followed
         assert "stack destroyed" not in followed and "terraform" not in followed.lower()
-        assert _s3_json(s3, f"runs/{run_id}/DONE") is not None
+        assert s3_json(s3, BUCKET, f"runs/{run_id}/DONE") is not None
 
         # the controller replaced the worker, recorded it, tore the stack down, and stopped again
-        _wait(
+        wait_for(
             "the controller's instance stopped again", lambda: instance_state(instance_id) == "stopped", 600
         )
         assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix="controller/handovers/")
-        published = _s3_json(s3, f"runs/{run_id}/manifest.json")
+        published = s3_json(s3, BUCKET, f"runs/{run_id}/manifest.json")
         assert [h["node"] for h in published["heals"]] == ["worker-0"]
         assert published["status"] == "DONE" and published["destroyed"] is True
         nothing: dict[str, list[str]] = {"instances": [], "vpcs": [], "nat_gateways": [], "eips": []}
-        assert _left_of(moto_endpoint, run_id) == nothing
-        assert _s3_json(s3, f"runs/{run_id}/metrics.json")["steps"] == 2000
+        assert left_of(moto_endpoint, run_id) == nothing
+        assert s3_json(s3, BUCKET, f"runs/{run_id}/metrics.json")["steps"] == 2000
 
         logs = run_cli("controller", "logs", *bucket_args, env=aws["env"], cwd=aws["cwd"]).stdout
         assert f"run {run_id}: owned (handed over by cli " in logs, logs
@@ -168,7 +129,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         gone = run_cli("controller", "destroy", *bucket_args, env=aws["env"], cwd=aws["cwd"], timeout=600)
         assert gone.returncode == 0, gone.stdout + gone.stderr
         assert instance_state(instance_id) == "terminated"
-        assert _s3_json(s3, "controller/controller.json") is None
+        assert s3_json(s3, BUCKET, "controller/controller.json") is None
         vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:dlinfra:purpose", "Values": ["controller"]}])["Vpcs"]
         assert vpcs == []
     finally:

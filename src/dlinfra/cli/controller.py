@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -57,9 +57,14 @@ def setup(
     out.print(setup_bucket(bucket, region, endpoint_url, log=log), markup=False)
     if controller and ami:
         made = account_controller.setup(
-            bucket, region, endpoint_url, ami, idle_minutes, log, emulate=emulate_instances == "process"
+            bucket, region, endpoint_url, ami, idle_minutes, log, emulate=_emulation(emulate_instances)
         )
+
         out.print(made, markup=False)
+
+
+def _emulation(value: str | None) -> Literal["process", "vm"] | None:
+    return "vm" if value == "vm" else "process" if value else None
 
 
 def _store(bucket: str, region: str, endpoint_url: str | None) -> ControllerStore:

@@ -33,7 +33,8 @@ def build(
         typer.Option(
             "--flavor",
             help="cpu: tensorflow-cpu; gpu: tensorflow[and-cuda]; base (local only): no node environment, "
-            "the stand-in for a cloud base image whose nodes install at boot.",
+            "the stand-in for a cloud base image whose nodes install at boot; controller (local only): "
+            "the account controller's (dlinfra, terraform and the AWS provider; no TensorFlow).",
         ),
     ] = "cpu",
     target: Annotated[
@@ -100,13 +101,15 @@ def _recipe(
     spec = load_checked(spec_path, overrides)
     index = Index.of(spec.aws.pip_index_url, spec.aws.pip_extra_ca, os.environ)
     script = spec.training.command is not None  # the same lock its runs resolve (prepare.Environment)
-    lock = resolve(str(wheel), spec.training.requirements, flavor, platform(spec), index, script)  # type: ignore[arg-type]
+    # the controller runs no training: dlinfra's own dependencies, none of the experiment's
+    requirements = [] if flavor == "controller" else spec.training.requirements
+    lock = resolve(str(wheel), requirements, flavor, platform(spec), index, script)  # type: ignore[arg-type]
     _log(f"lock {lock.sha256[:12]}: {len(lock.pins())} packages for {lock.platform} ({index.shown()})")
     return Recipe(flavor, wheel, lock)  # type: ignore[arg-type]
 
 
 # Where an image goes → the flavors it can hold and its builder.
 BUILDERS: dict[str, tuple[tuple[str, ...], Callable[[Path | None, str, Overrides], str]]] = {
-    "local": (("base", "cpu", "gpu"), _local),
+    "local": (("base", "cpu", "gpu", "controller"), _local),
     "aws": (("cpu", "gpu"), _aws),
 }

@@ -24,8 +24,9 @@ from typing import Literal
 from dlinfra import __version__
 from dlinfra.errors import DlinfraError, SpecError, mask
 
-Flavor = Literal["cpu", "gpu"]
-EXTRAS: dict[Flavor, str] = {"cpu": "train,aws", "gpu": "train-gpu,aws"}
+# "controller": the account controller's image (dlinfra and boto3 to drive terraform; no TensorFlow)
+Flavor = Literal["cpu", "gpu", "controller"]
+EXTRAS: dict[Flavor, str] = {"cpu": "train,aws", "gpu": "train-gpu,aws", "controller": "aws"}
 # A script that pins its own TensorFlow (an Estimator program on 2.15, say) gets no TensorFlow of
 # dlinfra's: its beacon and agent import none, so the script's pin is the only one in the lock.
 SCRIPT_EXTRAS = "script,aws"

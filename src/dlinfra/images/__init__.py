@@ -76,11 +76,13 @@ class ImageRecord(BaseModel):
 
 @dataclass(frozen=True)
 class Recipe:
-    """An image of `flavor`: exactly `lock` (every package, hash-pinned), then `wheel` (dlinfra)."""
+    """An image of `flavor`: exactly `lock` (every package, hash-pinned), then `wheel` (dlinfra);
+    the controller's also terraform and the run stacks' providers (`tools`: their digest)."""
 
     flavor: Flavor
     wheel: Path
     lock: Lock
+    tools: str | None = None
 
     @property
     def wheel_sha256(self) -> str:
@@ -91,7 +93,8 @@ class Recipe:
         """What goes into the image, not where pip fetches it from: the recipe itself, the flavor, the
         lock and the wheel. Equal digests mean equal node environments, on any backend."""
         h = hashlib.sha256()
-        for part in (_template_source(), self.flavor, self.lock.sha256, self.wheel_sha256, __version__):
+        parts = (_template_source(), self.flavor, self.lock.sha256, self.wheel_sha256, __version__)
+        for part in (*parts, *([self.tools] if self.tools else [])):
             h.update(part.encode() + b"\0")
         return h.hexdigest()
 
@@ -107,11 +110,20 @@ class Recipe:
         )
 
     def render(
-        self, wheel_path: str, lock_path: str, pip_options: str, builder: Literal["local", "aws"]
+        self,
+        wheel_path: str,
+        lock_path: str,
+        pip_options: str,
+        builder: Literal["local", "aws"],
+        tools_dir: str | None = None,
     ) -> str:
         """The script for one backend: `wheel_path` and `lock_path` are where the wheel and the lock
         sit in the build environment, `pip_options` where pip finds the locked files (a copied-in
-        wheelhouse, a private index)."""
+        wheelhouse, a private index), `tools_dir` the staged terraform tools (images.terraform_tools)."""
+        from dlinfra.images.terraform_tools import BINARY_DIR, PLUGINS_DIR
+
+        if (tools_dir is None) != (self.tools is None):
+            raise ValueError("a recipe with tools renders with their staged dir, and only then")
         record_json = json.dumps(self.record(builder).model_dump(mode="json"), sort_keys=True)
         if "'" in record_json:
             raise ValueError("an image record may not contain a single quote")  # it sits in '...'
@@ -123,6 +135,9 @@ class Recipe:
             pip_options=pip_options,
             record_json=record_json,
             digest=self.digest[:16],
+            tools_dir=tools_dir,
+            binary_dir=BINARY_DIR,
+            plugins_dir=PLUGINS_DIR,
         )
 
 

@@ -22,13 +22,13 @@ from typing import Literal
 
 from dlinfra.environment.lock import Lock
 from dlinfra.errors import DlinfraError
-from dlinfra.images import IMAGE_JSON_PATH, ImageRecord, Recipe, images_home
+from dlinfra.images import IMAGE_JSON_PATH, ImageRecord, Recipe, images_home, terraform_tools
 from dlinfra.images.wheelhouse import wheelhouse
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.records import ImagePin
 
 Log = Callable[[str], None]
-LocalFlavor = Literal["base", "cpu", "gpu"]
+LocalFlavor = Literal["base", "cpu", "gpu", "controller"]
 SUITE = "bookworm"
 MIRRORS = (
     "deb http://deb.debian.org/debian bookworm main",
@@ -105,7 +105,7 @@ def _planned(flavor: LocalFlavor, wheel: Path | None, lock: Lock | None) -> tupl
     """Where the image of `flavor` (and this wheel and lock) lives, built or not, and its recipe."""
     recipe = None
     if flavor != "base" and wheel is not None and lock is not None:
-        recipe = Recipe(flavor, wheel, lock)
+        recipe = Recipe(flavor, wheel, lock, terraform_tools.digest() if flavor == "controller" else None)
     return LocalImage(images_home() / image_key(flavor, recipe)), recipe
 
 
@@ -239,11 +239,15 @@ def _bake(tree: Path, recipe: Recipe, log: Log) -> None:
     shutil.copytree(house, stage / "wheelhouse", ignore=shutil.ignore_patterns("simple"))
     shutil.copy2(recipe.wheel, stage / recipe.wheel.name)
     inside = "/tmp/dlinfra-build"
+    if recipe.tools:
+        log(f"recipe {recipe.digest[:12]}: staging terraform and the run stacks' providers")
+        terraform_tools.stage(stage / "terraform-tools")
     script = recipe.render(
         f"{inside}/{recipe.wheel.name}",
         f"{inside}/env.lock",
         f"--no-index --find-links {inside}/wheelhouse",
         "local",
+        f"{inside}/terraform-tools" if recipe.tools else None,
     )
     (stage / "recipe.sh").write_text(script, encoding="utf-8")
     log(f"recipe {recipe.digest[:12]}: baking the {recipe.flavor} environment")

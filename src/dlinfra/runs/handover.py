@@ -103,6 +103,8 @@ def take_up(handover: Handover) -> Run:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             tar.extractall(staging, filter="data")
         run = Run(handover.run_id, staging)
+        if handover.emulate_instances != "process":  # the deploying machine's pids: none of this one's
+            manifest = manifest.model_copy(update={"pids": {}})
         run.write_manifest(manifest)
         staging.rename(run_dir)
     return Run(handover.run_id, run_dir)

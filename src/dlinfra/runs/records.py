@@ -127,6 +127,9 @@ class ControllerInfo(Record):
     beat: float  # its clock when it last looked
     state: Literal["running", "stopped"] = "running"
     runs: list[str] = Field(default_factory=list)  # the runs it owns now
+    # How --emulate-instances boots its instance (None: EC2 does). A VM controller, like one on EC2,
+    # cannot reach the emulated nodes' processes: it acts on the runs through the EC2 API only.
+    emulated: Literal["process", "vm"] | None = None
 
     def running(self, now: float, poll: float) -> bool:
         """Whether it still looks for runs (a silent one died without saying so)."""

@@ -210,8 +210,7 @@ class AwsTarget:
         """Its instance started if it is stopped (or went silent): a run was just handed to it."""
         from dlinfra.targets.aws import controller
 
-        emulate = self.options.emulate_instances is not None
-        controller.wake(store, spec.aws.region, spec.aws.endpoint_url, self.options.log, emulate)
+        controller.wake(store, spec.aws.region, spec.aws.endpoint_url, self.options.log)
 
     def teardown(self, run: Run) -> str:
         from dlinfra.targets.aws.vms import stop_leftover_vms

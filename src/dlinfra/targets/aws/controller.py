@@ -1,7 +1,9 @@
 """The account's controller as the aws target makes and wakes it: its stack (`dlinfra setup
 --controller`: infra/controller, state of its own beside the bucket's), and the start of its stopped
-instance when a run is handed over. With --emulate-instances its instance is a local process, booted
-by whoever starts the instance (as the run's nodes are by whoever applies them)."""
+instance when a run is handed over. With --emulate-instances its instance is booted by whoever starts
+it (as the run's nodes are by whoever applies them): a local process (`process`), or a VM from the
+controller image (`vm`: `dlinfra image build --target local --flavor controller`) that runs terraform
+inside against the emulator, as the instance would against AWS."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dlinfra.errors import SpecError
 from dlinfra.render.cloud_init import render_controller_user_data
@@ -45,7 +47,7 @@ def setup(
     ami_id: str,
     idle_minutes: float,
     log: Log,
-    emulate: bool = False,
+    emulate: Literal["process", "vm"] | None = None,
 ) -> str:
     """Apply the controller's stack for `bucket` and register it there; say what it costs."""
     instance_type, usd_per_hour = cheapest_type(region)
@@ -76,41 +78,41 @@ def setup(
             idle_minutes=idle_minutes,
             beat=time.time(),
             state="stopped",  # until its first look: the next hand-over starts it if it is not up
+            emulated=emulate,
         )
     )
     if emulate:
-        _boot(store, bucket, region, endpoint_url, instance_id, idle_minutes)
+        _boot(store, region, endpoint_url)
     return (
         f"controller {instance_id} ({instance_type}, ${usd_per_hour:.4f}/h while it runs; stopped, only its "
         f"{ROOT_VOLUME_GB} GiB gp3 disk is billed) serves s3://{bucket} (state in {root})"
     )
 
 
-def wake(store: ControllerStore, region: str, endpoint_url: str | None, log: Log, emulate: bool) -> None:
+def wake(store: ControllerStore, region: str, endpoint_url: str | None, log: Log) -> None:
     """Start the controller's instance if it is stopped (or went silent): a run was just handed over."""
     info = store.info()
     if info is None or info.instance_id is None or info.running(time.time(), POLL_SECONDS):
         return
     _ec2(region, endpoint_url).start_instances(InstanceIds=[info.instance_id])
     log(f"controller {info.instance_id}: started (it was {info.state})")
-    if emulate:
-        bucket = store.uri().removeprefix("s3://").split("/", 1)[0]
-        _boot(store, bucket, region, endpoint_url, info.instance_id, info.idle_minutes)
+    if info.emulated:
+        _boot(store, region, endpoint_url)
 
 
-def _boot(
-    store: ControllerStore,
-    bucket: str,
-    region: str,
-    endpoint_url: str | None,
-    instance_id: str,
-    idle_minutes: float,
-) -> None:
-    """The emulated instance: `dlinfra controller run` as its unit would run it, in a session and a
-    home of its own (it outlives this CLI, as the instance would). Once per instance: starting a
-    running instance boots nothing, and two processes would both hold its lease."""
+def _boot(store: ControllerStore, region: str, endpoint_url: str | None) -> None:
+    """The emulated instance, booted as registered. It outlives this CLI, as the instance would.
+    Once per instance: starting a running instance boots nothing, and two would both hold its lease."""
+    info = store.info()
+    assert info is not None and info.instance_id is not None
+    if info.emulated == "vm":
+        _boot_vm(info.instance_id, region, endpoint_url)
+        return
+    instance_id, idle_minutes = info.instance_id, info.idle_minutes
+    bucket = store.uri().removeprefix("s3://").split("/", 1)[0]
     if emulated_pids(instance_id):
         return
+    # `dlinfra controller run` as its unit runs it, in a session and a home of its own
     where = home() / "emulated-controller"
     where.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "dlinfra", "controller", "run", "--bucket", bucket, "--region", region]
@@ -125,6 +127,28 @@ def _boot(
             env=dict(os.environ, DLINFRA_HOME=str(where)),
             start_new_session=True,
         )
+
+
+def vm_dir(instance_id: str) -> Path:
+    """The controller VM's console, disk and shell socket (`console.log`, `shell.sock`)."""
+    return home() / "emulated-controller" / instance_id
+
+
+def _boot_vm(instance_id: str, region: str, endpoint_url: str | None) -> None:
+    from dlinfra.errors import DlinfraError
+    from dlinfra.images.local import find
+    from dlinfra.runs.wheel import node_wheel
+    from dlinfra.targets.aws.vms import boot_instance, qemu_pid
+
+    if qemu_pid(vm_dir(instance_id)) is not None:
+        return
+    image = find("controller", node_wheel())
+    if image is None:
+        raise DlinfraError(
+            "--emulate-instances=vm: no controller image bakes this dlinfra. "
+            "Fix: dlinfra image build --target local --flavor controller"
+        )
+    boot_instance(_ec2(region, endpoint_url), instance_id, image, vm_dir(instance_id), region, endpoint_url)
 
 
 def emulated_pids(instance_id: str) -> list[int]:
@@ -182,7 +206,10 @@ def destroy(bucket: str, store: ControllerStore, log: Log) -> str:
 
 
 def _end_emulated(instance_id: str) -> None:
-    """An emulated instance stops with its process."""
-    for pid in emulated_pids(instance_id):
+    """An emulated instance stops with its process (or its VM)."""
+    from dlinfra.targets.aws.vms import qemu_pid
+
+    vm = qemu_pid(vm_dir(instance_id))
+    for pid in emulated_pids(instance_id) + ([vm] if vm is not None else []):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

@@ -71,17 +71,17 @@ def node_image(choice: str, wheel: Path | None, lock_sha256: str | None, log: Lo
     return base
 
 
-def vendor_data(spec: Spec, nat_host: str) -> str:
+def vendor_data(region: str, endpoint_url: str | None, nat_host: str) -> str:
     """The emulated platform's part of a boot: a shell script cloud-init runs before the user's
     commands. Credentials are the emulator's placeholders, never the deploying machine's."""
-    endpoint = spec.aws.endpoint_url or ""
+    endpoint = endpoint_url or ""
     parts = urlsplit(endpoint)
     lines = [
         "#!/bin/sh",
         "# dlinfra's VM emulation of EC2: what the platform supplies (IAM role, endpoint), not the user.",
         "set -eu",
         "mkdir -p /root/.aws",
-        f"printf '[default]\\nregion = {spec.aws.region}\\nendpoint_url = {endpoint}\\n' > /root/.aws/config",
+        f"printf '[default]\\nregion = {region}\\nendpoint_url = {endpoint}\\n' > /root/.aws/config",
         "printf '[default]\\naws_access_key_id = emulator\\naws_secret_access_key = emulator\\n' "
         "> /root/.aws/credentials",
         "chmod 600 /root/.aws/credentials",
@@ -101,17 +101,48 @@ def vendor_data(spec: Spec, nat_host: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def qemu_pid(vm_dir: Path) -> int | None:
+    """The qemu process of the VM whose dir this is, while it runs (its pid file names it)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((vm_dir / "qemu.pid").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if (
+            b"qemu-system" in cmdline
+            and str(vm_dir).encode() in Path(f"/proc/{pid}/cwd").resolve().as_posix().encode()
+        ):
+            return pid
+    return None
+
+
 def stop_leftover_vms(run: Run) -> None:
-    """Kill the qemu processes of a run's VMs that are still up (their pid files name them)."""
+    """Kill the qemu processes of a run's VMs that are still up."""
     for pidfile in (run.dir / "vms").glob("*/qemu.pid"):
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pidfile.read_text().strip())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if (
-                b"qemu-system" in cmdline
-                and str(pidfile.parent).encode() in Path(f"/proc/{pid}/cwd").resolve().as_posix().encode()
-            ):
+        if (pid := qemu_pid(pidfile.parent)) is not None:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def boot_instance(
+    ec2: Any, instance_id: str, image: LocalImage, vm_dir: Path, region: str, endpoint: str | None
+) -> None:
+    """One instance of the emulator as a VM that outlives this process (as the instance outlives
+    whoever started it): its user-data and private IP as EC2 holds them. A fresh disk each boot:
+    whatever runs there must keep nothing that matters on it."""
+    from dlinfra.targets.aws.healing import instance_user_data
+
+    found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+    subnet = ec2.describe_subnets(SubnetIds=[found["SubnetId"]])["Subnets"][0]["CidrBlock"]
+    user_data = instance_user_data(ec2, {"instance": {"id": instance_id}})["instance"]
+    name = next((t["Value"] for t in found.get("Tags", []) if t["Key"] == "Name"), instance_id)
+    nat = nat_network(subnet)
+    seed = Seed(
+        instance_id,
+        name,
+        user_data,
+        vendor_data(region, endpoint, host_address(nat)),
+        found["PrivateIpAddress"],
+    )
+    Vm(name, image, seed, Segment.for_run(instance_id, subnet), vm_dir, nat).start()
 
 
 @dataclass
@@ -133,7 +164,7 @@ class VmCluster:
         self.private_ips.update(private_ips)
         nat = nat_network(self.spec.aws.vpc_cidr)
         segment = Segment.for_run(self.run.id, self.spec.aws.subnet_cidr)
-        vendor = vendor_data(self.spec, host_address(nat))
+        vendor = vendor_data(self.spec.aws.region, self.spec.aws.endpoint_url, host_address(nat))
         for name in sorted(user_data, key=lambda n: n.startswith("chief")):
             seed = Seed(self.instances[name], name, user_data[name], vendor, self.private_ips[name])
             vm = Vm(name, self.image, seed, segment, self.run.vm_dir(name), nat, self._store_gib(name))
