@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from dlinfra.errors import SpecError, StoreError
-from dlinfra.runs.bundle import LARGE_FILE_BYTES, MAX_BUNDLE_BYTES, materialize, pack, pack_entrypoint
+from dlinfra.runs.bundle import (
+    LARGE_FILE_BYTES,
+    MAX_BUNDLE_BYTES,
+    extract_safely,
+    materialize,
+    pack,
+    pack_entrypoint,
+)
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.store import Store
 from support import Cli
@@ -163,3 +173,44 @@ def test_a_large_file_packed_with_the_code_is_named_with_the_way_out(tmp_path: P
     assert "dlinfra data pack" in warning and ".dlinfraignore" in warning
     (root / ".dlinfraignore").write_text("*.npy\n")
     assert pack_entrypoint("train.py:build", root).warnings("training.entrypoint") == []
+
+
+@pytest.mark.parametrize("python", ["with tarfile's data filter", "3.11 before 3.11.4 (no filter)"])
+def test_archives_unpack_only_inside_their_dir_on_every_python(
+    python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debian 12's Python (3.11.2: the controller image's, some nodes') has no `filter=`: the same
+    archives are refused there, and a plain one unpacks."""
+    if python.startswith("3.11 before"):
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+
+    def archive(name: str, add: Callable[[tarfile.TarFile], None]) -> tarfile.TarFile:
+        path = tmp_path / f"{name}.tar"
+        with tarfile.open(path, "w") as tar:
+            add(tar)
+        return tarfile.open(path)
+
+    def file(arcname: str) -> Callable[[tarfile.TarFile], None]:
+        def add(tar: tarfile.TarFile) -> None:
+            info = tarfile.TarInfo(arcname)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"ok"))
+
+        return add
+
+    def link(tar: tarfile.TarFile) -> None:
+        info = tarfile.TarInfo("escape")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(info)
+        file("escape")(tar)  # written through the link, were it followed
+
+    absolute = tmp_path / "outside-absolute"
+    for name, add in (("up", file("../outside")), ("absolute", file(str(absolute))), ("link", link)):
+        # refused, or (tarfile's filter strips a leading /) unpacked inside the dir
+        with archive(name, add) as tar, contextlib.suppress(StoreError, tarfile.TarError):
+            extract_safely(tar, tmp_path / name)
+    assert not (tmp_path / "outside").exists() and not absolute.exists()
+    assert not (tmp_path / "link" / "escape").is_symlink()
+    with archive("plain", file("code/train.py")) as tar:
+        extract_safely(tar, tmp_path / "plain")
+    assert (tmp_path / "plain" / "code" / "train.py").read_text() == "ok"

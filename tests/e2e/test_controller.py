@@ -45,7 +45,8 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
     assert made.returncode == 0, made.stdout + made.stderr
     instance_id = s3_json(s3, BUCKET, "controller/controller.json")["instance_id"]
     assert re.search(
-        rf"controller {instance_id} \(t3.medium, \$0.0416/h while it runs; stopped, only its 16 GiB gp3 disk",
+        rf"controller {instance_id} \(t3.medium, \$0.0416/h while it runs; stopped, only its 16 GiB gp3 disk "
+        r"is billed, \$1.28/month\)",  # 16 GiB x $0.08/GB-month, the catalog's gp3 price
         made.stdout,
     ), made.stdout
     try:

@@ -34,6 +34,10 @@ from dlinfra.runs.run import home
 FLAVORS: tuple[Flavor, ...] = ("cpu", "gpu")
 IMAGE_JSON_PATH = "/etc/dlinfra/image.json"
 VENV = "/opt/dlinfra"
+# The controller image's terraform, and its providers in one of terraform's implied local mirror
+# directories on Linux (a CLI config with a provider_installation block would turn those off).
+TERRAFORM_DIR = "/usr/local/bin"
+PLUGINS_DIR = "/usr/local/share/terraform/plugins"
 
 
 def images_home() -> Path:
@@ -120,8 +124,6 @@ class Recipe:
         """The script for one backend: `wheel_path` and `lock_path` are where the wheel and the lock
         sit in the build environment, `pip_options` where pip finds the locked files (a copied-in
         wheelhouse, a private index), `tools_dir` the staged terraform tools (images.terraform_tools)."""
-        from dlinfra.images.terraform_tools import BINARY_DIR, PLUGINS_DIR
-
         if (tools_dir is None) != (self.tools is None):
             raise ValueError("a recipe with tools renders with their staged dir, and only then")
         record_json = json.dumps(self.record(builder).model_dump(mode="json"), sort_keys=True)
@@ -136,7 +138,7 @@ class Recipe:
             record_json=record_json,
             digest=self.digest[:16],
             tools_dir=tools_dir,
-            binary_dir=BINARY_DIR,
+            binary_dir=TERRAFORM_DIR,
             plugins_dir=PLUGINS_DIR,
         )
 

@@ -15,10 +15,6 @@ from dlinfra.errors import DlinfraError
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.terraform import find_terraform
 
-# Where the image's terraform looks without any configuration: one of its implied local mirror
-# directories on Linux (a CLI config with a provider_installation block would turn those off).
-PLUGINS_DIR = "/usr/local/share/terraform/plugins"
-BINARY_DIR = "/usr/local/bin"
 STACK_VERSIONS = Path(__file__).parents[1] / "infra" / "stack" / "versions.tf"
 PLATFORM = "linux_amd64"  # the controller's instance type (the catalog's cheapest) is x86_64
 

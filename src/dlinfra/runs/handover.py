@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from dlinfra.errors import StoreError
+from dlinfra.runs.bundle import extract_safely
 from dlinfra.runs.layout import MANIFEST, ControllerStore, RunStore
 from dlinfra.runs.ownership import Lease
 from dlinfra.runs.records import Handover
@@ -101,7 +102,7 @@ def take_up(handover: Handover) -> Run:
         staging = run_dir.with_name(f".{handover.run_id}.taking")
         staging.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(staging, filter="data")
+            extract_safely(tar, staging)
         run = Run(handover.run_id, staging)
         if handover.emulate_instances != "process":  # the deploying machine's pids: none of this one's
             manifest = manifest.model_copy(update={"pids": {}})

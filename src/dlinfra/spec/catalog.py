@@ -74,6 +74,8 @@ class Catalog(BaseModel):
     nat_gateway_usd_per_hour: dict[str, float]
     public_ipv4_usd_per_hour: float  # every region: an Elastic IP (the NAT gateway's) included
     public_ipv4_source: str
+    gp3_usd_per_gb_month: dict[str, float]  # EBS gp3 storage: what a stopped instance's disk costs
+    gp3_source: str
     types: list[InstanceType]
 
     @cached_property

@@ -83,9 +83,11 @@ def setup(
     )
     if emulate:
         _boot(store, region, endpoint_url)
+    gb_month = catalog().gp3_usd_per_gb_month.get(region)
+    disk = f"${ROOT_VOLUME_GB * gb_month:.2f}/month" if gb_month is not None else "unpriced here"
     return (
         f"controller {instance_id} ({instance_type}, ${usd_per_hour:.4f}/h while it runs; stopped, only its "
-        f"{ROOT_VOLUME_GB} GiB gp3 disk is billed) serves s3://{bucket} (state in {root})"
+        f"{ROOT_VOLUME_GB} GiB gp3 disk is billed, {disk}) serves s3://{bucket} (state in {root})"
     )
 
 
@@ -138,6 +140,7 @@ def _boot_vm(instance_id: str, region: str, endpoint_url: str | None) -> None:
     from dlinfra.errors import DlinfraError
     from dlinfra.images.local import find
     from dlinfra.runs.wheel import node_wheel
+    from dlinfra.targets.aws.healing import instance_user_data
     from dlinfra.targets.aws.vms import boot_instance, qemu_pid
 
     if qemu_pid(vm_dir(instance_id)) is not None:
@@ -148,7 +151,9 @@ def _boot_vm(instance_id: str, region: str, endpoint_url: str | None) -> None:
             "--emulate-instances=vm: no controller image bakes this dlinfra. "
             "Fix: dlinfra image build --target local --flavor controller"
         )
-    boot_instance(_ec2(region, endpoint_url), instance_id, image, vm_dir(instance_id), region, endpoint_url)
+    ec2 = _ec2(region, endpoint_url)
+    user_data = instance_user_data(ec2, {"controller": {"id": instance_id}})["controller"]
+    boot_instance(ec2, instance_id, user_data, image, vm_dir(instance_id), region, endpoint_url)
 
 
 def emulated_pids(instance_id: str) -> list[int]:

@@ -123,16 +123,19 @@ def stop_leftover_vms(run: Run) -> None:
 
 
 def boot_instance(
-    ec2: Any, instance_id: str, image: LocalImage, vm_dir: Path, region: str, endpoint: str | None
+    ec2: Any,
+    instance_id: str,
+    user_data: str,
+    image: LocalImage,
+    vm_dir: Path,
+    region: str,
+    endpoint: str | None,
 ) -> None:
     """One instance of the emulator as a VM that outlives this process (as the instance outlives
     whoever started it): its user-data and private IP as EC2 holds them. A fresh disk each boot:
     whatever runs there must keep nothing that matters on it."""
-    from dlinfra.targets.aws.healing import instance_user_data
-
     found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
     subnet = ec2.describe_subnets(SubnetIds=[found["SubnetId"]])["Subnets"][0]["CidrBlock"]
-    user_data = instance_user_data(ec2, {"instance": {"id": instance_id}})["instance"]
     name = next((t["Value"] for t in found.get("Tags", []) if t["Key"] == "Name"), instance_id)
     nat = nat_network(subnet)
     seed = Seed(
