@@ -21,7 +21,7 @@ from dlinfra.prepare import Environment, Prepared, boot_install, checked_rate, p
 from dlinfra.render import build_node_configs, render_cluster
 from dlinfra.runs.compare import lock_changes
 from dlinfra.runs.handover import controller_note, hand_over
-from dlinfra.runs.layout import RunStore
+from dlinfra.runs.layout import ControllerStore, RunStore
 from dlinfra.runs.ownership import Lease, claim, cli_holder
 from dlinfra.runs.records import Owner
 from dlinfra.runs.run import Run, utc_now
@@ -197,23 +197,25 @@ class _Follow:
         tears_down = target.leaves_resources and not self.keep
         try:
             cluster = get_cluster()
-            if detach:
-                run.update_manifest(status="RUNNING", started=utc_now(), detached=True)
-                if (controller := target.controller(self.prepared.spec)) is None:
+            # a run handed to the account's controller outlives this CLI (attached: already an owner)
+            controller = None if attached else target.controller(self.prepared.spec)
+            if detach or controller is not None:
+                run.update_manifest(status="RUNNING", started=utc_now(), detached=detach)
+                if controller is None:
                     run.publish_manifest()
                     lease.release()  # whoever attaches next owns it
                     return Outcome(run, "DETACHED")
-                target.ready_for_controller(run)
-                # a controller on a machine of its own (EC2, or a VM standing in) reaches no process here
-                info = controller.info()
-                emulated = self.options.emulate_instances if info and info.emulated == "process" else None
-                hand_over(
-                    run, self.prepared.store, controller, lease, keep=self.keep, emulate_instances=emulated
+                self._hand_over(controller)
+                if detach:
+                    return Outcome(run, "HANDED_OVER")
+                self.options.log(
+                    f"run {run.id}: following it here; Ctrl-C stops only this view (the controller goes on; "
+                    f"`dlinfra destroy {run.id}` stops the run)"
                 )
-                target.wake_controller(self.prepared.spec, controller)
-                if note := controller_note(controller):
-                    self.options.log(note)
-                return Outcome(run, "HANDED_OVER")
+                followed = follow_only(self.prepared, on_update, started or time.time())
+                if followed is None or followed.state == "DETACHED":  # Ctrl-C: the run goes on there
+                    return Outcome(run, "HANDED_OVER")
+                return followed
             outcome = watch(
                 self.prepared,
                 cluster,
@@ -237,6 +239,19 @@ class _Follow:
             self.options.log(_teardown(target, run))
         lease.release()
         return outcome
+
+    def _hand_over(self, controller: ControllerStore) -> None:
+        target, run = self.target, self.prepared.run
+        target.ready_for_controller(run)
+        # a controller on a machine of its own (EC2, or a VM standing in) reaches no process here
+        info = controller.info()
+        emulated = self.options.emulate_instances if info and info.emulated == "process" else None
+        hand_over(
+            run, self.prepared.store, controller, self.lease, keep=self.keep, emulate_instances=emulated
+        )
+        target.wake_controller(self.prepared.spec, controller)
+        if note := controller_note(controller):
+            self.options.log(note)
 
 
 def _holder(store: RunStore) -> str:

@@ -90,7 +90,8 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
             return int((re.findall(r" step (\d+)/", chief_log.read_text(errors="replace")) or ["0"])[-1])
 
         wait_for("step 200 of the chief", lambda: chief_step() >= 200, 300)
-        worker = json.loads((laptop_run / "manifest.json").read_text())["instances"]["worker-0"]
+        before = json.loads((laptop_run / "manifest.json").read_text())["instances"]
+        worker = before["worker-0"]
         old = ec2.describe_instances(InstanceIds=[worker])["Reservations"][0]["Instances"][0]
         ec2.terminate_instances(InstanceIds=[worker])
         release_private_ip_as_aws_does(old)
@@ -112,6 +113,22 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         nothing: dict[str, list[str]] = {"instances": [], "vpcs": [], "nat_gateways": [], "eips": []}
         assert left_of(moto_endpoint, run_id) == nothing
         assert s3_json(s3, BUCKET, f"runs/{run_id}/metrics.json")["steps"] == 2000
+        # only the vanished instance was replaced: at its private IP, from the same user-data; the new
+        # worker rejoined before the end (its status is its second life's)
+        after = published["instances"]
+        assert after["worker-0"] != worker
+        assert {k: v for k, v in after.items() if k != "worker-0"} == {
+            k: v for k, v in before.items() if k != "worker-0"
+        }
+        new = ec2.describe_instances(InstanceIds=[after["worker-0"]])["Reservations"][0]["Instances"][0]
+        assert new["PrivateIpAddress"] == old["PrivateIpAddress"]
+        user_data = [
+            ec2.describe_instance_attribute(InstanceId=i, Attribute="userData")["UserData"]["Value"]
+            for i in (worker, after["worker-0"])
+        ]
+        assert user_data[0] == user_data[1]
+        status = s3_json(s3, BUCKET, f"runs/{run_id}/status/worker-0.json")
+        assert status["state"] != "replacing" and status["restarts"] == 1, status
 
         logs = run_cli("controller", "logs", *bucket_args, env=aws["env"], cwd=aws["cwd"]).stdout
         assert f"run {run_id}: owned (handed over by cli " in logs, logs

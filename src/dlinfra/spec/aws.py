@@ -100,9 +100,10 @@ class AwsSpec(StrictModel):
     )
     controller: Literal["auto", "off"] = Field(
         "auto",
-        description="auto: `deploy --detach` hands the run to the account's controller when the results "
-        "bucket has one (`dlinfra controller run`), which heals it, enforces its limits and tears it "
-        "down with no laptop watching; off: never (the run waits for `dlinfra watch`).",
+        description="auto: `deploy` hands the run to the account's controller when the results bucket "
+        "has one (`dlinfra setup --controller`), which heals it, enforces its limits and tears it down "
+        "with no laptop watching (deploy follows it as a viewer; --detach exits); off: never (deploy "
+        "owns the run; after --detach it waits for `dlinfra watch`).",
     )
     root_volume_gb: int = Field(100, ge=8, le=16384)
     ssm_access: bool = Field(
