@@ -4,7 +4,11 @@ starts it again and hands the run over, and the laptop's CLI is gone; the contro
 whose instance is terminated, ends the run DONE, destroys its stack and stops its instance again.
 What this stands in for: EC2 boots. Instances are emulated as processes, as in test_aws_emulated:
 the controller's instance is `dlinfra controller run` as its unit runs it, in a home of its own,
-booted by whoever starts the instance."""
+booted by whoever starts the instance.
+
+The heal's own checks (only the vanished instance replaced, at its private IP, from the same
+user-data; the worker's second life rejoined) are made here, once for every owner: a `deploy` in the
+foreground heals with the same watch loop."""
 
 from __future__ import annotations
 

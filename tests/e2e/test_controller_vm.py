@@ -138,7 +138,8 @@ def test_the_controller_vm_from_its_image_heals_a_handed_over_run_tears_it_down_
         chief_log = laptop_run / "logs" / "chief-0.log"
 
         def chief_step() -> int:
-            return int((re.findall(r" step (\d+)/", chief_log.read_text(errors="replace")) or ["0"])[-1])
+            text = chief_log.read_text(errors="replace") if chief_log.exists() else ""  # not started yet
+            return int((re.findall(r" step (\d+)/", text) or ["0"])[-1])
 
         with ec2_boots_replacements(moto_endpoint, run_id, laptop_run) as booted:
             # the worker's instance is lost while the controller VM still boots: nobody acts on it yet
