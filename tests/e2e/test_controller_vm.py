@@ -23,7 +23,9 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -41,43 +43,60 @@ BUCKET = "dlinfra-controlled-vm"
 IDLE_MINUTES = 0.5
 
 
+@dataclass
+class Booted:
+    """What the EC2 stand-in booted, or why it stopped booting."""
+
+    ids: list[str] = field(default_factory=list)
+    failure: BaseException | None = None
+
+    def any(self) -> bool:
+        if self.failure is not None:
+            raise self.failure
+        return bool(self.ids)
+
+
 @contextlib.contextmanager
-def ec2_boots_replacements(endpoint: str, run_id: str, run_dir: Path) -> Iterator[list[str]]:
-    """Stand-in for EC2 booting a new instance of the run: each one that appears running is booted
-    here as a node process from its own user-data (at its old address: the run dir's config), as the
-    deploying machine boots emulated instances. Yields the ids it booted."""
+def ec2_boots_replacements(endpoint: str, run_id: str, run_dir: Path) -> Iterator[Booted]:
+    """Stand-in for EC2 booting a new instance of the run: each one that appears running (with its
+    role and index tags) is booted here as a node process from its own user-data, at its old address
+    (the run dir's config), as the deploying machine boots emulated instances."""
     ec2 = aws_client(endpoint, "ec2")
+    of_run = [{"Name": "tag:dlinfra:run-id", "Values": [run_id]}]
     known = {
         i["InstanceId"]
-        for r in ec2.describe_instances(Filters=[{"Name": "tag:dlinfra:run-id", "Values": [run_id]}])[
-            "Reservations"
-        ]
+        for r in ec2.describe_instances(Filters=of_run)["Reservations"]
         for i in r["Instances"]
     }
     manifest = json.loads((run_dir / "manifest.json").read_text())
     nodes = AttachedNodes(run_id, dict(manifest["pids"]), run_dir=run_dir)
-    booted: list[str] = []
-    failed: list[BaseException] = []
+    booted = Booted()
     done = threading.Event()
 
     def boot() -> None:
         while not done.wait(1):
-            found = ec2.describe_instances(Filters=[{"Name": "tag:dlinfra:run-id", "Values": [run_id]}])
-            for inst in (i for r in found["Reservations"] for i in r["Instances"]):
-                if inst["InstanceId"] in known or inst["State"]["Name"] != "running":
-                    continue
+            try:
+                found = ec2.describe_instances(Filters=of_run)["Reservations"]
+            except Exception:  # the emulator busy for a moment (EC2's API throttles too): look again
+                traceback.print_exc()
+                continue
+            for inst in (i for r in found for i in r["Instances"]):
+                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                ready = inst["State"]["Name"] == "running" and {"dlinfra:role", "dlinfra:index"} <= set(tags)
+                if inst["InstanceId"] in known or not ready:
+                    continue  # not yet running, or not yet tagged: looked at again next time
                 known.add(inst["InstanceId"])
-                tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
                 name = f"{tags['dlinfra:role']}-{tags['dlinfra:index']}"
                 user_data = instance_user_data(ec2, {name: {"id": inst["InstanceId"]}})[name]
                 nodes.replace(name, user_data)
-                booted.append(inst["InstanceId"])
+                booted.ids.append(inst["InstanceId"])
 
     def guarded() -> None:
         try:
             boot()
         except BaseException as exc:  # the test fails with it, not with a timeout
-            failed.append(exc)
+            traceback.print_exc()
+            booted.failure = exc
 
     thread = threading.Thread(target=guarded, daemon=True)
     thread.start()
@@ -87,15 +106,16 @@ def ec2_boots_replacements(endpoint: str, run_id: str, run_dir: Path) -> Iterato
         done.set()
         thread.join()
         nodes.stop(grace=0)
-    if failed:
-        raise failed[0]
 
 
 def test_the_controller_vm_from_its_image_heals_a_handed_over_run_tears_it_down_and_stops_when_idle(
-    moto_endpoint: str, tf_cli_config: Path, tmp_path: Path
+    moto_endpoint: str, tf_cli_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "laptop").mkdir()
     aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "laptop", BUCKET, make_bucket=False)
+    for key, value in aws["env"].items():  # the stand-in boots nodes here, as the deploying machine
+        if key.startswith("AWS_"):
+            monkeypatch.setenv(key, value)
     env = aws["env"] | {"DLINFRA_IMAGE_CACHE": str(IMAGE_CACHE)}
     s3, ec2 = aws_client(moto_endpoint, "s3"), aws_client(moto_endpoint, "ec2")
     bucket_args = ["--bucket", BUCKET, "--endpoint-url", moto_endpoint]
@@ -158,10 +178,10 @@ def test_the_controller_vm_from_its_image_heals_a_handed_over_run_tears_it_down_
             )
             owned_at = time.monotonic()
             assert owner["holder"] == f"controller {instance_id}"
-            wait_for("the replacement booted", lambda: booted, 1200)
+            wait_for("the replacement booted", booted.any, 1200)
             replaced_at = time.monotonic()
             wait_for("DONE", lambda: s3_json(s3, BUCKET, f"runs/{run_id}/DONE") is not None, 900)
-            assert len(booted) == 1
+            assert len(booted.ids) == 1 and booted.failure is None
             assert deploying.wait(timeout=300) == 0, shown.read_text()[-3000:]
 
         # the deploy followed: it handed over, started the stopped controller, showed the end; the
@@ -183,7 +203,7 @@ def test_the_controller_vm_from_its_image_heals_a_handed_over_run_tears_it_down_
         nothing: dict[str, list[str]] = {"instances": [], "vpcs": [], "nat_gateways": [], "eips": []}
         assert left_of(moto_endpoint, run_id) == nothing
         logs = run_cli("controller", "logs", *bucket_args, env=env, cwd=aws["cwd"]).stdout
-        assert f"run {run_id}: worker-0: replaced by {booted[0]}" in logs, logs
+        assert f"run {run_id}: worker-0: replaced by {booted.ids[0]}" in logs, logs
         assert f"run {run_id}: stack destroyed in " in logs
         assert f"controller {instance_id}: nothing to own for 0.5 min: stopping" in logs
 
