@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dlinfra.deploy import act_for
 from dlinfra.errors import DlinfraError, StoreError
@@ -51,7 +51,8 @@ class Controller:
     stop_instance: Callable[[str], None] = lambda instance_id: None
     poll: float = POLL_SECONDS
     log_file: Path = field(default_factory=lambda: home() / "controller.log")
-    emulated: Any = None  # ControllerInfo.emulated, as `setup` registered it: kept in every record
+    # ControllerInfo.emulated, as `setup` registered it: kept in every record the controller writes
+    emulated: Literal["process", "vm"] | None = None
     _owned: dict[str, threading.Thread] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -59,7 +59,6 @@ def setup(
         made = account_controller.setup(
             bucket, region, endpoint_url, ami, idle_minutes, log, emulate=_emulation(emulate_instances)
         )
-
         out.print(made, markup=False)
 
 

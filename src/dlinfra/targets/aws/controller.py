@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from dlinfra.errors import SpecError
+from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.render.cloud_init import render_controller_user_data
 from dlinfra.runs.handover import POLL_SECONDS
 from dlinfra.runs.layout import ControllerStore
@@ -99,14 +99,18 @@ def wake(store: ControllerStore, region: str, endpoint_url: str | None, log: Log
     _ec2(region, endpoint_url).start_instances(InstanceIds=[info.instance_id])
     log(f"controller {info.instance_id}: started (it was {info.state})")
     if info.emulated:
-        _boot(store, region, endpoint_url)
+        try:
+            _boot(store, region, endpoint_url)
+        except DlinfraError as exc:  # the hand-over stands: the run waits for a controller (or a watch)
+            log(f"controller {info.instance_id}: its emulated instance did not boot: {exc}")
 
 
 def _boot(store: ControllerStore, region: str, endpoint_url: str | None) -> None:
     """The emulated instance, booted as registered. It outlives this CLI, as the instance would.
     Once per instance: starting a running instance boots nothing, and two would both hold its lease."""
     info = store.info()
-    assert info is not None and info.instance_id is not None
+    if info is None or info.instance_id is None:
+        raise DlinfraError(f"no controller instance is registered in {store.uri()}")
     if info.emulated == "vm":
         _boot_vm(info.instance_id, region, endpoint_url)
         return
@@ -137,7 +141,6 @@ def vm_dir(instance_id: str) -> Path:
 
 
 def _boot_vm(instance_id: str, region: str, endpoint_url: str | None) -> None:
-    from dlinfra.errors import DlinfraError
     from dlinfra.images.local import find
     from dlinfra.runs.wheel import node_wheel
     from dlinfra.targets.aws.healing import instance_user_data
