@@ -220,6 +220,11 @@ def wait_for(what: str, ready: Any, timeout: float) -> Any:
     raise AssertionError(f"{what}: not within {timeout:.0f}s")
 
 
+def instance_state(endpoint: str, instance_id: str) -> str:
+    found = aws_client(endpoint, "ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return str(found[0]["Instances"][0]["State"]["Name"])
+
+
 def left_of(endpoint: str, run_id: str) -> dict[str, list[str]]:
     """What of the run is still in moto, by its run tag: instances not terminated, VPCs, NAT
     gateways not deleted, Elastic IPs."""

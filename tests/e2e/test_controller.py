@@ -22,7 +22,14 @@ from pathlib import Path
 import pytest
 
 from dlinfra.targets.aws.controller import emulated_pids
-from e2e.conftest import aws_emulation, left_of, release_private_ip_as_aws_does, s3_json, wait_for
+from e2e.conftest import (
+    aws_emulation,
+    instance_state,
+    left_of,
+    release_private_ip_as_aws_does,
+    s3_json,
+    wait_for,
+)
 from support import aws_client, cli_process, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
@@ -38,16 +45,13 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
     s3, ec2 = aws_client(moto_endpoint, "s3"), aws_client(moto_endpoint, "ec2")
     bucket_args = ["--bucket", BUCKET, "--endpoint-url", moto_endpoint]
 
-    def instance_state(instance_id: str) -> str:
-        found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
-        return str(found["State"]["Name"])
-
     made = run_cli(
         "setup", *bucket_args, "--controller", "--ami", aws["ami"], "--idle-minutes", str(IDLE_MINUTES),
         "--emulate-instances", env=aws["env"], cwd=aws["cwd"], timeout=900,
     )  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
     instance_id = s3_json(s3, BUCKET, "controller/controller.json")["instance_id"]
+    state = lambda: instance_state(moto_endpoint, instance_id)  # noqa: E731
     assert re.search(
         rf"controller {instance_id} \(t3.medium, \$0.0416/h while it runs; stopped, only its 16 GiB gp3 disk "
         r"is billed, \$1.28/month\)",  # 16 GiB x $0.08/GB-month, the catalog's gp3 price
@@ -59,9 +63,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         assert tags["dlinfra:role"] == "controller" and "dlinfra:run-id" not in tags
         assert controller["IamInstanceProfile"]["Arn"].endswith("/dlinfra-controller")
         # nothing to own: it says so and stops its own instance
-        wait_for(
-            "the idle controller's instance stopped", lambda: instance_state(instance_id) == "stopped", 300
-        )
+        wait_for("the idle controller's instance stopped", lambda: state() == "stopped", 300)
         assert s3_json(s3, BUCKET, "controller/controller.json")["state"] == "stopped"
         wait_for("the controller's process gone", lambda: not emulated_pids(instance_id), 60)
 
@@ -77,7 +79,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         # the laptop's state went to the bucket with the run: the controller acts from there
         assert not (laptop_run / "terraform" / "stack" / "terraform.tfstate").exists()
         assert "Contents" in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"dlinfra/{run_id}/terraform.tfstate")
-        assert instance_state(instance_id) == "running"
+        assert state() == "running"
 
         owner = wait_for(
             "the controller owning the run",
@@ -107,9 +109,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         assert s3_json(s3, BUCKET, f"runs/{run_id}/DONE") is not None
 
         # the controller replaced the worker, recorded it, tore the stack down, and stopped again
-        wait_for(
-            "the controller's instance stopped again", lambda: instance_state(instance_id) == "stopped", 600
-        )
+        wait_for("the controller's instance stopped again", lambda: state() == "stopped", 600)
         assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix="controller/handovers/")
         published = s3_json(s3, BUCKET, f"runs/{run_id}/manifest.json")
         assert [h["node"] for h in published["heals"]] == ["worker-0"]
@@ -150,7 +150,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         # nothing handed over: its stack can go, and the bucket knows no controller any more
         gone = run_cli("controller", "destroy", *bucket_args, env=aws["env"], cwd=aws["cwd"], timeout=600)
         assert gone.returncode == 0, gone.stdout + gone.stderr
-        assert instance_state(instance_id) == "terminated"
+        assert state() == "terminated"
         assert s3_json(s3, BUCKET, "controller/controller.json") is None
         vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:dlinfra:purpose", "Values": ["controller"]}])["Vpcs"]
         assert vpcs == []

@@ -29,7 +29,7 @@ import pytest
 from dlinfra.runs.run import home
 from dlinfra.targets.aws.controller import vm_dir
 from dlinfra.targets.aws.vms import qemu_pid
-from e2e.conftest import aws_emulation, left_of, s3_json, wait_for
+from e2e.conftest import aws_emulation, instance_state, left_of, s3_json, wait_for
 from support import IMAGE_CACHE, aws_client, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm]
@@ -43,12 +43,8 @@ def test_the_controller_vm_from_its_image_tears_a_handed_over_run_down_and_stops
     (tmp_path / "laptop").mkdir()
     aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "laptop", BUCKET, make_bucket=False)
     env = aws["env"] | {"DLINFRA_IMAGE_CACHE": str(IMAGE_CACHE)}
-    s3, ec2 = aws_client(moto_endpoint, "s3"), aws_client(moto_endpoint, "ec2")
+    s3 = aws_client(moto_endpoint, "s3")
     bucket_args = ["--bucket", BUCKET, "--endpoint-url", moto_endpoint]
-
-    def instance_state(instance_id: str) -> str:
-        found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
-        return str(found["State"]["Name"])
 
     built = run_cli(
         "image", "build", "--target", "local", "--flavor", "controller", env=env, timeout=1800
@@ -63,6 +59,7 @@ def test_the_controller_vm_from_its_image_tears_a_handed_over_run_down_and_stops
     )  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
     instance_id = s3_json(s3, BUCKET, "controller/controller.json")["instance_id"]
+    state = lambda: instance_state(moto_endpoint, instance_id)  # noqa: E731
     # the emulated instance's VM: its console, and its qemu's pid file (DLINFRA_HOME is the laptop's)
     console = aws["home"] / vm_dir(instance_id).relative_to(home()) / "console.log"
     deploying: subprocess.Popen[bytes] | None = None
@@ -99,7 +96,7 @@ def test_the_controller_vm_from_its_image_tears_a_handed_over_run_down_and_stops
         assert left_of(moto_endpoint, run_id) == nothing
 
         # nothing more to own: it stops its own instance, and the VM powers off
-        wait_for("the idle controller stopped", lambda: instance_state(instance_id) == "stopped", 900)
+        wait_for("the idle controller stopped", lambda: state() == "stopped", 900)
         wait_for("the VM powered off", lambda: qemu_pid(console.parent) is None, 300)
         booted = console.read_text(errors="replace")
         assert "Cloud-init v." in booted and "reboot: Power down" in booted, booted[-3000:]
@@ -114,7 +111,7 @@ def test_the_controller_vm_from_its_image_tears_a_handed_over_run_down_and_stops
         print(f"\n[timing] controller VM: deploy start to the stack destroyed from inside the VM {took:.0f}s")
         gone = run_cli("controller", "destroy", *bucket_args, env=env, cwd=aws["cwd"], timeout=600)
         assert gone.returncode == 0, gone.stdout + gone.stderr
-        assert instance_state(instance_id) == "terminated"
+        assert state() == "terminated"
     finally:
         if deploying is not None and deploying.poll() is None:
             deploying.kill()
