@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlinfra.contract import NodeConfig, StoreConfig
+from dlinfra.environment.lock import Flavor, Lock
 from dlinfra.errors import DlinfraError, RunFailed
 from dlinfra.pinned_data import absolute_dataset
-from dlinfra.prepare import Environment, Prepared, boot_install, checked_rate, prepare
-from dlinfra.render import build_node_configs, render_cluster
+from dlinfra.prepare import Environment, NodeInstall, Prepared, boot_install, checked_rate, prepare
+from dlinfra.render import AddressPlan, build_node_configs, render_cluster
 from dlinfra.runs.compare import lock_changes
 from dlinfra.runs.handover import controller_note, hand_over
 from dlinfra.runs.layout import ControllerStore, RunStore
@@ -72,15 +73,19 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
         target.options.log(f"warning: {warning}")
     target.preflight(spec)
     addresses = target.addresses(spec)  # before the run exists: a bad subnet creates nothing
+    install = target.node_install(spec, origin.wheel if origin else None)
+    spec, locks, settled = _settle(spec, target, addresses, install, origin.locks if origin else None)
+    if settled:
+        target.options.log(settled)
     prepared = prepare(
         spec,
         addresses,
-        target.node_install(spec, origin.wheel if origin else None),
+        install,
         request.spec_path,
         request.argv,
         code=origin.code if origin else None,
         pins=origin.pins if origin else None,
-        locks=origin.locks if origin else None,
+        locks=locks,
         typed=target.uses_instance_types,
         usd_per_hour=checked_rate(spec, target.hourly_cost(spec), target.name),
         upload=request.upload,
@@ -98,6 +103,25 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
             + "".join(f"\n  {change}" for change in changes[:40])
         )
     return prepared, target.plan(prepared)
+
+
+def _settle(
+    spec: Spec, target: Target, addresses: AddressPlan, install: NodeInstall, locks: dict[Flavor, Lock] | None
+) -> tuple[Spec, dict[Flavor, Lock] | None, str | None]:
+    """Target.settle, with the run's environment resolved only if the target asks for it (then once:
+    prepare takes the locks as they are)."""
+    probe = build_node_configs(
+        spec, "RUN_ID", StoreConfig(url="file:///RUN_ID"), addresses, typed=target.uses_instance_types
+    )
+    resolved = [locks] if locks is not None else []
+
+    def digests() -> dict[str, str]:
+        if not resolved:
+            resolved.append(Environment.of(spec, probe, install, None).locks)
+        return {flavor: lock.sha256 for flavor, lock in resolved[0].items()}
+
+    settled, line = target.settle(spec, probe, digests)
+    return settled, resolved[0] if resolved else None, line
 
 
 def deploy(

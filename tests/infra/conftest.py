@@ -145,13 +145,13 @@ class MotoServer:
     region: str = REGION
     credentials: dict[str, str] = field(default_factory=lambda: dict(FAKE_CREDENTIALS))
 
-    def client(self, service: str) -> Any:
+    def client(self, service: str, region: str | None = None) -> Any:
         import boto3
 
         return boto3.client(
             service,
             endpoint_url=self.endpoint_url,
-            region_name=self.region,
+            region_name=region or self.region,
             aws_access_key_id=self.credentials["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=self.credentials["AWS_SECRET_ACCESS_KEY"],
         )

@@ -202,6 +202,7 @@ def test_bake_registers_an_ami_tagged_with_what_it_holds(baked: Baked, moto_serv
     assert tags["dlinfra:version"] == __version__
     assert tags["dlinfra:flavor"] == "cpu"
     assert tags["dlinfra:wheel-sha256"] == recipe.wheel_sha256
+    assert tags["dlinfra:lock-sha256"] == recipe.lock.sha256, "aws.egress auto compares it with a run's lock"
     assert image["Name"] == f"dlinfra-{__version__}-cpu-{recipe.digest[:12]}"
     assert image["State"] == "available"
     assert image["SourceInstanceId"] == baked.builder, "the AMI is taken from the builder that ran the recipe"
@@ -240,6 +241,7 @@ def test_find_baked_returns_the_newest_ami_of_a_version_and_flavor(baked: Baked,
         "id": baked.ami,
         "digest": baked.recipe.digest,
         "wheel_sha256": baked.recipe.wheel_sha256,
+        "lock_sha256": baked.recipe.lock.sha256,
         "name": f"dlinfra-{__version__}-cpu-{baked.recipe.digest[:12]}",
     }
     assert find_baked(ec2, "0.0.0-never", "cpu") is None
@@ -331,6 +333,46 @@ def test_the_next_plan_boots_every_role_from_the_baked_ami(baked: Baked, spec: S
     )
     inputs = json.loads((run_dir / "tfvars.json").read_text())
     assert {role: group["ami_id"] for role, group in inputs["roles"].items()} == manifest_ids(manifest)
+    # the AMI holds the suite's fixed lock, not the one this plan resolved: nodes install the
+    # difference at boot, so aws.egress auto keeps the NAT gateway
+    why = "aws.egress auto → nat: the baked image of chief, ps, worker holds another lock than this run's"
+    assert why in result.stderr and inputs["network"]["egress"] == "nat"
+
+
+def test_egress_auto_plans_no_nat_gateway_when_the_baked_amis_hold_the_runs_lock(
+    baked: Baked, spec: Spec, moto_server, aws_env: Path
+) -> None:
+    """The AMI the plan above picked, registered again with the lock that plan resolved (a stand-in
+    for a bake of this run's environment, in a region of its own: no other plan here sees it)."""
+    from support import run_cli
+
+    earlier = json.loads((sorted((aws_env / "runs").iterdir())[-1] / "manifest.json").read_text())
+    region = "eu-north-1"
+    ec2 = moto_server.client("ec2", region)
+    instance = ec2.run_instances(ImageId=spec.aws.ami, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    ami = ec2.create_image(InstanceId=instance, Name="dlinfra-egress-stand-in")["ImageId"]
+    tags = {
+        "dlinfra:version": __version__,
+        "dlinfra:flavor": "cpu",
+        DIGEST_TAG: baked.recipe.digest,
+        "dlinfra:lock-sha256": earlier["environment"]["cpu"]["sha256"],
+    }
+    ec2.create_tags(Resources=[ami], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+    bucket = f"{BUCKET}-{region}"
+    moto_server.client("s3", region).create_bucket(
+        Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": region}
+    )
+    args = ["plan", "--set", "target=aws", "--workers", "1", "--endpoint-url", str(spec.aws.endpoint_url)]
+    sets = [f"storage.url=s3://{bucket}/runs", f"aws.ami={spec.aws.ami}", "cluster.workers.gpus=0"]
+    sets.append(f"aws.region={region}")
+    result = run_cli(*args, *[a for s in sets for a in ("--set", s)], env=dict(os.environ), cwd=aws_env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "aws.egress auto → none: every node boots a baked image holding this run's lock" in result.stderr
+    run_dir = sorted((aws_env / "runs").iterdir())[-1]
+    assert json.loads((run_dir / "tfvars.json").read_text())["network"]["egress"] == "none"
+    planned = (run_dir / "plan.md").read_text()
+    assert "aws_nat_gateway" not in planned and "NAT gateway" not in planned.split("If the run ends")[0]
+    assert "what stays up (the VPC, its subnets and security group) costs nothing" in planned
 
 
 def manifest_ids(manifest: dict[str, Any]) -> dict[str, str]:

@@ -280,6 +280,7 @@ class ImagePin(BaseModel):
     id: str
     digest: str | None = None
     dlinfra_version: str | None = None
+    lock_sha256: str | None = None  # the environment lock the image holds (None: unrecorded)
 
 
 class BundlePin(BaseModel):

@@ -92,7 +92,13 @@ class AwsSpec(StrictModel):
         description="egress nat: the NAT gateway's subnet, inside vpc_cidr and apart from subnet_cidr "
         "(default: the first such /24).",
     )
-    egress: Literal["nat", "public_ip", "none"] = Field("nat", description="How nodes reach package mirrors.")
+    egress: Literal["auto", "nat", "public_ip", "none"] = Field(
+        "auto",
+        description="How nodes reach the internet (package mirrors, data outside the region's S3). auto: "
+        "none when every node boots a baked image holding the run's whole environment and its data is "
+        "in this region's S3 (no NAT gateway at all), else nat; nat: a NAT gateway (billed per hour "
+        "and GB); public_ip: public IPs, no NAT; none: only S3 of the region and the cluster's peers.",
+    )
     state_bucket: str | None = Field(
         None,
         pattern=f"^{BUCKET_RE}$",
@@ -173,7 +179,7 @@ class AwsSpec(StrictModel):
                 f"aws.subnet_cidr {self.subnet_cidr} is not inside aws.vpc_cidr {self.vpc_cidr}. "
                 f"Fix: set aws.subnet_cidr to a range of the VPC, e.g. {_example(vpc)}"
             )
-        if self.network()["public_subnet_cidr"] is None and self.egress == "nat":
+        if self.network()["public_subnet_cidr"] is None and self.egress in ("nat", "auto"):
             raise ValueError(
                 f"aws.subnet_cidr {self.subnet_cidr} leaves no room in aws.vpc_cidr {self.vpc_cidr} for "
                 "the NAT gateway's public subnet. Fix: use a smaller aws.subnet_cidr, or set aws.egress "
@@ -181,11 +187,17 @@ class AwsSpec(StrictModel):
             )
         return self
 
+    @property
+    def needs_nat(self) -> bool:
+        """A NAT gateway, or perhaps one (auto before the run settles it: priced as one)."""
+        return self.egress in ("nat", "auto")
+
     def network(self) -> dict[str, Any]:
-        """The ranges as the stacks' `network` input takes them."""
+        """The ranges as the stacks' `network` input takes them (egress auto, unsettled: nat, as for
+        the image builder, which installs from the index)."""
         return {
             "vpc_cidr": self.vpc_cidr,
             "subnet_cidr": self.subnet_cidr,
             "public_subnet_cidr": public_subnet(self.vpc_cidr, self.subnet_cidr, self.public_subnet_cidr),
-            "egress": self.egress,
+            "egress": "nat" if self.egress == "auto" else self.egress,
         }

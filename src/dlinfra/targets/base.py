@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
+    from dlinfra.contract import NodeConfig
     from dlinfra.prepare import NodeInstall, Prepared
     from dlinfra.render.addresses import AddressPlan
     from dlinfra.runs.layout import ControllerStore
@@ -112,6 +113,14 @@ class Target(Protocol):
     def wake_controller(self, spec: Spec, store: ControllerStore) -> None:
         """Start the controller if it is not running, once the hand-over is written (it looks for
         hand-overs again after saying it stops, so one of the two always sees the other)."""
+        ...
+
+    def settle(
+        self, spec: Spec, configs: dict[str, NodeConfig], locks: Callable[[], dict[str, str]]
+    ) -> tuple[Spec, str | None]:
+        """What the spec leaves to the target until its nodes (`configs`) and their environment
+        (`locks`: flavor → lock digest, resolved when asked) are known, decided before anything is
+        rendered (aws: egress auto); and a line saying what it decided."""
         ...
 
     def hourly_cost(self, spec: Spec) -> HourlyCost: ...

@@ -127,6 +127,11 @@ class LocalTarget:
     def hourly_cost(self, spec: Spec) -> HourlyCost:
         return HourlyCost(per_role=dict.fromkeys(spec.roles(), 0.0))
 
+    def settle(
+        self, spec: Spec, configs: dict[str, NodeConfig], locks: Callable[[], dict[str, str]]
+    ) -> tuple[Spec, str | None]:
+        return spec, None
+
 
 def _is_node_of(pid: int, run_id: str) -> bool:
     try:

@@ -16,6 +16,7 @@ locals {
     "dlinfra:version"      = var.image.version
     "dlinfra:flavor"       = var.image.flavor
     "dlinfra:wheel-sha256" = var.image.wheel_sha256
+    "dlinfra:lock-sha256"  = var.image.lock_sha256
     "dlinfra:base-ami"     = local.base_ami_id
   }
 }

@@ -3,13 +3,14 @@
 ################################################################################
 
 variable "image" {
-  description = "The image to bake: AMI name and what it holds (recipe digest, dlinfra version, flavor, wheel sha256), written to its tags. The digest also names the builder's resources (\"dlinfra-image-<digest[:16]>-...\")."
+  description = "The image to bake: AMI name and what it holds (recipe digest, dlinfra version, flavor, wheel and lock sha256), written to its tags. The digest also names the builder's resources (\"dlinfra-image-<digest[:16]>-...\")."
   type = object({
     name         = string
     digest       = string
     version      = string
     flavor       = string
     wheel_sha256 = string
+    lock_sha256  = string
   })
 
   validation {
@@ -17,8 +18,8 @@ variable "image" {
     error_message = "image.name must be an AMI name: 3-128 characters of letters, digits, spaces and ()[]./'@_-, e.g. \"dlinfra-0.1.0-cpu-0123456789ab\"."
   }
   validation {
-    condition     = can(regex("^[0-9a-f]{64}$", var.image.digest)) && can(regex("^[0-9a-f]{64}$", var.image.wheel_sha256))
-    error_message = "image.digest and image.wheel_sha256 must be sha256 hex digests (64 lowercase hex characters)."
+    condition     = alltrue([for d in [var.image.digest, var.image.wheel_sha256, var.image.lock_sha256] : can(regex("^[0-9a-f]{64}$", d))])
+    error_message = "image.digest, image.wheel_sha256 and image.lock_sha256 must be sha256 hex digests (64 lowercase hex characters)."
   }
   validation {
     condition     = contains(["cpu", "gpu"], var.image.flavor)

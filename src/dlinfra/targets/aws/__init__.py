@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,10 +27,11 @@ from dlinfra.runs.records import ImagePin, PlanCounts
 from dlinfra.runs.store import parse_s3_url
 from dlinfra.spec.catalog import machine_of
 from dlinfra.spec.pricing import HourlyCost
-from dlinfra.targets.aws import amis, emulator, preflight, review, stack, tfvars
+from dlinfra.targets.aws import amis, egress, emulator, preflight, review, stack, tfvars
 from dlinfra.targets.base import Review, TargetOptions
 
 if TYPE_CHECKING:
+    from dlinfra.contract import NodeConfig
     from dlinfra.prepare import Prepared
     from dlinfra.runs.run import Run
     from dlinfra.spec.model import Spec
@@ -67,6 +69,21 @@ class AwsTarget:
 
     def preflight(self, spec: Spec) -> None:
         preflight.preflight(spec, self.options.emulate_instances)
+
+    def settle(
+        self, spec: Spec, configs: dict[str, NodeConfig], locks: Callable[[], dict[str, str]]
+    ) -> tuple[Spec, str | None]:
+        if spec.aws.egress != "auto":
+            return spec, None
+        if self.options.emulate_instances == "vm":
+            settled = egress.Settled("nat", "the VMs boot local images, not AMIs")
+        else:
+            flavors = amis.role_flavors(configs)
+            images = amis.choose(spec, flavors, preflight.client(spec, "ec2"), {})
+            region = egress.bucket_region(preflight.client(spec, "s3"))
+            settled = egress.settle(spec, images, flavors, locks, region)
+        aws = spec.aws.model_copy(update={"egress": settled.egress})
+        return spec.model_copy(update={"aws": aws}), settled.line()
 
     def plan(self, prepared: Prepared) -> Review:
         prepared = _rerun_base_ami(prepared)

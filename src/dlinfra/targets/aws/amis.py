@@ -41,7 +41,14 @@ def choose(
                 f"aws.image: baked, and no {flavor} AMI is baked for dlinfra {__version__}. Fix: {BUILD}"
             )
         chosen[role] = (
-            ImagePin(id=found["id"], digest=found["digest"], dlinfra_version=__version__) if found else None
+            ImagePin(
+                id=found["id"],
+                digest=found["digest"],
+                dlinfra_version=__version__,
+                lock_sha256=found["lock_sha256"],
+            )
+            if found
+            else None
         )
     installs = sorted(role for role, pin in chosen.items() if pin is None)
     if installs and spec.aws.egress == "none" and not spec.aws.pip_index_url:

@@ -66,6 +66,7 @@ TAG_DIGEST = "dlinfra:image-digest"
 TAG_VERSION = "dlinfra:version"
 TAG_FLAVOR = "dlinfra:flavor"
 TAG_WHEEL = "dlinfra:wheel-sha256"
+TAG_LOCK = "dlinfra:lock-sha256"
 
 _AMI_NAME_CHARS = re.compile(r"[^A-Za-z0-9()\[\] ./'@_-]")
 
@@ -96,6 +97,7 @@ def image_tfvars(spec: Spec, recipe: Recipe, user_data: str, *, create_ami: bool
             "version": __version__,
             "flavor": recipe.flavor,
             "wheel_sha256": recipe.wheel_sha256,
+            "lock_sha256": recipe.lock.sha256,
         },
         "create_ami": create_ami,
         "region": spec.aws.region,
@@ -188,13 +190,14 @@ def _images(ec2: Any, filters: dict[str, str]) -> list[dict[str, Any]]:
 
 def find_baked(ec2: Any, version: str, flavor: str) -> dict[str, Any] | None:
     """The newest AMI this account baked for `version` and `flavor`: {id, digest, wheel_sha256,
-    name}, or None."""
+    lock_sha256, name}, or None."""
     for image in _images(ec2, {TAG_VERSION: version, TAG_FLAVOR: flavor}):
         tags = {t["Key"]: t["Value"] for t in image.get("Tags", [])}
         return {
             "id": image["ImageId"],
             "digest": tags.get(TAG_DIGEST),
             "wheel_sha256": tags.get(TAG_WHEEL),
+            "lock_sha256": tags.get(TAG_LOCK),
             "name": image.get("Name"),
         }
     return None

@@ -32,7 +32,7 @@ def hourly_cost(spec: Spec) -> HourlyCost:
         if price is None:
             unpriced.append(f"{shape.instance_type} in {region}")
     extras = {}
-    if spec.aws.egress == "nat":
+    if spec.aws.needs_nat:
         nat = catalog().nat_gateway_usd_per_hour.get(region)
         if nat is None:
             unpriced.append(f"the NAT gateway in {region}")
@@ -136,7 +136,7 @@ class PlanSummary:
         """What stays up when the run ends with nobody watching: the nodes power off and terminate,
         the stack's network does not."""
         left = "If the run ends with nobody watching, its instances stop and terminate themselves"
-        if self.spec.aws.egress != "nat":  # a VPC, subnets, a security group, a gateway endpoint: free
+        if not self.spec.aws.needs_nat:  # a VPC, subnets, a security group, a gateway endpoint: free
             return f"{left}; what stays up (the VPC, its subnets and security group) costs nothing."
         nat = self.cost.extras.get(NAT_GATEWAY)
         usd = "an unpriced amount" if nat is None else f"${nat + catalog().public_ipv4_usd_per_hour:.3f}/h"
