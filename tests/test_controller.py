@@ -157,6 +157,27 @@ def test_controller_status_and_logs_without_a_controller_say_how_to_start_one(
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "Bad_Bucket" in bad.stderr
 
 
+def test_setup_without_an_ami_boots_the_baked_controller_image_or_says_how_to_bake_one(
+    moto_endpoint: str, tmp_path: Path
+) -> None:
+    """No controller AMI in the region: exit 2 naming the bake, and not even the bucket is made."""
+    env = {"DLINFRA_HOME": str(tmp_path / "home"), **FAKE_CREDS}
+    args = [
+        "--bucket",
+        "dlinfra-no-controller-image",
+        "--region",
+        "eu-south-1",
+        "--endpoint-url",
+        moto_endpoint,
+    ]
+    made = run_cli("setup", *args, "--controller", env=env)
+    assert made.returncode == 2 and "Traceback" not in made.stderr, made.stderr
+    assert "no controller image is baked for dlinfra" in made.stderr
+    assert "dlinfra image build --target aws --flavor controller --set aws.region=eu-south-1" in made.stderr
+    buckets = aws_client(moto_endpoint, "s3").list_buckets()["Buckets"]
+    assert "dlinfra-no-controller-image" not in {b["Name"] for b in buckets}
+
+
 def test_the_controllers_user_data_passes_cloud_init_schema_and_starts_it_at_every_boot(
     tmp_path: Path,
 ) -> None:

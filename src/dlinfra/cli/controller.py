@@ -40,19 +40,22 @@ def setup(
     ] = False,
     ami: Annotated[
         str | None,
-        typer.Option("--ami", help="With --controller: the image it boots (dlinfra, terraform, provider)."),
+        typer.Option(
+            "--ami",
+            help="With --controller: the image it boots (dlinfra, terraform, provider); default: the one "
+            "`dlinfra image build --target aws --flavor controller` baked for this dlinfra in the region.",
+        ),
     ] = None,
     idle_minutes: IdleOpt = 10.0,
     emulate_instances: EmulateOpt = None,
 ) -> None:
     """Create the long-lived results bucket (once; its own Terraform state, never a run's), and with
     --controller the account's controller beside it (its own stack and state)."""
-    from dlinfra.errors import SpecError
     from dlinfra.targets.aws import controller as account_controller
     from dlinfra.targets.aws.stack import setup_bucket
 
     if controller and not ami:
-        raise SpecError(["--controller needs --ami: the image the controller boots. Fix: add --ami ami-…"])
+        ami = account_controller.baked_ami(region, endpoint_url)
     log = lambda line: err.print(line, markup=False)  # noqa: E731
     out.print(setup_bucket(bucket, region, endpoint_url, log=log), markup=False)
     if controller and ami:

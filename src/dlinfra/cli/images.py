@@ -3,6 +3,7 @@ every boot."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +34,7 @@ def build(
         typer.Option(
             "--flavor",
             help="cpu: tensorflow-cpu; gpu: tensorflow[and-cuda]; base (local only): no node environment, "
-            "the stand-in for a cloud base image whose nodes install at boot; controller (local only): "
+            "the stand-in for a cloud base image whose nodes install at boot; controller: "
             "the account controller's (dlinfra, terraform and the AWS provider; no TensorFlow).",
         ),
     ] = "cpu",
@@ -77,7 +78,16 @@ def _aws(spec: Path | None, flavor: str, overrides: Overrides) -> str:
     from dlinfra.targets.aws.images import bake
     from dlinfra.targets.base import TargetOptions
 
-    recipe = _recipe(spec, flavor, overrides, AwsTarget(TargetOptions()).node_platform)
+    if flavor != "controller":
+        recipe = _recipe(spec, flavor, overrides, AwsTarget(TargetOptions()).node_platform)
+        return bake(load_checked(spec, overrides), recipe, _log)
+    from dlinfra.environment.lock import Platform
+    from dlinfra.images import terraform_tools
+
+    # the controller's instance (the catalog's cheapest type) is x86_64, whatever the workers are
+    recipe = _recipe(spec, flavor, overrides, lambda s: Platform(s.aws.python, "x86_64"))
+    # terraform and the providers: fetched by the builder, checked against this machine's
+    recipe = dataclasses.replace(recipe, tools=terraform_tools.digest())
     return bake(load_checked(spec, overrides), recipe, _log)
 
 
@@ -111,5 +121,5 @@ def _recipe(
 # Where an image goes → the flavors it can hold and its builder.
 BUILDERS: dict[str, tuple[tuple[str, ...], Callable[[Path | None, str, Overrides], str]]] = {
     "local": (("base", "cpu", "gpu", "controller"), _local),
-    "aws": (("cpu", "gpu"), _aws),
+    "aws": (("cpu", "gpu", "controller"), _aws),
 }

@@ -22,8 +22,8 @@ variable "image" {
     error_message = "image.digest, image.wheel_sha256 and image.lock_sha256 must be sha256 hex digests (64 lowercase hex characters)."
   }
   validation {
-    condition     = contains(["cpu", "gpu"], var.image.flavor)
-    error_message = "image.flavor must be \"cpu\" or \"gpu\"."
+    condition     = contains(["cpu", "gpu", "controller"], var.image.flavor)
+    error_message = "image.flavor must be \"cpu\", \"gpu\" or \"controller\"."
   }
   validation {
     condition     = length(var.image.version) >= 1 && length(var.image.version) <= 256

@@ -23,7 +23,7 @@ from dlinfra.runs.handover import POLL_SECONDS
 from dlinfra.runs.layout import ControllerStore
 from dlinfra.runs.records import ControllerInfo
 from dlinfra.runs.run import home
-from dlinfra.spec.catalog import catalog
+from dlinfra.spec.catalog import catalog, machine_of
 from dlinfra.targets.aws.stack import copy_hcl
 from dlinfra.targets.base import Log
 from dlinfra.terraform import Terraform
@@ -32,12 +32,38 @@ ROOT_VOLUME_GB = 16  # infra/controller's root disk: what a stopped controller c
 
 
 def cheapest_type(region: str) -> tuple[str, float]:
-    """The catalog's cheapest instance type in `region`, and its $/h."""
-    priced = [(price, t.name) for t in catalog().types if (price := t.price(region)) is not None]
+    """The catalog's cheapest x86_64 instance type in `region` (the controller image's platform:
+    images.terraform_tools), and its $/h."""
+    priced = [
+        (price, t.name)
+        for t in catalog().types
+        if (price := t.price(region)) is not None and machine_of(t.name) == "x86_64"
+    ]
     if not priced:
         raise SpecError([f"--region {region}: the catalog has no prices there. Fix: use a region it prices"])
     price, name = min(priced)
     return name, price
+
+
+def baked_ami(region: str, endpoint_url: str | None) -> str:
+    """The controller AMI `image build --target aws --flavor controller` baked for this dlinfra."""
+    import boto3
+
+    from dlinfra import __version__
+    from dlinfra.targets.aws.images import find_baked
+
+    found = find_baked(
+        boto3.client("ec2", region_name=region, endpoint_url=endpoint_url), __version__, "controller"
+    )
+    if found is None:
+        raise SpecError(
+            [
+                f"--controller: no controller image is baked for dlinfra {__version__} in {region}. Fix: "
+                f"dlinfra image build --target aws --flavor controller --set aws.region={region} (once per "
+                "dlinfra version), or name an image with --ami"
+            ]
+        )
+    return str(found["id"])
 
 
 def setup(

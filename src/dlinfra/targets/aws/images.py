@@ -37,7 +37,7 @@ import yaml
 
 from dlinfra import __version__
 from dlinfra.errors import DlinfraError
-from dlinfra.images import IMAGE_JSON_PATH, ImageRecord, Recipe, pip_options
+from dlinfra.images import IMAGE_JSON_PATH, ImageRecord, Recipe, pip_options, terraform_tools
 from dlinfra.runs.run import home
 from dlinfra.runs.store import parse_s3_url
 from dlinfra.spec.model import Spec
@@ -56,6 +56,8 @@ WATCHDOG_GRACE_MINUTES = 15
 
 WHEEL_DIR = "/opt/dlinfra-wheel"
 RECIPE_PATH = "/usr/local/lib/dlinfra/image-recipe.sh"
+TOOLS_SCRIPT = "/usr/local/lib/dlinfra/terraform-tools.sh"
+TOOLS_DIR = f"{WHEEL_DIR}/terraform-tools"
 EXTRA_CA_PATH = "/usr/local/share/ca-certificates/dlinfra-extra-ca.crt"
 BUILD_LOG = "/var/log/cloud-init-output.log"
 MARKER = "image.json"
@@ -137,16 +139,20 @@ def builder_user_data(spec: Spec, recipe: Recipe, timeout: float) -> str:
     bucket, prefix = image_prefix(spec, recipe.digest)
     s3 = f"s3://{bucket}/{prefix}"
     wheel = recipe.wheel.name
+    paths = (f"{WHEEL_DIR}/{wheel}", f"{WHEEL_DIR}/{LOCK}")
     files: list[dict[str, str]] = [
         {
             "path": RECIPE_PATH,
             "owner": "root:root",
             "permissions": "0755",
-            "content": recipe.render(
-                f"{WHEEL_DIR}/{wheel}", f"{WHEEL_DIR}/{LOCK}", _pip_options(spec), "aws"
-            ),
+            "content": recipe.render(*paths, _pip_options(spec), "aws", TOOLS_DIR if recipe.tools else None),
         }
     ]
+    recipe_steps = f"sh {RECIPE_PATH}"
+    if recipe.tools:  # the controller's terraform and providers, fetched and checked before the recipe
+        script = terraform_tools.fetch_script(TOOLS_DIR)
+        files.append({"path": TOOLS_SCRIPT, "owner": "root:root", "permissions": "0755", "content": script})
+        recipe_steps = f"sh {TOOLS_SCRIPT} && {recipe_steps}"
     commands: list[Any] = [
         ["shutdown", "-h", f"+{math.ceil(timeout / 60) + WATCHDOG_GRACE_MINUTES}"],
         ["mkdir", "-p", WHEEL_DIR],
@@ -161,8 +167,7 @@ def builder_user_data(spec: Spec, recipe: Recipe, timeout: float) -> str:
     commands.append(["aws", "s3", "cp", f"{s3}/{LOCK}", f"{WHEEL_DIR}/{LOCK}"])
     # One shell line: the marker only when the recipe succeeded, the log only when it did not.
     commands.append(
-        f"sh {RECIPE_PATH} && aws s3 cp {IMAGE_JSON_PATH} {s3}/{MARKER}"
-        f" || aws s3 cp {BUILD_LOG} {s3}/{FAILED}"
+        f"{recipe_steps} && aws s3 cp {IMAGE_JSON_PATH} {s3}/{MARKER} || aws s3 cp {BUILD_LOG} {s3}/{FAILED}"
     )
     header = (
         "#cloud-config\n"
