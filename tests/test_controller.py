@@ -194,13 +194,6 @@ def test_the_controllers_user_data_passes_cloud_init_schema_and_starts_it_at_eve
     assert "--endpoint-url" not in unit  # real AWS: no emulator endpoint
 
 
-def test_setup_controller_without_an_image_is_refused_before_anything_is_made(tmp_path: Path) -> None:
-    env = {"DLINFRA_HOME": str(tmp_path / "home"), **FAKE_CREDS}
-    refused = run_cli("setup", "--bucket", "my-results", "--controller", env=env)
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert "--controller needs --ami" in refused.stderr and not (tmp_path / "home" / "setup").exists()
-
-
 def test_destroying_a_controller_that_owns_a_run_is_refused_naming_the_run(
     bucket: str, moto_endpoint: str, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ import pytest
 from dlinfra.contract import BUDGET_CHECKPOINT_SECONDS
 from dlinfra.spec.catalog import catalog
 from dlinfra.spec.loading import Overrides, load_spec
+from dlinfra.spec.model import Spec
 from dlinfra.spec.pricing import BOOT_SECONDS
 from e2e.conftest import aws_emulation, own_files_args
 from support import FAKE_CREDS, run_cli
@@ -35,15 +36,12 @@ def aws_env(
     return aws_emulation(moto_endpoint, tf_cli_config, tmp_path_factory.mktemp("budget-home"), BUCKET)
 
 
-def _catalog_rate(spec: dict[str, Any]) -> float:
+def _catalog_rate(spec: Spec) -> float:
     """The cluster's $/h by the catalog, added up here: every node's on-demand price and the NAT
-    gateway (egress nat)."""
-    region, cluster = spec["aws"]["region"], spec["cluster"]
-    prices = catalog()
-    rate = prices.get(cluster["chief"]["instance_type"]).price(region)
-    rate += cluster["workers"]["count"] * prices.get(cluster["workers"]["instance_type"]).price(region)
-    rate += cluster["ps"]["count"] * prices.get(cluster["ps"]["instance_type"]).price(region)
-    if spec["aws"]["egress"] == "nat":
+    gateway (egress nat, or auto as moto's plan settles it: no AMI is baked there)."""
+    region, prices = spec.aws.region, catalog()
+    rate = sum(shape.count * prices.get(shape.instance_type).price(region) for shape in spec.roles().values())
+    if spec.aws.egress in ("nat", "auto"):
         rate += prices.nat_gateway_usd_per_hour[region]
     return rate
 
@@ -55,6 +53,9 @@ def _deploy(aws_env: dict[str, Any], max_cost: float, *extra: str) -> Any:
         "aws",
         "--workers",
         "1",
+        # one node (worker 0 is the chief): the cap is the cluster's, whatever its shape
+        "--strategy",
+        "multi_worker_mirrored",
         "--steps",
         "1000000",  # only the budget ends it
         "--yes",
@@ -92,8 +93,8 @@ def test_the_run_checkpoints_at_its_cap_and_stops_with_the_budget_verdict_at_the
     """A cap worth BUDGET_SECONDS of the cluster, training on a user's own TFRecord files in S3: the
     chief checkpoints at the cap, the run is STOPPED with verdict budget, the stack is destroyed, and
     the cost shown is the catalog's arithmetic."""
-    spec = load_spec(None, Overrides(target="aws", workers=1, sets=[f"name={NAME}"])).model_dump()
-    rate = _catalog_rate(spec)
+    overrides = Overrides(target="aws", workers=1, strategy="multi_worker_mirrored", sets=[f"name={NAME}"])
+    rate = _catalog_rate(load_spec(None, overrides))
     max_cost = round(rate * BUDGET_SECONDS / 3600, 6)
 
     result = _deploy(aws_env, max_cost, *own_files_args(s3_own_files))

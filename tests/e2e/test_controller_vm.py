@@ -67,7 +67,7 @@ def test_the_controller_vm_from_its_image_tears_a_handed_over_run_down_and_stops
         # While the VM boots, a plain deploy (aws.controller: auto, the default where a controller is
         # registered) hands the run over once the nodes are up and follows it as a viewer to its end.
         # Waits are generous: under the suite's load every step in the VM takes 2-3x its time alone.
-        args = ["--target", "aws", "--workers", "1", "--steps", "300", "--yes", "--emulate-instances"]
+        args = ["--target", "aws", "--workers", "1", "--steps", "40", "--yes", "--emulate-instances"]
         shown = tmp_path / "deploy.out"
         started = time.monotonic()
         with open(shown, "w") as out:

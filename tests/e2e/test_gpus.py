@@ -20,6 +20,8 @@ def test_a_worker_asking_for_a_gpu_tensorflow_cannot_see_fails_the_run_at_once(t
     come from the device check, not a timeout: every timeout here is longer than the test allows."""
     run = deploy(
         tmp_path,
+        "--strategy",  # one node, the worker that asks for the GPU: no chief or ps to start and stop
+        "multi_worker_mirrored",
         "--workers",
         "1",
         "--set",

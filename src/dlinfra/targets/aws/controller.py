@@ -48,13 +48,19 @@ def cheapest_type(region: str) -> tuple[str, float]:
 def baked_ami(region: str, endpoint_url: str | None) -> str:
     """The controller AMI `image build --target aws --flavor controller` baked for this dlinfra."""
     import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
 
     from dlinfra import __version__
     from dlinfra.targets.aws.images import find_baked
 
-    found = find_baked(
-        boto3.client("ec2", region_name=region, endpoint_url=endpoint_url), __version__, "controller"
-    )
+    ec2 = boto3.client("ec2", region_name=region, endpoint_url=endpoint_url)
+    try:
+        found = find_baked(ec2, __version__, "controller")
+    except (BotoCoreError, ClientError) as exc:
+        raise DlinfraError(
+            f"--controller: cannot look up the controller image in {region} ({exc}). Fix: check the AWS "
+            "credentials and network, or name the image with --ami"
+        ) from None
     if found is None:
         raise SpecError(
             [
