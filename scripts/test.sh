@@ -7,7 +7,7 @@
 # (two left a sixth of two cores idle),
 # whole modules each (a module's fixtures, such as a kept aws run, are set up once), longest first
 # (tests/conftest.py orders them; xdist must not reorder). The `exclusive` tests then run alone:
-# three emulated VMs need every core, and a spot replacement is timed against the heartbeat timeout.
+# three emulated VMs need every core.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pytest=(.venv/bin/python -m pytest)
