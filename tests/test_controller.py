@@ -211,3 +211,31 @@ def test_destroying_a_controller_that_owns_a_run_is_refused_naming_the_run(
     nowhere = run_cli("controller", "destroy", *args, env=env)
     assert nowhere.returncode == 2 and "no controller stack was set up from this machine" in nowhere.stderr
     assert store.info() == info.model_copy(update={"runs": []})  # refused: nothing removed
+
+
+def test_a_run_whose_state_the_controller_cannot_reach_is_not_handed_to_it(
+    bucket: str, moto_endpoint: str
+) -> None:
+    """The controller's role and VPC endpoint reach Terraform state in the results bucket only: a run
+    with its own aws.state_bucket stays with the CLI, which says why."""
+    from dlinfra.targets.aws import AwsTarget
+    from dlinfra.targets.base import TargetOptions
+
+    info = ControllerInfo(holder="controller i-0abc", instance_id="i-0abc", idle_minutes=10, beat=time.time())
+    ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1").put_info(info)
+    said: list[str] = []
+    target = AwsTarget(TargetOptions(log=said.append))
+
+    def spec(**aws: str) -> Spec:
+        return Spec.model_validate(
+            {
+                "target": "aws",
+                "storage": {"url": f"s3://{bucket}/runs"},
+                "aws": {"endpoint_url": moto_endpoint, **aws},
+            }
+        )
+
+    assert target.controller(spec()) is not None and said == []
+    assert target.controller(spec(state_bucket=bucket)) is not None, "the results bucket itself is fine"
+    assert target.controller(spec(state_bucket="team-terraform-state")) is None
+    assert said and "not aws.state_bucket team-terraform-state: this run is not handed to it" in said[0]

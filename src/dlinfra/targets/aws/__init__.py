@@ -214,7 +214,16 @@ class AwsTarget:
         found = ControllerStore.of_bucket(
             bucket, spec.storage.endpoint_url or spec.aws.endpoint_url, spec.aws.region
         )
-        return found if found.info() is not None else None
+        if found.info() is None:
+            return None
+        if spec.aws.state_bucket not in (None, bucket):
+            self.options.log(
+                f"the account's controller reaches Terraform state in s3://{bucket} only (its role and "
+                f"VPC endpoint), not aws.state_bucket {spec.aws.state_bucket}: this run is not handed "
+                "to it. Fix: leave aws.state_bucket out to hand runs over"
+            )
+            return None
+        return found
 
     def ready_for_controller(self, run: Run) -> None:
         """The run's state into the state bucket (the results bucket if none is set), where the
