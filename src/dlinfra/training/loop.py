@@ -338,4 +338,4 @@ def _any_worker(strategy: Any, wanted: bool) -> bool:
     import tensorflow as tf
 
     flags = strategy.run(lambda: tf.constant(1.0 if wanted else 0.0))
-    return float(strategy.reduce("MAX", flags, axis=None)) > 0
+    return float(strategy.reduce("SUM", flags, axis=None)) > 0  # ReduceOp has no MAX: SUM and MEAN
