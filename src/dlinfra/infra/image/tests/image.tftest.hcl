@@ -15,6 +15,7 @@ variables {
     version      = "0.1.0"
     flavor       = "cpu"
     wheel_sha256 = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+    lock_sha256  = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
   }
   base_ami_id = "ami-0123456789abcdef0"
   user_data   = "#cloud-config\nruncmd:\n  - [sh, /usr/local/lib/dlinfra/image-recipe.sh]\n"
@@ -94,9 +95,10 @@ run "create_ami_registers_the_image_with_its_tags" {
       aws_ami_from_instance.this[0].tags["dlinfra:version"] == "0.1.0" &&
       aws_ami_from_instance.this[0].tags["dlinfra:flavor"] == "cpu" &&
       aws_ami_from_instance.this[0].tags["dlinfra:wheel-sha256"] == var.image.wheel_sha256 &&
+      aws_ami_from_instance.this[0].tags["dlinfra:lock-sha256"] == var.image.lock_sha256 &&
       aws_ami_from_instance.this[0].tags["dlinfra:base-ami"] == "ami-0123456789abcdef0"
     )
-    error_message = "the AMI carries version, flavor, wheel sha256 and base AMI tags"
+    error_message = "the AMI carries version, flavor, wheel and lock sha256 and base AMI tags"
   }
 }
 
@@ -148,6 +150,7 @@ run "rejects_a_digest_that_is_not_sha256" {
       version      = "0.1.0"
       flavor       = "cpu"
       wheel_sha256 = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+      lock_sha256  = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
     }
   }
 
@@ -164,6 +167,7 @@ run "rejects_an_unknown_flavor" {
       version      = "0.1.0"
       flavor       = "tpu"
       wheel_sha256 = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+      lock_sha256  = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
     }
   }
 
@@ -180,6 +184,7 @@ run "rejects_an_invalid_ami_name" {
       version      = "0.1.0+local"
       flavor       = "cpu"
       wheel_sha256 = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+      lock_sha256  = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
     }
   }
 
