@@ -177,6 +177,20 @@ def assert_valid_workflow(path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def assert_valid_cloud_config(text: str, path: Path) -> None:
+    """Debian's cloud-init schema validator passes `text` (written to `path`)."""
+    import shutil
+
+    path.write_text(text)
+    checked = subprocess.run(
+        [shutil.which("cloud-init") or "cloud-init", "schema", "--config-file", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0 and "Valid" in checked.stdout, checked.stdout + checked.stderr
+
+
 def fixed_locks():
     """A lock per flavor, fixed, for tests of what prepare renders rather than of resolution (which
     tests/test_environment.py runs for real against an index): one hash-pinned package each."""

@@ -9,7 +9,6 @@ import functools
 import hashlib
 import http.server
 import os
-import shutil
 import subprocess
 import threading
 import zipfile
@@ -24,7 +23,7 @@ from dlinfra.runs.wheel import node_wheel
 from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.images import TOOLS_DIR, TOOLS_SCRIPT, builder_user_data
 from dlinfra.terraform import find_terraform
-from support import fixed_locks
+from support import assert_valid_cloud_config, fixed_locks
 
 pytestmark = [pytest.mark.terraform, pytest.mark.slow]
 
@@ -108,15 +107,7 @@ def test_a_controller_builder_fetches_the_tools_before_its_recipe(
     recipe = Recipe("controller", wheel, fixed_locks()["cpu"], terraform_tools.digest())
     spec = Spec.model_validate({"target": "aws", "storage": {"url": "s3://dlinfra-tools/runs"}})
     user_data = builder_user_data(spec, recipe, timeout=3600)
-    path = tmp_path / "user-data.yaml"
-    path.write_text(user_data)
-    schema = subprocess.run(
-        [shutil.which("cloud-init") or "cloud-init", "schema", "--config-file", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert schema.returncode == 0, schema.stdout + schema.stderr
+    assert_valid_cloud_config(user_data, tmp_path / "user-data.yaml")
     doc = yaml.safe_load(user_data)
     files = {f["path"]: f["content"] for f in doc["write_files"]}
     assert files[TOOLS_SCRIPT].startswith("#!/bin/sh") and f"dest={TOOLS_DIR}" in files[TOOLS_SCRIPT]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -28,7 +27,7 @@ from dlinfra.images import ImageRecord, Recipe
 from dlinfra.runs.wheel import node_wheel
 from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.images import LOCK, bake, find_baked
-from support import fixed_locks
+from support import assert_valid_cloud_config, fixed_locks
 
 pytestmark = [pytest.mark.terraform, pytest.mark.slow]
 
@@ -116,15 +115,7 @@ def _builder_standing_in_for_ec2(
         user_data = base64.b64decode(attribute["UserData"]["Value"]).decode()
 
         assert user_data.startswith("#cloud-config\n")
-        path = tmp / "builder-user-data.yaml"
-        path.write_text(user_data)
-        schema = subprocess.run(
-            [shutil.which("cloud-init") or "cloud-init", "schema", "--config-file", str(path)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert schema.returncode == 0 and "Valid" in schema.stdout, schema.stdout + schema.stderr
+        assert_valid_cloud_config(user_data, tmp / "builder-user-data.yaml")
 
         doc = yaml.safe_load(user_data)
         wheel_path, lock_path = f"/opt/dlinfra-wheel/{recipe.wheel.name}", f"/opt/dlinfra-wheel/{LOCK}"
