@@ -17,6 +17,7 @@ import boto3
 import pytest
 
 from dlinfra.spec.catalog import catalog
+from dlinfra.training import shards
 from e2e.conftest import aws_emulation, own_files_args, start_deploy
 from support import FAKE_CREDS, alive_node_pids, cli_process, run_cli
 
@@ -149,9 +150,15 @@ def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(
     assert metrics["eval_accuracy"] >= 0.85
     s3.head_object(Bucket=BUCKET, Key=prefix + "model/saved_model/saved_model.pb")
     assert alive_node_pids(run_id) == []
-    # the user's own files: listed, the listing stored with the run, each worker staging its share
-    sha256 = json.loads((run_dir / "manifest.json").read_text())["dataset"]["sha256"]
-    s3.head_object(Bucket=BUCKET, Key=prefix + f"code/data-{sha256}.json")
+    assert 0 <= metrics["input_wait"] < 1 and "input wait" in result.stdout
+    # the user's own files: listed, the listing stored with the run (its digest pinned), the workers
+    # taking the files from the chief's dispatcher
+    pin = json.loads((run_dir / "manifest.json").read_text())["dataset"]
+    sha256 = pin["sha256"]
+    listing = s3.get_object(Bucket=BUCKET, Key=prefix + f"code/data-{sha256}.json")["Body"].read()
+    assert hashlib.sha256(listing).hexdigest() == sha256 and pin["pinned"]
+    listed = [s.name for s in shards.ShardManifest.model_validate_json(listing).splits["train"].shards]
+    assert len(listed) == 16 and "README.txt" not in listed
     dispatched = "workers take train files as they are free (tf.data service on the chief)"
     assert (
         f"(listing {sha256[:12]}), 16 train + 2 eval shards; {dispatched}; a node stages up to"
@@ -161,8 +168,8 @@ def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(
     assert tfvars["read_objects"] == ["own-data/digits/train/*", "own-data/digits/validation/*"]
     assert tfvars["tf_ports"] == {"from": 2222, "to": 2223}, "TensorFlow's port and the dispatcher's"
     log = s3.get_object(Bucket=BUCKET, Key=prefix + "logs/worker-2.log")["Body"].read().decode()
-    listing = r"data: s3://own-data/digits/train/train-\* \(listing [0-9a-f]{12}\)"
-    assert re.search(listing + r": 16 train shards, [\d.]+ KiB, streamed through", log), log
+    line = r"data: s3://own-data/digits/train/train-\* \(listing [0-9a-f]{12}\)"
+    assert re.search(line + r": 16 train shards, [\d.]+ KiB, streamed through", log), log
     assert "taking train files from the chief's tf.data dispatcher at " in log
 
 
@@ -501,7 +508,7 @@ def test_spot_notice_starts_the_replacement_before_its_heartbeat_timeout(
     heartbeat_timeout = 180  # stated: the assertions below are measured against it
     # One worker: once it leaves, the run waits for its replacement, so the steps need only outlast
     # the notice's 2 s poll and the checkpoint it asks for (6000 before: a minute of steps after it).
-    steps = 3000
+    steps = 1000
     args = ("--target", "aws", "--workers", "1", "--steps", str(steps), "--yes", "--emulate-instances")
     spot = ("--set", "cluster.workers.spot=true", "--set", f"cluster.heartbeat_timeout={heartbeat_timeout}")
     ec2 = _client(aws_env["endpoint"], "ec2")

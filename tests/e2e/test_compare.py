@@ -34,7 +34,7 @@ def three_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str]
     env = dict(os.environ, DLINFRA_HOME=str(tmp / "home"))
     ids = {}
     for label, args in SHAPES.items():
-        result = run_cli("deploy", *args, "--steps", "300", env=env, cwd=tmp, timeout=600)
+        result = run_cli("deploy", *args, "--steps", "100", env=env, cwd=tmp, timeout=600)
         assert result.returncode == 0, result.stdout + result.stderr
         ids[label] = max((tmp / "home" / "runs").iterdir(), key=lambda p: p.stat().st_mtime).name
     return ids, env, tmp

@@ -18,7 +18,7 @@ from support import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
 
-STEPS = 3000
+STEPS = 1500
 NOTICE_TO_CHECKPOINT = 10.0
 
 

@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass
 
 from dlinfra.contract import NodeConfig
+from dlinfra.node.tensorflow_import import import_tensorflow
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ def cuda_visible_devices(gpus: int, offset: int, inherited: str | None) -> str:
 
 
 def probe() -> Devices:
-    import tensorflow as tf
-
+    """The devices TensorFlow sees; the first import of TensorFlow in a training node's process."""
+    tf = import_tensorflow()
     memory = _gpu_memory_gib()
     names = []
     gpus = tf.config.list_physical_devices("GPU")

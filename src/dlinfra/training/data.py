@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import pickle
 import shutil
 import tarfile
@@ -60,11 +61,17 @@ def _split(x: np.ndarray, y: np.ndarray, test_fraction: float) -> ArrayData:
 
 
 def _digits(test_fraction: float) -> ArrayData:
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = (digits.images / 16.0).astype("float32")[..., None]  # 8x8x1 in [0, 1]
-    return _split(x, digits.target.astype("int64"), test_fraction)
+    """scikit-learn's digits (what `sklearn.datasets.load_digits` returns), read from the file its
+    wheel ships without importing scikit-learn: 2.7 CPU-seconds on every node that trains on it
+    (node.tensorflow_import)."""
+    spec = importlib.util.find_spec("sklearn")  # locates the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("scikit-learn is not installed. Fix: pip install 'dlinfra[train]'")
+    table = np.loadtxt(
+        Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz", delimiter=","
+    )
+    x = (table[:, :-1].reshape(-1, 8, 8) / 16.0).astype("float32")[..., None]  # 8x8x1 in [0, 1]
+    return _split(x, table[:, -1].astype("int64"), test_fraction)
 
 
 def _synthetic(spec: DatasetSpec) -> ArrayData:
