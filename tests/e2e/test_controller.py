@@ -68,7 +68,9 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         wait_for("the controller's process gone", lambda: not emulated_pids(instance_id), 60)
 
         # One worker: the chief waits for it, so the run cannot end before the replacement trains.
-        args = ["--target", "aws", "--workers", "1", "--steps", "800", "--yes", "--emulate-instances"]
+        # 2000 steps: the chief's log below is the laptop's copy, synced from the store, so the run is
+        # well past step 200 when it is seen there (with 800 it had ended before the termination).
+        args = ["--target", "aws", "--workers", "1", "--steps", "2000", "--yes", "--emulate-instances"]
         args += ["--detach", *aws["args"]]
         handed = run_cli("deploy", *args, env=aws["env"], cwd=aws["cwd"], timeout=900)
         assert handed.returncode == 0, handed.stdout + handed.stderr
@@ -116,7 +118,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
         assert published["status"] == "DONE" and published["destroyed"] is True
         nothing: dict[str, list[str]] = {"instances": [], "vpcs": [], "nat_gateways": [], "eips": []}
         assert left_of(moto_endpoint, run_id) == nothing
-        assert s3_json(s3, BUCKET, f"runs/{run_id}/metrics.json")["steps"] == 800
+        assert s3_json(s3, BUCKET, f"runs/{run_id}/metrics.json")["steps"] == 2000
         # only the vanished instance was replaced: at its private IP, from the same user-data; the new
         # worker rejoined before the end (its status is its second life's)
         after = published["instances"]
