@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from e2e.conftest import deploy, own_files_args
+from e2e.conftest import deploy
 from support import FAKE_CREDS, IMAGE_CACHE, ec2_client, run_cli, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm]
@@ -81,18 +81,20 @@ def _destroy(run_id: str, home: Path, env: dict[str, str]) -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.exclusive  # at most 10 minutes, with the machine to itself
+@pytest.mark.exclusive  # with the machine to itself: three emulated VMs need both cores
 def test_three_vms_train_from_the_baked_image_and_power_off(
-    baked_image: Path, vm_env: dict[str, Any], tmp_path: Path, s3_own_files: str
+    baked_image: Path, vm_env: dict[str, Any], tmp_path: Path
 ) -> None:
     """1 chief + 1 worker + 1 ps, each a VM running its own unchanged user-data: the baked image
-    skips pip, the nodes train on a user's own TFRecord files in moto's S3, the worker's staged on its
-    instance store (g4dn.xlarge has one: a blank NVMe disk stands in), DONE and the model land in
-    moto's S3, every VM powers off by itself and its instance ends terminated."""
+    skips pip, the nodes train digits, DONE and the model land in moto's S3, every VM powers off by
+    itself and its instance ends terminated. (A user's own files in S3 taken from the chief's
+    dispatcher, and the instance store formatted and mounted, run on emulated instances as processes:
+    test_aws_emulated's kept run, tests/test_instance_store.py. Inside these VMs they took about
+    300 s of the 590 s from cloud-init done to power-off, and the test 1845 CPU-s against 941:
+    BENCHMARKS.md.)"""
     t0 = time.monotonic()
-    own = own_files_args(s3_own_files)
     run = deploy(
-        tmp_path, *vm_env["args"], *own, "--workers", "1", "--steps", "10", env=vm_env["env"], timeout=1800
+        tmp_path, *vm_env["args"], "--workers", "1", "--steps", "10", env=vm_env["env"], timeout=1800
     )
     wall = time.monotonic() - t0
     assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
@@ -105,25 +107,6 @@ def test_three_vms_train_from_the_baked_image_and_power_off(
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run_id}/")["Contents"]}
         assert f"runs/{run_id}/DONE" in keys
         assert any("/model/" in k for k in keys), sorted(keys)
-        worker_log = (
-            s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/logs/worker-0.log")["Body"].read().decode()
-        )
-        store_line = (
-            "data staged on the instance store /dev/nvme0n1 (2.0 GiB, formatted ext4, mounted at "
-            f"/tmp/dlinfra/{run_id}/worker-0/shards)"
-        )
-        assert store_line in worker_log, worker_log[-3000:]
-        # the worker takes files from the chief VM's dispatcher (cluster.port + 1), as it is free
-        assert re.search(
-            r"\(listing [0-9a-f]{12}\): 16 train shards, [\d.]+ KiB, streamed through", worker_log
-        )
-        assert "taking train files from the chief's tf.data dispatcher at 10." in worker_log, worker_log[
-            -3000:
-        ]
-        chief_log = (
-            s3.get_object(Bucket=BUCKET, Key=f"runs/{run_id}/logs/chief-0.log")["Body"].read().decode()
-        )
-        assert "instance store" not in chief_log, "m5.xlarge has none: the chief stages on its root volume"
         for node in ("chief-0", "worker-0", "ps-0"):
             console = (run.run_dir / "vms" / node / "console.log").read_text(errors="replace")
             # real cloud-init ran the user-data: the install script found the baked environment
