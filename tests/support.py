@@ -181,9 +181,11 @@ def assert_valid_cloud_config(text: str, path: Path) -> None:
     """Debian's cloud-init schema validator passes `text` (written to `path`)."""
     import shutil
 
+    cloud_init = shutil.which("cloud-init")
+    assert cloud_init, "cloud-init must be installed (the README's test command installs it)"
     path.write_text(text)
     checked = subprocess.run(
-        [shutil.which("cloud-init") or "cloud-init", "schema", "--config-file", str(path)],
+        [cloud_init, "schema", "--config-file", str(path)],
         capture_output=True,
         text=True,
         check=False,

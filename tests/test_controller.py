@@ -4,7 +4,6 @@ its instance. The whole loop, with Terraform and a healed run, is tests/e2e/test
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from dlinfra.runs.ownership import PENDING, Lease, claim
 from dlinfra.runs.records import ControllerInfo, Handover, Owner
 from dlinfra.runs.run import Run
 from dlinfra.spec.model import Spec
-from support import FAKE_CREDS, aws_client, run_cli
+from support import FAKE_CREDS, assert_valid_cloud_config, aws_client, run_cli
 
 
 @pytest.fixture
@@ -182,12 +181,7 @@ def test_the_controllers_user_data_passes_cloud_init_schema_and_starts_it_at_eve
     tmp_path: Path,
 ) -> None:
     text = render_controller_user_data("my-results", "eu-west-1", 10, endpoint_url=None)
-    path = tmp_path / "controller.yaml"
-    path.write_text(text)
-    checked = subprocess.run(
-        ["cloud-init", "schema", "--config-file", str(path)], capture_output=True, text=True
-    )
-    assert checked.returncode == 0 and "Valid" in checked.stdout, checked.stdout + checked.stderr
+    assert_valid_cloud_config(text, tmp_path / "controller.yaml")
     unit = next(f["content"] for f in yaml.safe_load(text)["write_files"] if f["path"].endswith(".service"))
     assert "controller run --bucket my-results --region eu-west-1 --idle-minutes 10 --instance-id" in unit
     assert "WantedBy=multi-user.target" in unit and "SuccessAction=poweroff" in unit

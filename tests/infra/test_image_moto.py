@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -286,12 +285,7 @@ def test_builder_user_data_trusts_a_private_index_and_its_ca(wheel: Path, tmp_pa
     )
     recipe = Recipe("gpu", wheel, LOCKS["gpu"])
     user_data = builder_user_data(mirrored, recipe, timeout=3600)
-    path = tmp_path / "user-data.yaml"
-    path.write_text(user_data)
-    schema = subprocess.run(
-        ["cloud-init", "schema", "--config-file", str(path)], capture_output=True, text=True
-    )
-    assert schema.returncode == 0, schema.stdout + schema.stderr
+    assert_valid_cloud_config(user_data, tmp_path / "user-data.yaml")
     doc = yaml.safe_load(user_data)
     options = "--index-url https://pypi.corp.example/simple --cert /etc/ssl/certs/ca-certificates.crt"
     expected = recipe.render(f"/opt/dlinfra-wheel/{wheel.name}", f"/opt/dlinfra-wheel/{LOCK}", options, "aws")
