@@ -13,7 +13,7 @@ import yaml
 from dlinfra.controller import Controller
 from dlinfra.render.cloud_init import render_controller_user_data
 from dlinfra.runs import handover
-from dlinfra.runs.layout import ControllerStore
+from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import PENDING, Lease, claim
 from dlinfra.runs.records import ControllerInfo, Handover, Owner
 from dlinfra.runs.run import Run

@@ -36,7 +36,11 @@ LOCK_PATH = "/etc/dlinfra/env.lock"  # where a booted node keeps the lock it ins
 # At the budget the run checkpoints, then stops: the longest it waits for that checkpoint.
 BUDGET_CHECKPOINT_SECONDS = 120.0
 
-PHASES = ("spawned", "up", "tensorflow", "peers", "program", "first step")
+PHASES = ("spawned", "up", "tensorflow", "preflight", "peers", "program", "first step")
+# On aws the nodes' security group opens the TF port and the next two: the chief's tf.data dispatcher,
+# then every node's preflight link sink.
+DISPATCHER_PORT_OFFSET = 1
+PREFLIGHT_PORT_OFFSET = 2
 
 
 class StoreConfig(BaseModel):
@@ -104,6 +108,17 @@ class Budget(BaseModel):
         return self.max_cost / self.usd_per_hour * 3600
 
 
+class PreflightPlan(BaseModel):
+    """cluster.preflight, resolved for the target (see spec.preflight)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checks: Literal["quick", "full"]
+    min_ratio: float
+    on_fail: Literal["replace", "fail", "warn"]
+    port: int = Field(ge=0, le=65535)  # the node's link sink; 0: any free one (nodes sharing a host)
+
+
 class NodeConfig(BaseModel):
     """Written to /etc/dlinfra/node.json by cloud-init; read by `dlinfra node run`."""
 
@@ -137,6 +152,7 @@ class NodeConfig(BaseModel):
     spot_in_cluster: bool = False  # some node is spot: the chief's beacon relays their notices to it
     # sha256 of the environment lock this node runs (its flavor's; None: nothing to check against)
     lock_sha256: str | None = None
+    preflight: PreflightPlan | None = None  # None: no checks before the first step
 
     @property
     def runs_for(self) -> float:

@@ -28,7 +28,8 @@ from dlinfra.deploy import act_for
 from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.prepare import Prepared
 from dlinfra.runs.handover import POLL_SECONDS, take_up
-from dlinfra.runs.layout import ControllerStore, RunStore
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease, claim
 from dlinfra.runs.records import ControllerInfo, Handover
 from dlinfra.runs.run import home, utc_now

@@ -22,7 +22,8 @@ from dlinfra.prepare import Environment, NodeInstall, Prepared, boot_install, ch
 from dlinfra.render import AddressPlan, build_node_configs, render_cluster
 from dlinfra.runs.compare import lock_changes
 from dlinfra.runs.handover import controller_note, hand_over
-from dlinfra.runs.layout import ControllerStore, RunStore
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease, claim, cli_holder
 from dlinfra.runs.records import Owner
 from dlinfra.runs.run import Run, utc_now
@@ -57,7 +58,13 @@ def preview(
     store = StoreConfig.for_run(spec, f"{spec.storage.url or 'file:///var/lib/dlinfra/store'}/RUN_ID")
     typed, rate = target.uses_instance_types, checked_rate(spec, target.hourly_cost(spec), target.name)
     configs = build_node_configs(
-        spec, "RUN_ID", store, target.addresses(spec), typed=typed, usd_per_hour=rate
+        spec,
+        "RUN_ID",
+        store,
+        target.addresses(spec),
+        typed=typed,
+        own_machines=target.own_machines,
+        usd_per_hour=rate,
     )
     # the run's environment is resolved as a deploy would: a conflict is refused here already
     install = target.node_install(spec)
@@ -87,6 +94,7 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
         pins=origin.pins if origin else None,
         locks=locks,
         typed=target.uses_instance_types,
+        own_machines=target.own_machines,
         usd_per_hour=checked_rate(spec, target.hourly_cost(spec), target.name),
         upload=request.upload,
         user_data_limit=target.user_data_limit,
@@ -111,7 +119,12 @@ def _settle(
     """Target.settle, with the run's environment resolved only if the target asks for it (then once:
     prepare takes the locks as they are)."""
     probe = build_node_configs(
-        spec, "RUN_ID", StoreConfig(url="file:///RUN_ID"), addresses, typed=target.uses_instance_types
+        spec,
+        "RUN_ID",
+        StoreConfig(url="file:///RUN_ID"),
+        addresses,
+        typed=target.uses_instance_types,
+        own_machines=target.own_machines,
     )
     resolved = [locks] if locks is not None else []
 

@@ -87,6 +87,7 @@ def prepare(
     locks: dict[Flavor, Lock] | None = None,
     *,
     typed: bool,
+    own_machines: bool = False,
     usd_per_hour: float = 0.0,
     upload: bool = True,
     user_data_limit: int | None = None,
@@ -94,7 +95,7 @@ def prepare(
     """Create the run record, store the code bundle, render every node's user-data into the run dir.
     `code` (a rerun's pinned bundle) replaces packing the entrypoint's directory; `pins` are extra
     manifest fields (e.g. `rerun_of`); `locks` (a rerun's) replace resolving the environment anew;
-    `typed`: the target runs nodes on their instance types.
+    `typed`: the target runs nodes on their instance types; `own_machines`: each on its own machine.
     `upload=False` (a plan for review by a read-only role) writes the run dir alone: the user-data
     names the wheel's store URI, but nothing goes to the store. A spec whose user-data would exceed
     `user_data_limit` leaves nothing behind: it is rendered before anything is stored."""
@@ -105,7 +106,9 @@ def prepare(
     dataset = dataset_pin(spec)
     # The flavors its nodes run, before the run exists: an environment that cannot be resolved is
     # refused (exit 2) with nothing created. Building configs is cheap; resolving is not.
-    probe = build_node_configs(spec, "RUN_ID", StoreConfig(url="file:///RUN_ID"), plan, typed=typed)
+    probe = build_node_configs(
+        spec, "RUN_ID", StoreConfig(url="file:///RUN_ID"), plan, typed=typed, own_machines=own_machines
+    )
     env = Environment.of(spec, probe, install, locks)
     run = Run.create(spec, spec_path, argv)
     store = run.store()
@@ -115,7 +118,14 @@ def prepare(
         wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=uri)
     configs = env.locked(
         build_node_configs(
-            spec, run.id, run.manifest().store, plan, code, typed=typed, usd_per_hour=usd_per_hour
+            spec,
+            run.id,
+            run.manifest().store,
+            plan,
+            code,
+            typed=typed,
+            own_machines=own_machines,
+            usd_per_hour=usd_per_hour,
         )
     )
     boot = boot_install(spec, install, store.lock_uri, env)

@@ -166,7 +166,9 @@ def test_deploy_applies_trains_on_the_instances_user_data_and_keeps_on_request(
     )
     tfvars = json.loads((run_dir / "tfvars.json").read_text())
     assert tfvars["read_objects"] == ["own-data/digits/train/*", "own-data/digits/validation/*"]
-    assert tfvars["tf_ports"] == {"from": 2222, "to": 2223}, "TensorFlow's port and the dispatcher's"
+    assert tfvars["tf_ports"] == {"from": 2222, "to": 2224}, (
+        "TensorFlow's port, the dispatcher's, the link sinks'"
+    )
     log = s3.get_object(Bucket=BUCKET, Key=prefix + "logs/worker-2.log")["Body"].read().decode()
     line = r"data: s3://own-data/digits/train/train-\* \(listing [0-9a-f]{12}\)"
     assert re.search(line + r": 16 train shards, [\d.]+ KiB, streamed through", log), log

@@ -12,7 +12,7 @@ from dlinfra.cli.console import err, out
 from dlinfra.cli.options import EmulateOpt, EndpointOpt
 
 if TYPE_CHECKING:  # loaded when a command runs: `--help` stays fast
-    from dlinfra.runs.layout import ControllerStore
+    from dlinfra.runs.layout.controller import ControllerStore
 
 controller_app = typer.Typer(
     help="The account's controller: owns handed-over runs to their end, with no laptop watching.",
@@ -71,7 +71,7 @@ def _emulation(value: str | None) -> Literal["process", "vm"] | None:
 
 def _store(bucket: str, region: str, endpoint_url: str | None) -> ControllerStore:
     from dlinfra.errors import SpecError
-    from dlinfra.runs.layout import ControllerStore
+    from dlinfra.runs.layout.controller import ControllerStore
     from dlinfra.spec.grammar import bucket_problems
 
     if problems := bucket_problems(bucket, region):

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig, tf_config
 from dlinfra.environment.installed import check
 from dlinfra.errors import DlinfraError
-from dlinfra.node import devices, serving, spot, watchdog
+from dlinfra.node import devices, preflight, serving, spot, watchdog
 from dlinfra.node.beacon import port_open
 from dlinfra.node.checkpoints import CheckpointSync, log_clock
 from dlinfra.node.instance_store import OWN_MACHINE_ENV, stage_on_instance_store
@@ -91,6 +91,8 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
             return script.run(cfg, store, status, work, log_file)
         serves = cfg.strategy == "parameter_server" and cfg.role != "chief"
         if serves and cfg.gpus == 0:  # nothing to check on a CPU node that only serves: see serving
+            if (code := preflight.run(cfg, store, status)) is not None:
+                return code
             return _serve(cfg, store, status, devices.inter_op_threads(), lean=True)
         found = devices.probe()
         status.mark("tensorflow")
@@ -101,6 +103,8 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
         if problem := devices.shortfall(cfg, found, visible):
             return give_up(cfg, store, status, problem, "", verdict="devices")
         if serves:
+            if (code := preflight.run(cfg, store, status)) is not None:
+                return code
             return _serve(cfg, store, status, threads, lean=False)
         return _train(cfg, store, status, work, packed)
     except ProgramError as exc:  # refused before it trained: the message names what to set
@@ -176,12 +180,17 @@ def _train(
             # Never stopped: the trainer leaves by os._exit. Its gRPC shutdown waits for every call in
             # flight; a chief that stopped it after its last step, under load, never went on (a CI run).
             _KEPT.append(dispatch.start_dispatcher(handout))  # the workers wait for it to serve
+        if (code := preflight.run(cfg, store, status)) is not None:
+            return code
         wait_for_peers(peers, cfg.startup_timeout)
         strategy = None
     else:
         # The mirrored constructor blocks until every worker answers; bound it ourselves.
         strategy = _bounded(loop.make_mirrored_strategy, cfg.startup_timeout, peers)
     status.mark("peers")
+    # Under mirrored, after the strategy: TensorFlow configures its collectives before any op runs.
+    if strategy is not None and (code := preflight.run(cfg, store, status)) is not None:
+        return code
     if cfg.entrypoint and cfg.bundle:
         program = load_entrypoint(bundle.materialize(store, cfg.bundle, cfg.entrypoint, work), t)
     elif packed is not None:

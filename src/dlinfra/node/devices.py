@@ -126,6 +126,11 @@ def _nvidia_smi(query: str) -> list[str]:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
 
 
+def driver_version() -> str | None:
+    found = _nvidia_smi("driver_version")
+    return found[0] if found else None
+
+
 def _nvidia_smi_list() -> str:
     return "; ".join(_nvidia_smi("index,name"))
 

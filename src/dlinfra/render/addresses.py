@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlinfra.contract import ROLE_ORDER, SubnetLayout
+from dlinfra.contract import DISPATCHER_PORT_OFFSET, ROLE_ORDER, SubnetLayout
 from dlinfra.errors import SpecError
 from dlinfra.spec.model import MAX_WORKERS, Spec
 
@@ -91,7 +91,7 @@ def private_ip_plan(spec: Spec) -> AddressPlan:
             )
     layout = SubnetLayout(subnet=str(subnet), port=spec.cluster.port, offsets=HOST_OFFSET, counts=need)
     nodes = tuple(Node(role, i, host, layout.port) for role, i, host in layout.hosts())
-    return AddressPlan(nodes, layout, dispatcher=f"{nodes[0].host}:{layout.port + 1}")
+    return AddressPlan(nodes, layout, dispatcher=f"{nodes[0].host}:{layout.port + DISPATCHER_PORT_OFFSET}")
 
 
 def _larger_subnet(workers: int) -> str:

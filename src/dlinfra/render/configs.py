@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlinfra.contract import Budget, NodeConfig, StoreConfig
+from dlinfra.contract import (
+    PREFLIGHT_PORT_OFFSET,
+    Budget,
+    NodeConfig,
+    PreflightPlan,
+    StoreConfig,
+    SubnetLayout,
+)
 from dlinfra.render.addresses import AddressPlan
 from dlinfra.spec.hardware import cluster_hardware
 from dlinfra.spec.model import Spec
@@ -21,10 +28,12 @@ def build_node_configs(
     code: Bundle | None = None,
     *,
     typed: bool,
+    own_machines: bool = False,
     usd_per_hour: float = 0.0,
 ) -> dict[str, NodeConfig]:
-    """`typed`: the target runs each node on its instance type (see hardware). `usd_per_hour`: what
-    the whole cluster costs (Target.hourly_cost), which cluster.max_cost is kept against."""
+    """`typed`: the target runs each node on its instance type (see hardware); `own_machines`: each
+    on a machine of its own (Target.own_machines). `usd_per_hour`: what the whole cluster costs
+    (Target.hourly_cost), which cluster.max_cost is kept against."""
     cluster = plan.description()
     # Heartbeats come several times per timeout so one slow write is never read as a lost node.
     heartbeat = max(1.0, min(10.0, spec.cluster.heartbeat_timeout / 4))
@@ -37,6 +46,7 @@ def build_node_configs(
     taken: dict[str, int] = {}
     cap = spec.cluster.max_cost
     budget = Budget(max_cost=cap, usd_per_hour=usd_per_hour) if cap is not None and usd_per_hour > 0 else None
+    preflight = _preflight(spec, cluster, typed, own_machines)
     for node in plan:
         gpu_offset[node.name] = taken.get(node.host, 0)
         taken[node.host] = gpu_offset[node.name] + hardware[node.role].gpus
@@ -64,6 +74,22 @@ def build_node_configs(
             spot=shapes[node.role].spot,
             act_on_rebalance=spec.cluster.spot.act_on_rebalance,
             spot_in_cluster=any(shape.spot for shape in shapes.values()),
+            preflight=preflight,
         )
         for node in plan
     }
+
+
+def _preflight(
+    spec: Spec, cluster: SubnetLayout | dict[str, list[str]], typed: bool, own_machines: bool
+) -> PreflightPlan | None:
+    """Nodes on machines of their own are checked by default; processes sharing one machine are not
+    (their figures measure its scheduler). A flagged node is replaced where the target replaces
+    instances (emulated ones too), else it fails the run: another process is the same machine."""
+    asked = spec.cluster.preflight
+    checks = asked.checks or ("quick" if own_machines else "off")
+    if checks == "off":
+        return None
+    port = cluster.port + PREFLIGHT_PORT_OFFSET if isinstance(cluster, SubnetLayout) else 0
+    on_fail = asked.on_fail or ("replace" if typed else "fail")
+    return PreflightPlan(checks=checks, min_ratio=asked.min_ratio, on_fail=on_fail, port=port)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from dlinfra.errors import StoreError
 from dlinfra.runs.bundle import extract_safely
-from dlinfra.runs.layout import MANIFEST, ControllerStore, RunStore
+from dlinfra.runs.layout import MANIFEST, RunStore
+from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease
 from dlinfra.runs.records import Handover
 from dlinfra.runs.run import SPEC_LOCK, Run, home

@@ -25,6 +25,7 @@ from dlinfra.spec.dataset import DatasetSpec
 from dlinfra.spec.grammar import INSTANCE_TYPE_RE, NAME_RE, S3_URL_RE, http_url
 from dlinfra.spec.input import StrictModel, shown
 from dlinfra.spec.layers import ModelSpec
+from dlinfra.spec.preflight import PreflightSpec, preflight_shorthand
 from dlinfra.spec.requirements import FORM_FIX as REQUIREMENT_FIX
 from dlinfra.spec.requirements import problem as requirement_problem
 from dlinfra.spec.spot import SpotPolicy, SpotSpec, spot_shorthand
@@ -101,9 +102,9 @@ class ClusterSpec(StrictModel):
     port: int = Field(
         2222,
         ge=1024,
-        le=65534,
+        le=65533,
         description="TF gRPC port on aws nodes (local picks free ports); the chief's tf.data dispatcher "
-        "listens on the next one.",
+        "listens on the next one, each node's preflight link sink on the one after.",
     )
     startup_timeout: float = Field(180, gt=0, le=DAY, description="Seconds a node waits for its peers.")
     heartbeat_timeout: float = Field(
@@ -144,6 +145,11 @@ class ClusterSpec(StrictModel):
         description="Restarts of one node (crash, lost peer) before the run is marked FAILED.",
     )
     spot: SpotPolicy = SpotPolicy()
+    preflight: Annotated[PreflightSpec, BeforeValidator(preflight_shorthand)] = Field(
+        PreflightSpec(),
+        description="Checks every node runs before the first step: quick | full | off, or a mapping "
+        "{checks, min_ratio, on_fail}.",
+    )
 
 
 # ---------------------------------------------------------------- training

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from dlinfra.contract import NodeConfig
     from dlinfra.prepare import NodeInstall, Prepared
     from dlinfra.render.addresses import AddressPlan
-    from dlinfra.runs.layout import ControllerStore
+    from dlinfra.runs.layout.controller import ControllerStore
     from dlinfra.runs.run import Run
     from dlinfra.spec.model import Spec
     from dlinfra.spec.pricing import HourlyCost
@@ -67,6 +67,12 @@ class Target(Protocol):
     uses_instance_types: ClassVar[bool]  # the spec's instance types (and their prices) apply
     user_data_limit: ClassVar[int | None]  # bytes of user-data its machines accept (None: no limit)
     options: TargetOptions
+
+    @property
+    def own_machines(self) -> bool:
+        """Each node on a machine of its own, not processes (or VMs) sharing this one: what makes
+        preflight's figures worth comparing (cluster.preflight's default)."""
+        ...
 
     def addresses(self, spec: Spec) -> AddressPlan:
         """Where every node listens, known before any node exists."""

@@ -28,7 +28,7 @@ from dlinfra.targets.local_machine import read_machine
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared
-    from dlinfra.runs.layout import ControllerStore
+    from dlinfra.runs.layout.controller import ControllerStore
     from dlinfra.runs.run import Run
     from dlinfra.spec.model import Spec
 
@@ -40,6 +40,7 @@ class LocalTarget:
     uses_instance_types: ClassVar[bool] = False
     user_data_limit: ClassVar[int | None] = None
     leaves_resources: ClassVar[bool] = False
+    own_machines = False  # its nodes are processes sharing this machine
 
     def __init__(self, options: TargetOptions):
         self.options = options

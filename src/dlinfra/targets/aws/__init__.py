@@ -22,7 +22,7 @@ from dlinfra.environment.lock import Platform
 from dlinfra.images.vm import VM_PLATFORM
 from dlinfra.prepare import NodeInstall, release_requirement
 from dlinfra.render import AddressPlan, private_ip_plan
-from dlinfra.runs.layout import ControllerStore
+from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.records import ImagePin, PlanCounts
 from dlinfra.runs.store import parse_s3_url
 from dlinfra.spec.catalog import machine_of
@@ -69,6 +69,10 @@ class AwsTarget:
 
     def preflight(self, spec: Spec) -> None:
         preflight.preflight(spec, self.options.emulate_instances)
+
+    @property
+    def own_machines(self) -> bool:
+        return self.options.emulate_instances is None
 
     def settle(
         self, spec: Spec, configs: dict[str, NodeConfig], locks: Callable[[], dict[str, str]]

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.render.cloud_init import render_controller_user_data
 from dlinfra.runs.handover import POLL_SECONDS
-from dlinfra.runs.layout import ControllerStore
+from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.records import ControllerInfo
 from dlinfra.runs.run import home
 from dlinfra.spec.catalog import catalog, machine_of

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from dlinfra.contract import PREFLIGHT_PORT_OFFSET
 from dlinfra.runs.store import parse_s3_url
 from dlinfra.spec.dataset import is_listing
 
@@ -45,7 +46,8 @@ def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None =
         # unset: the stack's default parameter (a null would override it)
         **({"ami_ssm_parameter": spec.aws.ami_ssm_parameter} if spec.aws.ami_ssm_parameter else {}),
         "network": spec.aws.network(),
-        "tf_ports": {"from": spec.cluster.port, "to": spec.cluster.port + 1},  # + the tf.data dispatcher
+        # + the tf.data dispatcher and the preflight link sinks
+        "tf_ports": {"from": spec.cluster.port, "to": spec.cluster.port + PREFLIGHT_PORT_OFFSET},
         "bucket": bucket,
         "prefix": prefix,
         "roles": roles,

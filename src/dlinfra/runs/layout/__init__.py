@@ -16,6 +16,9 @@
     code/data-<sha256>.json       the data files a glob listed when the run was prepared (their pin)
     terraform/                    the provider lock file and tfvars of a cloud run
     run-dir.tar.gz                the run dir a controller acts from (a run handed over to it)
+    preflight/<round>/<node>.json NodeFigures: what a node measured before the first step
+    preflight/<round>/verdict.json  Verdict: the chief's judgement of that round
+    preflight/history.json        the instance types' baselines when the run was deployed
 
 and of the results bucket's `controller/` prefix, the account controller's (ControllerStore):
 
@@ -37,12 +40,11 @@ from pydantic import ValidationError
 
 from dlinfra.contract import StoreConfig
 from dlinfra.errors import StoreError
+from dlinfra.runs.preflight import NodeFigures, Verdict
 from dlinfra.runs.records import (
     MARKERS,
     SCHEMA_VERSION,
     CheckpointPointer,
-    ControllerInfo,
-    Handover,
     Manifest,
     Marker,
     MarkerName,
@@ -66,6 +68,9 @@ MODEL = "model"
 TENSORBOARD = "tensorboard"
 STACKS_REQUEST = "debug/request.json"
 NOTICES = "notices"
+PREFLIGHT = "preflight"
+VERDICT = "verdict"
+HISTORY = "history.json"
 OWNER = "owner.json"
 RUN_DIR = "run-dir.tar.gz"
 CONTROLLER_PREFIX = "controller"
@@ -272,6 +277,35 @@ class RunStore:
         found = [self.notice(key) for key in self.notice_keys()]
         return sorted((n for n in found if n is not None), key=lambda n: n.noticed)
 
+    # ---------------------------------------------------------------- preflight (runs.preflight)
+
+    def put_preflight(self, round_: int, figures: NodeFigures | Verdict) -> None:
+        name = figures.node if isinstance(figures, NodeFigures) else VERDICT
+        self._write(f"{PREFLIGHT}/{round_}/{name}.json", figures)
+
+    def preflight_round(self, round_: int) -> tuple[dict[str, NodeFigures], Verdict | None]:
+        """One round's node records by node, and its verdict once the chief wrote it."""
+        found: dict[str, NodeFigures] = {}
+        verdict = None
+        for key in self.store.list_keys(f"{PREFLIGHT}/{round_}/"):
+            if key.endswith(f"/{VERDICT}.json"):
+                verdict = self._read(Verdict, key)
+            elif key.endswith(".json") and (record := self._read(NodeFigures, key)) is not None:
+                found[record.node] = record
+        return found, verdict
+
+    def put_preflight_history(self, baselines: dict[str, dict[str, float]]) -> None:
+        self.store.put_json(f"{PREFLIGHT}/{HISTORY}", baselines)
+
+    def preflight_history(self) -> dict[str, dict[str, float]]:
+        """Instance type → judged figure → its baseline, as the deploy found them (see runs.preflight)."""
+        return self.store.get_json(f"{PREFLIGHT}/{HISTORY}") or {}
+
+    def preflight_rounds(self) -> int:
+        """How many rounds were begun (0: preflight never ran)."""
+        rounds = {key.split("/")[1] for key in self.store.list_keys(f"{PREFLIGHT}/") if key.count("/") == 2}
+        return max((int(r) for r in rounds if r.isdigit()), default=0)
+
     # ---------------------------------------------------------------- code and pins
 
     def put_bundle(self, sha256: str, data: bytes) -> None:
@@ -334,61 +368,3 @@ def data_listing_key(sha256: str) -> str:
 def bundle_key(sha256: str) -> str:
     """Also where the run dir keeps its copy: the run dir mirrors the store for the code."""
     return f"code/bundle-{sha256}.tar.gz"
-
-
-class ControllerStore:
-    """The results bucket's `controller/` prefix: the runs handed to the account's controller, and
-    its logs. One per bucket: runs of every experiment that stores there share it."""
-
-    def __init__(self, store: Store):
-        self.store = store
-
-    @classmethod
-    def of_bucket(cls, bucket: str, endpoint_url: str | None, region: str | None) -> ControllerStore:
-        return cls(Store.from_url(f"s3://{bucket}/{CONTROLLER_PREFIX}", endpoint_url, region))
-
-    def uri(self, key: str = "") -> str:
-        return self.store.uri(key)
-
-    def put_info(self, info: ControllerInfo) -> None:
-        self.store.put_json(CONTROLLER_INFO, info.model_dump(mode="json"))
-
-    def remove_info(self) -> None:
-        self.store.delete(CONTROLLER_INFO)
-
-    def info(self) -> ControllerInfo | None:
-        raw = self.store.get_json(CONTROLLER_INFO)
-        return None if raw is None else parse(ControllerInfo, raw, self.store.uri(CONTROLLER_INFO))
-
-    def put_handover(self, handover: Handover) -> None:
-        self.store.put_json(f"{HANDOVERS}/{handover.run_id}.json", handover.model_dump(mode="json"))
-
-    def handovers(self) -> list[Handover]:
-        """Every run handed over and not yet finished with, oldest first."""
-        found = []
-        for key in self.store.list_keys(f"{HANDOVERS}/"):
-            if key.endswith(".json") and (raw := self.store.get_json(key)) is not None:
-                found.append(parse(Handover, raw, self.store.uri(key)))
-        return sorted(found, key=lambda h: h.time)
-
-    def remove_handover(self, run_id: str) -> None:
-        self.store.delete(f"{HANDOVERS}/{run_id}.json")
-
-    def put_log(self, holder: str, path: Path) -> None:
-        self.store.put_file(f"logs/{log_name(holder)}", path)
-
-    def logs(self) -> list[str]:
-        """The controllers' logs' names, newest holder last by name."""
-        return [key.removeprefix("logs/") for key in self.store.list_keys("logs/")]
-
-    def log_uri(self, name: str) -> str:
-        return self.store.uri(f"logs/{name}")
-
-    def log(self, name: str) -> str | None:
-        data = self.store.get_bytes(f"logs/{name}")
-        return None if data is None else data.decode("utf-8", errors="replace")
-
-
-def log_name(holder: str) -> str:
-    """`controller i-0abc…` → `controller-i-0abc….log`: a key without spaces."""
-    return "-".join(holder.split()) + ".log"

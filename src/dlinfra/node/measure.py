@@ -1,0 +1,270 @@
+"""What a node measures of itself before training (node.preflight): its device, its links to its
+peers, its input, its versions and the CPU its cgroup allows."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from dlinfra.contract import NodeConfig
+from dlinfra.runs.preflight import Link
+from dlinfra.runs.store import Store
+
+
+@dataclass(frozen=True)
+class Effort:
+    """How long and how much each check measures: quick fits in seconds, full gives steadier figures."""
+
+    windows: int  # timed windows per device figure; the best one counts (a preempted window is noise)
+    window_seconds: float
+    matrix: int  # gemm size
+    link_bytes: int  # each direction, per link
+    pings: int
+    input_bytes: int
+
+
+EFFORT = {
+    "quick": Effort(
+        windows=3, window_seconds=0.3, matrix=512, link_bytes=64 << 20, pings=20, input_bytes=16 << 20
+    ),
+    "full": Effort(
+        windows=10, window_seconds=1.0, matrix=1024, link_bytes=512 << 20, pings=200, input_bytes=256 << 20
+    ),
+}
+
+
+# ---------------------------------------------------------------- the device
+
+
+def device_figures(cfg: NodeConfig, effort: Effort) -> dict[str, float]:
+    """gemm and a convolution on the device the node trains on, at the run's precision; host→GPU."""
+    import tensorflow as tf
+
+    gpu = cfg.gpus > 0
+    dtype = tf.float16 if gpu and cfg.training.mixed_precision else tf.float32
+    device = "/GPU:0" if gpu else "/CPU:0"
+    n = effort.matrix
+    with tf.device(device):
+        a = tf.random.uniform((n, n), dtype=dtype)
+        b = tf.random.uniform((n, n), dtype=dtype)
+        images = tf.random.uniform((64, 32, 32, 16), dtype=dtype)
+        kernel = tf.random.uniform((3, 3, 16, 32), dtype=dtype)
+        out = {
+            "gemm_gflops": _best_rate(lambda: tf.linalg.matmul(a, b), 2 * n**3, effort),
+            # a CNN's first layer at CIFAR's size: the kernel every image model starts with
+            "conv_gflops": _best_rate(
+                lambda: tf.nn.conv2d(images, kernel, 1, "SAME"), 2 * 64 * 32 * 32 * 32 * 9 * 16, effort
+            ),
+        }
+    if gpu:
+        host = tf.constant(0.0, shape=(16 << 20,))  # 64 MiB
+
+        def copy() -> Any:
+            with tf.device(device):
+                return tf.identity(host)
+
+        out["h2d_gb_s"] = _best_rate(copy, 64 << 20, effort)
+    return out
+
+
+def _best_rate(op: Callable[[], Any], work: float, effort: Effort) -> float:
+    """Work per second (per 1e9) of the best of the timed windows, the result fetched in each."""
+    op().numpy()  # warm-up: kernels chosen, memory allocated
+    best = 0.0
+    for _ in range(effort.windows):
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < effort.window_seconds:
+            result = op()
+            count += 1
+        result.numpy()  # a GPU runs ahead of Python: the window ends when its work does
+        elapsed = time.perf_counter() - start
+        best = max(best, count * work / elapsed / 1e9)
+    return round(best, 3)
+
+
+# ---------------------------------------------------------------- links
+
+
+def link_peers(cfg: NodeConfig) -> list[str]:
+    """Whom this node measures its link to: every ps from the chief and workers (the transfers a step
+    makes under parameter servers), the next worker around the ring under multi_worker_mirrored."""
+    if cfg.strategy == "parameter_server":
+        return [] if cfg.role == "ps" else [f"ps-{i}" for i in range(len(cfg.peers.get("ps", [])))]
+    workers = len(cfg.peers.get("worker", []))
+    return [f"worker-{(cfg.index + 1) % workers}"] if workers > 1 else []
+
+
+class Sink:
+    """A TCP server that takes and returns bytes, one peer at a time, so that a figure is one flow's."""
+
+    def __init__(self, host: str, port: int):
+        self.server = socket.create_server((host, port), reuse_port=False)
+        self.address = f"{host}:{self.server.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            with conn, contextlib.suppress(OSError):  # a peer that left mid-transfer: its loss
+                _answer(conn)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _answer(conn: socket.socket) -> None:
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    kind, count = conn.recv(1), int.from_bytes(_exactly(conn, 8), "big")
+    conn.sendall(b"G")
+    if kind == b"P":
+        for _ in range(count):
+            conn.sendall(_exactly(conn, 1))
+        return
+    _drain(conn, count)
+    conn.sendall(b"R")
+    _pour(conn, count)
+
+
+def measure_link(peer: str, address: str, effort: Effort) -> Link:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sendall(b"B" + effort.link_bytes.to_bytes(8, "big"))
+        _exactly(conn, 1)  # its turn: the sink serves one peer at a time
+        start = time.perf_counter()
+        _pour(conn, effort.link_bytes)
+        _exactly(conn, 1)
+        sent = time.perf_counter()
+        _drain(conn, effort.link_bytes)
+        done = time.perf_counter()
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sendall(b"P" + effort.pings.to_bytes(8, "big"))
+        _exactly(conn, 1)
+        rtts = []
+        for _ in range(effort.pings):
+            t = time.perf_counter()
+            conn.sendall(b"p")
+            _exactly(conn, 1)
+            rtts.append(time.perf_counter() - t)
+    mb = effort.link_bytes / 1e6
+    return Link(
+        peer=peer,
+        send_mb_s=round(mb / (sent - start), 1),
+        receive_mb_s=round(mb / (done - sent), 1),
+        latency_ms=round(statistics.median(rtts) * 1000, 3),
+    )
+
+
+CHUNK = 1 << 20
+
+
+def _pour(conn: socket.socket, count: int) -> None:
+    block = bytes(CHUNK)
+    while count > 0:
+        conn.sendall(block[: min(count, CHUNK)])
+        count -= min(count, CHUNK)
+
+
+def _drain(conn: socket.socket, count: int) -> None:
+    buffer = bytearray(CHUNK)
+    while count > 0:
+        got = conn.recv_into(buffer, min(count, CHUNK))
+        if not got:
+            raise ConnectionError("the peer closed the link mid-transfer")
+        count -= got
+
+
+def _exactly(conn: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        got = conn.recv(count - len(data))
+        if not got:
+            raise ConnectionError("the peer closed the link")
+        data += got
+    return data
+
+
+# ---------------------------------------------------------------- input
+
+
+def input_figures(cfg: NodeConfig, effort: Effort) -> dict[str, float]:
+    """MB/s reading the run's data files (the first ones, up to the effort's bytes); nothing to read
+    for a data set inside the program (the built-in digits)."""
+    if cfg.data is None:
+        return {}
+    directory, _, name = cfg.data.url.rpartition("/")
+    glob = next((i for i, ch in enumerate(name) if ch in "*?["), len(name))
+    store = Store.from_url(directory, cfg.data.endpoint_url, cfg.data.region)
+    read, start = 0, time.perf_counter()
+    for listed in store.files(name[:glob])[:64]:
+        data = store.get_bytes(listed.name)
+        read += len(data or b"")
+        if read >= effort.input_bytes:
+            break
+    elapsed = time.perf_counter() - start
+    return {"input_mb_s": round(read / 1e6 / elapsed, 1)} if read else {}
+
+
+# ---------------------------------------------------------------- versions and limits
+
+
+def versions(cfg: NodeConfig) -> dict[str, str]:
+    """Every installed package, the Python, the kernel and, on GPU nodes, CUDA, cuDNN and the driver."""
+    out = {
+        f"package {d.metadata['Name'].lower()}": d.version
+        for d in metadata.distributions()
+        if d.metadata["Name"]
+    }
+    out["python"] = platform.python_version()
+    out["kernel"] = platform.release()
+    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "sysconfig"):
+        build = sys.modules["tensorflow"].sysconfig.get_build_info()
+        for key in ("cuda_version", "cudnn_version"):
+            if build.get(key):
+                out[key.replace("_version", "")] = str(build[key])
+    if cfg.gpus:
+        from dlinfra.node.devices import driver_version
+
+        if driver := driver_version():
+            out["nvidia driver"] = driver
+    return out
+
+
+def cpu_quota(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPUs this process's cgroup lets it use (CFS quota / period), None where none limits it."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):  # cgroup v1
+            quota = root / "cpu" / path.lstrip("/")
+            try:
+                us = int((quota / "cpu.cfs_quota_us").read_text())
+                period = int((quota / "cpu.cfs_period_us").read_text())
+            except (OSError, ValueError):
+                return None
+            return round(us / period, 3) if us > 0 else None
+        if controllers == "":  # cgroup v2
+            try:
+                limit, interval = (root / path.lstrip("/") / "cpu.max").read_text().split()
+            except (OSError, ValueError):
+                continue
+            return None if limit == "max" else round(int(limit) / int(interval), 3)
+    return None

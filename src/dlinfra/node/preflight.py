@@ -1,0 +1,178 @@
+"""A node's preflight (cluster.preflight): before the first step, every node measures its device, its
+links to its peers and its input, and lists its versions, all nodes at once; the chief judges the
+figures (runs.preflight) and says whether the run trains, replaces the flagged nodes, or fails.
+
+The store is the rendezvous. A round is `preflight/<round>/`: each node first writes a record naming
+its link sink, measures once every node of the round has, then writes its figures; the chief writes
+the round's verdict. A node that is replaced (EXIT_INTERRUPTED, as after a spot notice) comes back
+into the next round, and the others re-measure with it; a node flagged again fails the run.
+
+Where it runs: under parameter servers before the node serves or the chief connects, under
+multi_worker_mirrored once the strategy is made (TensorFlow configures collectives before any op).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from dlinfra.contract import EXIT_FAILED, EXIT_INTERRUPTED, NodeConfig, PreflightPlan
+from dlinfra.errors import DlinfraError
+from dlinfra.node.measure import (
+    EFFORT,
+    Sink,
+    cpu_quota,
+    device_figures,
+    input_figures,
+    link_peers,
+    measure_link,
+    versions,
+)
+from dlinfra.node.status import NodeStatus
+from dlinfra.node.tensorflow_import import import_tensorflow
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.preflight import NodeFigures, Verdict, action, judge
+
+POLL_SECONDS = 0.5
+
+
+class PreflightTimeout(DlinfraError):
+    pass
+
+
+def run(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int | None:
+    """This node's part of cluster.preflight; an exit code when it must not go on to train or serve."""
+    if cfg.preflight is None:
+        return None
+    import_tensorflow()  # a serving node measures with all of it (see node.serving)
+    then, verdict = check(cfg, store, lambda state: status.update(state=state))
+    status.mark("preflight")
+    said = verdict.says() if verdict else "preflight passed"
+    print(said, flush=True)
+    if then == "leave":  # replaced like a reclaimed spot node: elsewhere, not restarted in place
+        status.stop(state="interrupted", error=said)
+        return EXIT_INTERRUPTED
+    if then == "fail":
+        status.stop(state="failed", error=said)
+        return EXIT_FAILED
+    return None
+
+
+def check(cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None]) -> tuple[str, Verdict | None]:
+    """Run this node's part of preflight; (what it does next: train | leave | fail, the verdict)."""
+    plan = cfg.preflight
+    assert plan is not None
+    round_, settled = _round(store)
+    if settled is not None:  # passed before this life (a restart): not again
+        return "train", settled
+    sink = Sink(cfg.address.rpartition(":")[0], plan.port)
+    names = [f"{role}-{i}" for role, addrs in cfg.peers.items() for i in range(len(addrs))]
+    try:
+        mine = NodeFigures(
+            node=cfg.name,
+            role=cfg.role,
+            flavor=cfg.flavor,
+            instance_type=cfg.instance_type,
+            sink=sink.address,
+            cpu_quota=cpu_quota(),
+        )
+        store.put_preflight(round_, mine)
+        on_state(f"preflight round {round_}: waiting for every node")
+        # A later round waits for a replacement instance to boot as well.
+        timeout = cfg.startup_timeout * (1 if round_ == 1 else 3)
+        ready = _wait(store, round_, lambda found, _: set(names) <= set(found), timeout, "to be ready")[0]
+        on_state(f"preflight round {round_}: measuring")
+        started = time.monotonic()
+        effort = EFFORT[plan.checks]
+        measured = mine.model_copy(
+            update={
+                "measured": True,
+                "figures": {**device_figures(cfg, effort), **input_figures(cfg, effort)},
+                "links": [measure_link(peer, ready[peer].sink, effort) for peer in link_peers(cfg)],
+                "versions": versions(cfg),
+            }
+        )
+        measured.seconds = round(time.monotonic() - started, 2)
+        store.put_preflight(round_, measured)
+        on_state(f"preflight round {round_}: waiting for the verdict")
+        if cfg.is_chief:
+            verdict = _judge(cfg, plan, store, round_, names, timeout)
+        else:
+            said = _wait(store, round_, lambda _, v: v is not None, timeout, "'s verdict")[1]
+            assert said is not None
+            verdict = said
+    finally:
+        sink.close()
+    if verdict.action == "replace" and cfg.name in verdict.flagged_nodes:
+        return "leave", verdict
+    if verdict.action == "replace":  # the others measure again with the replacements
+        return check(cfg, store, on_state)
+    return ("fail" if verdict.action == "fail" else "train"), verdict
+
+
+def _round(store: RunStore) -> tuple[int, Verdict | None]:
+    """The round this life joins, or the verdict that already let the run train."""
+    last = store.preflight_rounds()
+    if last == 0:
+        return 1, None
+    _, verdict = store.preflight_round(last)
+    if verdict is None:
+        return last, None
+    if verdict.action == "replace":
+        return last + 1, None
+    return last, verdict
+
+
+def _judge(
+    cfg: NodeConfig, plan: PreflightPlan, store: RunStore, round_: int, names: list[str], timeout: float
+) -> Verdict:
+    found = _wait(
+        store, round_, lambda f, _: all(n in f and f[n].measured for n in names), timeout, " to measure"
+    )[0]
+    records = [found[n] for n in names]
+    replaced = _replaced(store, round_)
+    flags = judge(records, plan.min_ratio, store.preflight_history())
+    verdict = Verdict(
+        round=round_,
+        action=action(flags, plan.on_fail, replaced),
+        flagged=flags,
+        min_ratio=plan.min_ratio,
+        checks=plan.checks,
+        seconds=max(r.seconds or 0 for r in records),
+    )
+    store.put_preflight(round_, verdict)
+    if verdict.action == "fail":
+        store.write_marker("FAILED", node=cfg.name, verdict="preflight", error=verdict.says())
+    return verdict
+
+
+def _replaced(store: RunStore, round_: int) -> set[str]:
+    out: set[str] = set()
+    for earlier in range(1, round_):
+        _, verdict = store.preflight_round(earlier)
+        if verdict is not None and verdict.action == "replace":
+            out |= set(verdict.flagged_nodes)
+    return out
+
+
+def _wait(
+    store: RunStore,
+    round_: int,
+    done: Callable[[dict[str, NodeFigures], Verdict | None], bool],
+    timeout: float,
+    what: str,
+) -> tuple[dict[str, NodeFigures], Verdict | None]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found, verdict = store.preflight_round(round_)
+        if done(found, verdict):
+            return found, verdict
+        if (marker := store.marker()) is not None:
+            raise PreflightTimeout(f"the run ended ({marker.marker}) during preflight")
+        if time.monotonic() > deadline:
+            raise PreflightTimeout(
+                f"preflight round {round_}: waited {timeout:.0f}s for every node{what}; "
+                f"have {', '.join(sorted(found)) or 'none'}. Fix: check the missing nodes' logs "
+                "(`dlinfra logs RUN --node NAME`)"
+            )
+        time.sleep(POLL_SECONDS)
