@@ -308,8 +308,11 @@ def _approver(yes: bool) -> Any:
 
 
 def _finish(outcome: Any) -> None:
+    from dlinfra.cli.preflight_view import preflight_view
     from dlinfra.cli.views import outcome_cost, print_failure, result_view
 
+    if outcome.state in ("DONE", "FAILED") and (checked := preflight_view(outcome.run.store())):
+        (out if outcome.state == "DONE" else err).print(checked)
     if outcome.state == "DONE":
         out.print(result_view(outcome))
         return

@@ -146,9 +146,16 @@ def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
         sys.stdout.write(json.dumps(details, indent=2) + "\n")
         return
     for key, value in details.items():
+        if key == "preflight":
+            continue
         if isinstance(value, dict):
             value = json.dumps(value)
         out.print(f"[bold]{key}[/]: {escape(str(value))}")  # a path may hold [x]
+    if details.get("preflight"):
+        from dlinfra.cli.preflight_view import preflight_view
+        from dlinfra.runs.run import Run
+
+        out.print(preflight_view(Run.open(details["run_id"]).store()))
 
 
 @inspection_app.command()

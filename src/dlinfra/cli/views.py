@@ -108,8 +108,9 @@ def progress_line(snap: Snapshot) -> str:
     """One line for logs and CI, where a live table cannot redraw."""
     up = sum(1 for s in snap.nodes.values() if s is not None)
     trainer = next((s for s in snap.nodes.values() if s and (s.total_steps or s.step)), None)
-    if trainer is None:
-        step = "starting"
+    checking = [s.state for s in snap.nodes.values() if s and s.state.startswith("preflight")]
+    if trainer is None or (checking and not trainer.step):  # the chief's round, or the last node's
+        step = checking[0] if checking else "starting"
     else:  # a script reports steps without a total (or nothing: then its nodes' states say it runs)
         step = f"step {trainer.step}" + (f"/{trainer.total_steps}" if trainer.total_steps else "")
     loss = f" loss {trainer.loss:.4f}" if trainer and trainer.loss is not None else ""

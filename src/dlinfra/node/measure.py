@@ -223,13 +223,12 @@ def input_figures(cfg: NodeConfig, effort: Effort) -> dict[str, float]:
 # ---------------------------------------------------------------- versions and limits
 
 
-def versions(cfg: NodeConfig) -> dict[str, str]:
+def versions(gpus: int) -> dict[str, str]:
     """Every installed package, the Python, the kernel and, on GPU nodes, CUDA, cuDNN and the driver."""
-    out = {
-        f"package {d.metadata['Name'].lower()}": d.version
-        for d in metadata.distributions()
-        if d.metadata["Name"]
-    }
+    out: dict[str, str] = {}
+    for dist in metadata.distributions():  # in sys.path order: the first of a name is what imports
+        if name := dist.metadata["Name"]:
+            out.setdefault(f"package {name.lower()}", dist.version)
     out["python"] = platform.python_version()
     out["kernel"] = platform.release()
     if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "sysconfig"):
@@ -237,12 +236,20 @@ def versions(cfg: NodeConfig) -> dict[str, str]:
         for key in ("cuda_version", "cudnn_version"):
             if build.get(key):
                 out[key.replace("_version", "")] = str(build[key])
-    if cfg.gpus:
+    if gpus:
         from dlinfra.node.devices import driver_version
 
         if driver := driver_version():
             out["nvidia driver"] = driver
     return out
+
+
+def machine_id(boot_id: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
+    """Which machine (kernel) this process runs on: processes that stand in for instances share one."""
+    try:
+        return boot_id.read_text().strip()
+    except OSError:
+        return socket.gethostname()
 
 
 def cpu_quota(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float | None:

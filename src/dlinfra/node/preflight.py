@@ -25,6 +25,7 @@ from dlinfra.node.measure import (
     device_figures,
     input_figures,
     link_peers,
+    machine_id,
     measure_link,
     versions,
 )
@@ -73,23 +74,30 @@ def check(cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None]) -> 
             role=cfg.role,
             flavor=cfg.flavor,
             instance_type=cfg.instance_type,
+            machine=machine_id(),
             sink=sink.address,
-            cpu_quota=cpu_quota(),
         )
         store.put_preflight(round_, mine)
         on_state(f"preflight round {round_}: waiting for every node")
         # A later round waits for a replacement instance to boot as well.
         timeout = cfg.startup_timeout * (1 if round_ == 1 else 3)
         ready = _wait(store, round_, lambda found, _: set(names) <= set(found), timeout, "to be ready")[0]
+        # Nodes sharing a machine (local processes, emulated instances) measure in turn, in cluster
+        # order: at once, each would measure its share of the machine, which moves with its load.
+        before = [n for n in names[: names.index(cfg.name)] if ready[n].machine == mine.machine]
+        if before:
+            on_state(f"preflight round {round_}: waiting for {before[-1]} to measure (one machine)")
+            _wait(store, round_, lambda f, _: all(f[n].measured for n in before), timeout, " before it")
         on_state(f"preflight round {round_}: measuring")
         started = time.monotonic()
         effort = EFFORT[plan.checks]
         measured = mine.model_copy(
             update={
                 "measured": True,
+                "cpu_quota": cpu_quota(),
                 "figures": {**device_figures(cfg, effort), **input_figures(cfg, effort)},
                 "links": [measure_link(peer, ready[peer].sink, effort) for peer in link_peers(cfg)],
-                "versions": versions(cfg),
+                "versions": versions(cfg.gpus),
             }
         )
         measured.seconds = round(time.monotonic() - started, 2)

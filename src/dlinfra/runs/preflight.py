@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from dlinfra.runs.records import Record
+
+if TYPE_CHECKING:
+    from dlinfra.runs.layout import RunStore
 
 # Figures where more is better, judged against peers; name → (label, unit)
 JUDGED = {
@@ -49,6 +52,7 @@ class NodeFigures(Record):
     role: str
     flavor: str  # cpu | gpu: nodes of one flavor run one build of everything, so versions must agree
     instance_type: str | None = None
+    machine: str  # its kernel's boot id: nodes on one machine measure in turn, their links are not judged
     sink: str  # host:port its link sink listens on
     measured: bool = False
     figures: dict[str, float] = Field(default_factory=dict)
@@ -102,9 +106,9 @@ class Verdict(Record):
 
 
 def figures(records: list[NodeFigures]) -> dict[str, dict[str, float]]:
-    """node → figure → value. A link counts for both its ends, and only between two hosts: between
+    """node → figure → value. A link counts for both its ends, and only between two machines: between
     processes of one machine it measures that machine's memory and scheduler, not a network."""
-    host = {r.node: r.sink.rpartition(":")[0] for r in records}
+    host = {r.node: r.machine for r in records}
     links: dict[str, list[Link]] = {r.node: [] for r in records}
     for r in records:
         for link in r.links:
@@ -220,6 +224,15 @@ def table(records: list[NodeFigures], verdict: Verdict | None) -> list[list[str]
         cells.append(", ".join(flagged.get(r.node, [])) or "ok")
         rows.append(cells)
     return rows
+
+
+def report(store: RunStore) -> tuple[Verdict | None, list[list[str]]] | None:
+    """The last round's verdict and table (see `table`); None where preflight never ran."""
+    last = store.preflight_rounds()
+    if not last:
+        return None
+    found, verdict = store.preflight_round(last)
+    return verdict, table(list(found.values()), verdict)
 
 
 def number(value: float) -> str:

@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
+from dlinfra.runs.layout import RunStore
 from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
+from dlinfra.runs.preflight import figures
 from dlinfra.runs.records import MARKERS, Manifest, Notice
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
@@ -165,8 +167,21 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         **({"spot": spot_summary(metrics.interruptions, metrics.rebalances)} if metrics else {}),
         **({"startup": describe(steps)} if (steps := _startup(run)) else {}),
         **({"environment": _environment(manifest)} if manifest.environment else {}),
+        **({"preflight": _preflight(store)} if store.preflight_rounds() else {}),
         "metrics": shown,
         "manifest": manifest.model_dump(mode="json"),
+    }
+
+
+def _preflight(store: RunStore) -> dict[str, Any]:
+    """The last round: its verdict and what each node measured (`show --json`; `show` draws a table)."""
+    last = store.preflight_rounds()
+    found, verdict = store.preflight_round(last)
+    return {
+        "round": last,
+        "verdict": verdict.model_dump(mode="json") if verdict else None,
+        "says": verdict.says() if verdict else None,
+        "nodes": figures(list(found.values())),
     }
 
 

@@ -1,0 +1,73 @@
+"""Preflight on real local clusters: a node held to a fifth of a CPU by the kernel's cgroup cpu
+controller (a CFS quota, what a throttled burstable instance or a noisy neighbour looks like from
+inside) is named before anything trains."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+
+import pytest
+
+from e2e.conftest import Live, start_deploy
+from support import cgroup_cpu_limit, run_cli
+
+pytestmark = [pytest.mark.e2e]
+
+QUOTA = 0.2  # CPUs
+
+
+def _throttle_at_start(live: Live, node: str, limit, stack: contextlib.ExitStack) -> None:
+    """Hold `node`'s trainer to QUOTA from its first seconds: it loads TensorFlow and waits for
+    every node before it measures, and its record says the quota it measured under (asserted)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(AssertionError, OSError):
+            stack.enter_context(limit(live.trainer_pid(node), QUOTA))
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{node}'s trainer never came up")
+
+
+def test_quick_preflight_names_the_throttled_worker_and_the_run_fails_before_its_first_step(tmp_path):
+    limit = cgroup_cpu_limit()
+    args = ("--workers", "2", "--steps", "200", "--set", "cluster.preflight={checks: quick, on_fail: fail}")
+    with contextlib.ExitStack() as stack:
+        live = start_deploy(tmp_path, *args)
+        _throttle_at_start(live, "worker-1", limit, stack)
+        done = live.finish()
+    assert done.returncode == 1, done.stdout + done.stderr
+    store = live.store
+    records = {p.stem: json.loads(p.read_text()) for p in (store / "preflight" / "1").glob("*-*.json")}
+    assert sorted(records) == ["chief-0", "ps-0", "worker-0", "worker-1"]
+    assert records["worker-1"]["cpu_quota"] == QUOTA, "the throttle held before worker-1 measured"
+    assert all(records[n]["cpu_quota"] is None for n in ("chief-0", "ps-0", "worker-0"))
+    verdict = json.loads((store / "preflight" / "1" / "verdict.json").read_text())
+    assert verdict["action"] == "fail"
+    assert {f["node"] for f in verdict["flagged"]} == {"worker-1"}, verdict["flagged"]
+    gemm = next(f for f in verdict["flagged"] if f["figure"] == "gemm_gflops")
+    assert gemm["against"] == "peers" and gemm["ratio"] < 0.8
+    # its ratio is its figure over its role's median (worker-0's and its own)
+    assert gemm["ratio"] == pytest.approx(
+        records["worker-1"]["figures"]["gemm_gflops"]
+        / (
+            (records["worker-0"]["figures"]["gemm_gflops"] + records["worker-1"]["figures"]["gemm_gflops"])
+            / 2
+        )
+    )
+    marker = json.loads((store / "FAILED").read_text())
+    assert marker["verdict"] == "preflight" and "worker-1: gemm" in marker["error"]
+    assert f"{gemm['ratio']:.2f} of its role's median" in done.stderr
+    # the table: every node, worker-1 flagged, its quota shown
+    table = [line for line in done.stderr.splitlines() if "worker-1" in line and "CPU" in line]
+    assert table and "gemm" in table[0], done.stderr
+    # nothing trained: no step, no checkpoint, no model; the startup phases stop at preflight
+    chief = live.status("chief-0")
+    assert chief["step"] == 0 and "peers" not in chief["phases"] and "first step" not in chief["phases"]
+    assert not (store / "checkpoints").exists() and not (store / "model").exists()
+    assert "preflight" in live.status("worker-0")["phases"], "worker-0 passed its part, then left"
+    # `show` draws the same table from the store
+    shown = run_cli("show", live.run_dir.name, env={**os.environ, "DLINFRA_HOME": str(live.home)}, check=True)
+    assert "preflight, round 1" in shown.stdout and "worker-1" in shown.stdout

@@ -1,0 +1,203 @@
+"""Preflight without a cluster: the judgement on figures (a pure function), and each measurement
+on the real thing (versions of two real interpreters, a real TCP link, a real cgroup quota)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlinfra.contract import PreflightPlan
+from dlinfra.node.measure import Effort, Sink, cpu_quota, measure_link
+from dlinfra.render import build_node_configs
+from dlinfra.runs.preflight import Link, NodeFigures, action, judge, table
+from dlinfra.spec.loading import load_spec
+from dlinfra.spec.model import Spec
+from dlinfra.targets import target_for
+from dlinfra.targets.base import TargetOptions
+from support import cgroup_cpu_limit, run_cli, store_config
+
+FAST = Effort(windows=1, window_seconds=0.05, matrix=64, link_bytes=4 << 20, pings=5, input_bytes=1 << 20)
+
+
+def node(name: str, gemm: float | None = 40.0, machine: str = "m", **extra) -> NodeFigures:
+    role = name.rpartition("-")[0]
+    figures = {} if gemm is None else {"gemm_gflops": gemm, "conv_gflops": gemm}
+    return NodeFigures(
+        node=name,
+        role=role,
+        flavor="cpu",
+        machine=machine,
+        sink=f"10.0.0.{len(name)}:2224",
+        measured=True,
+        figures=figures,
+        **extra,
+    )
+
+
+def test_a_node_below_the_ratio_of_its_roles_median_is_flagged_and_no_other():
+    records = [node("chief-0", 10.0), node("worker-0", 40.0), node("worker-1", 41.0), node("worker-2", 25.0)]
+    flags = judge(records, 0.8)
+    assert {(f.node, f.figure) for f in flags} == {("worker-2", "gemm_gflops"), ("worker-2", "conv_gflops")}
+    gemm = next(f for f in flags if f.figure == "gemm_gflops")
+    assert gemm.reference == 40.0 and gemm.ratio == pytest.approx(25 / 40)
+    assert gemm.says() == "worker-2: gemm 25 GFLOP/s, 0.62 of its role's median (40 GFLOP/s)"
+    # the chief is alone in its role: a quarter of the workers' figure is no peer judgement
+    assert not judge([node("chief-0", 10.0), node("worker-0", 40.0), node("worker-1", 40.0)], 0.8)
+
+
+def test_a_uniformly_slow_cluster_is_caught_by_its_types_history_alone():
+    slow = [
+        node("worker-0", 20.0, instance_type="m5.xlarge"),
+        node("worker-1", 21.0, instance_type="m5.xlarge"),
+    ]
+    assert not judge(slow, 0.8), "no peer stands out"
+    flags = judge(slow, 0.8, {"m5.xlarge": {"gemm_gflops": 40.0}})
+    assert {(f.node, f.against) for f in flags} == {("worker-0", "history"), ("worker-1", "history")}
+    assert "its type's baseline (40 GFLOP/s)" in flags[0].says()
+    assert not judge(slow, 0.8, {"c5.xlarge": {"gemm_gflops": 40.0}}), "another type's history"
+
+
+def _link(peer: str, mb_s: float) -> Link:
+    return Link(peer=peer, send_mb_s=mb_s, receive_mb_s=mb_s, latency_ms=0.1)
+
+
+def test_links_are_judged_between_machines_only_and_count_for_both_ends():
+    # two ps, one on a bad link: every worker's transfer to ps-1 is slow
+    records = [
+        node(f"worker-{i}", machine=f"w{i}", links=[_link("ps-0", 1000.0), _link("ps-1", 300.0)])
+        for i in range(3)
+    ] + [node("ps-0", machine="p0"), node("ps-1", machine="p1")]
+    flags = judge(records, 0.8)
+    assert {(f.node, f.figure) for f in flags} == {("ps-1", "link_mb_s")}
+    # the same figures between processes of one machine measure its scheduler: shown, not judged
+    one_machine = [r.model_copy(update={"machine": "m"}) for r in records]
+    assert not judge(one_machine, 0.8)
+    rows = table(one_machine, None)
+    assert "links MB/s" not in rows[0], rows[0]
+
+
+def test_version_drift_names_the_node_and_the_package_from_two_real_interpreters(tmp_path: Path):
+    """One interpreter sees a tampered numpy (a distribution ahead of site-packages on sys.path,
+    what imports first); the other is the environment as installed."""
+    tampered = tmp_path / "tampered"
+    info = tampered / "numpy-0.0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 0.0.1\n")
+    probe = "import json; from dlinfra.node.measure import versions; print(json.dumps(versions(0)))"
+
+    def versions_of(extra_path: str) -> dict[str, str]:
+        env = {"PYTHONPATH": extra_path} if extra_path else {}
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+        )
+        return json.loads(done.stdout)
+
+    clean, odd = versions_of(""), versions_of(str(tampered))
+    assert odd["package numpy"] == "0.0.1" and clean["package numpy"] != "0.0.1"
+    assert clean["python"] == odd["python"] and "kernel" in clean
+    records = [node(f"worker-{i}", versions=v) for i, v in enumerate([clean, odd, clean])]
+    flags = judge(records, 0.8)
+    assert [f.says() for f in flags] == [f"worker-1: package numpy 0.0.1 (peers: {clean['package numpy']})"]
+    # two nodes that disagree: the first node's value is the reference
+    assert [f.node for f in judge(records[:2], 0.8)] == ["worker-1"]
+    # a GPU node runs another build: nodes are compared within their flavor only
+    gpu = records[1].model_copy(update={"flavor": "gpu", "node": "worker-3"})
+    assert not judge([records[0], records[2], gpu], 0.8)
+
+
+def test_what_a_flagged_round_does():
+    flagged = judge([node("worker-0", 40.0), node("worker-1", 10.0)], 0.8)
+    assert action([], "fail", set()) == "train"
+    assert action(flagged, "warn", set()) == "warn"
+    assert action(flagged, "fail", set()) == "fail"
+    assert action(flagged, "replace", set()) == "replace"
+    assert action(flagged, "replace", {"worker-1"}) == "fail", "flagged again after its replacement"
+
+
+def test_a_link_is_measured_over_real_tcp_one_peer_at_a_time():
+    sink = Sink("127.0.0.1", 0)
+    try:
+        links: list[Link] = []
+        threads = [
+            threading.Thread(target=lambda: links.append(measure_link("ps-0", sink.address, FAST)))
+            for _ in range(3)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(links) == 3
+        for link in links:
+            assert link.send_mb_s > 1 and link.receive_mb_s > 1 and 0 < link.latency_ms < 1000
+    finally:
+        sink.close()
+
+
+def test_a_cgroup_quota_is_read_from_inside_the_throttled_process():
+    limit = cgroup_cpu_limit()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.stdin.readline(); import dlinfra.node.measure as m; print(m.cpu_quota())",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    with limit(child.pid, 0.25):
+        out, _ = child.communicate("go\n", timeout=60)
+    assert out.strip() == "0.25"
+    assert cpu_quota() is None, "this test process runs unlimited"
+
+
+# ---------------------------------------------------------------- the spec and its defaults
+
+
+def _preflight(spec: Spec, target: str, emulate: str | None = None) -> dict[str, PreflightPlan | None]:
+    chosen = target_for(target, TargetOptions(emulate_instances=emulate))
+    configs = build_node_configs(
+        spec,
+        "r",
+        store_config(spec, "s3://results-bkt/runs/r" if target == "aws" else "file:///tmp/r"),
+        chosen.addresses(spec),
+        typed=chosen.uses_instance_types,
+        own_machines=chosen.own_machines,
+    )
+    return {name: cfg.preflight for name, cfg in configs.items()}
+
+
+def test_defaults_check_instances_of_their_own_and_leave_processes_sharing_a_machine_alone():
+    aws = Spec.model_validate({"target": "aws", "storage": {"url": "s3://results-bkt/runs"}})
+    plans = _preflight(aws, "aws")
+    assert set(plans.values()) == {PreflightPlan(checks="quick", min_ratio=0.8, on_fail="replace", port=2224)}
+    assert set(_preflight(aws, "aws", emulate="process").values()) == {None}
+    assert set(_preflight(Spec(), "local").values()) == {None}
+    asked = Spec.model_validate({"cluster": {"preflight": "full"}})
+    assert set(_preflight(asked, "local").values()) == {
+        PreflightPlan(checks="full", min_ratio=0.8, on_fail="fail", port=0)
+    }
+    emulated = Spec.model_validate(
+        {"target": "aws", "storage": {"url": "s3://results-bkt/runs"}, "cluster": {"preflight": {"checks": "quick"}}}
+    )
+    assert {p.on_fail for p in _preflight(emulated, "aws", emulate="process").values() if p} == {"replace"}
+
+
+def test_the_preflight_field_in_yaml(tmp_path: Path):
+    for text, expected in [("quick", "quick"), ("off", "off"), ("{checks: full, min_ratio: 0.9}", "full")]:
+        path = tmp_path / "e.yaml"
+        path.write_text(f"cluster:\n  preflight: {text}\n")
+        assert load_spec(path).cluster.preflight.checks == expected
+    path.write_text("cluster:\n  preflight: fast\n")
+    bad = run_cli("validate", str(path))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "cluster.preflight" in bad.stderr and "must be quick, full or off" in bad.stderr, bad.stderr
+    path.write_text(yaml.safe_dump({"cluster": {"preflight": {"min_ratio": 1.5}}}))
+    bad = run_cli("validate", str(path))
+    assert bad.returncode == 2 and "cluster.preflight.min_ratio" in bad.stderr, bad.stderr
