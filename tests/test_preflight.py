@@ -183,8 +183,8 @@ def test_defaults_check_instances_of_their_own_and_leave_processes_sharing_a_mac
     assert set(_preflight(asked, "local").values()) == {
         PreflightPlan(checks="full", min_ratio=0.8, on_fail="fail", port=0)
     }
-    emulated = Spec.model_validate(
-        {"target": "aws", "storage": {"url": "s3://results-bkt/runs"}, "cluster": {"preflight": {"checks": "quick"}}}
+    emulated = aws.model_copy(
+        update={"cluster": Spec.model_validate({"cluster": {"preflight": "quick"}}).cluster}
     )
     assert {p.on_fail for p in _preflight(emulated, "aws", emulate="process").values() if p} == {"replace"}
 

@@ -259,6 +259,23 @@ def release_private_ip_as_aws_does(instance: dict[str, Any]) -> None:
     subnet.del_subnet_ip(instance["PrivateIpAddress"])
 
 
+def terminate_frees_private_ips_as_aws_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stand-in for AWS behaviour moto lacks (see release_private_ip_as_aws_does): a terminated
+    instance's private IP is free again, so a replacement that destroys the old instance first (as
+    healing does after a spot notice) can take it. Patched in this process, where the server runs."""
+    from moto.ec2.models.instances import InstanceBackend
+
+    terminate = InstanceBackend.terminate_instances
+
+    def terminate_and_free(self: Any, instance_ids: list[str]) -> Any:
+        done = terminate(self, instance_ids)
+        for instance, _ in done:
+            self.get_subnet(instance.subnet_id).del_subnet_ip(instance.private_ip)
+        return done
+
+    monkeypatch.setattr(InstanceBackend, "terminate_instances", terminate_and_free)
+
+
 def start_deploy(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Live:
     return Live(tmp, args, env)
 

@@ -18,7 +18,7 @@ import pytest
 
 from dlinfra.spec.catalog import catalog
 from dlinfra.training import shards
-from e2e.conftest import aws_emulation, own_files_args, start_deploy
+from e2e.conftest import aws_emulation, own_files_args, start_deploy, terminate_frees_private_ips_as_aws_does
 from support import FAKE_CREDS, alive_node_pids, cli_process, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow]
@@ -473,23 +473,6 @@ def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_paramete
     assert refusal in gone.stderr
 
 
-def _terminate_frees_private_ips_as_aws_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stand-in for AWS behaviour moto lacks (see release_private_ip_as_aws_does): a terminated
-    instance's private IP is free again, so a replacement that destroys the old instance first (as
-    healing does after a spot notice) can take it. Patched in this process, where the server runs."""
-    from moto.ec2.models.instances import InstanceBackend
-
-    terminate = InstanceBackend.terminate_instances
-
-    def terminate_and_free(self: Any, instance_ids: list[str]) -> Any:
-        done = terminate(self, instance_ids)
-        for instance, _ in done:
-            self.get_subnet(instance.subnet_id).del_subnet_ip(instance.private_ip)
-        return done
-
-    monkeypatch.setattr(InstanceBackend, "terminate_instances", terminate_and_free)
-
-
 # The replacement is applied 36 s after the node left with the machine to itself (the default 60 s
 # heartbeat timeout holds it: BENCHMARKS.md), and took 84 s and 109 s beside three pytest workers
 # that also trained four local clusters and booted a VM (2026-11-25). Beside the shared phase, then,
@@ -504,7 +487,7 @@ def test_spot_notice_starts_the_replacement_before_its_heartbeat_timeout(
     would have named the node lost (its last beat was when it left), and the run completes."""
     from metadata_stand_in import MetadataStandIn
 
-    _terminate_frees_private_ips_as_aws_does(monkeypatch)
+    terminate_frees_private_ips_as_aws_does(monkeypatch)
     here = aws_env["home"] / "spot-notice"
     here.mkdir()
     heartbeat_timeout = 180  # stated: the assertions below are measured against it

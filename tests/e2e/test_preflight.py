@@ -8,11 +8,12 @@ import contextlib
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
-from e2e.conftest import Live, start_deploy
-from support import cgroup_cpu_limit, run_cli
+from e2e.conftest import Live, aws_emulation, start_deploy, terminate_frees_private_ips_as_aws_does
+from support import aws_client, cgroup_cpu_limit, run_cli
 
 pytestmark = [pytest.mark.e2e]
 
@@ -71,3 +72,50 @@ def test_quick_preflight_names_the_throttled_worker_and_the_run_fails_before_its
     # `show` draws the same table from the store
     shown = run_cli("show", live.run_dir.name, env={**os.environ, "DLINFRA_HOME": str(live.home)}, check=True)
     assert "preflight, round 1" in shown.stdout and "worker-1" in shown.stdout
+
+
+@pytest.mark.terraform
+def test_on_aws_a_worker_flagged_at_preflight_is_replaced_once_and_the_run_then_trains(
+    moto_endpoint: str, tf_cli_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Emulated instances (processes standing in for EC2 machines, moto for EC2): the throttled
+    first instance of worker-1 leaves at the verdict, the watcher ends it and re-applies the run's
+    Terraform inputs, its replacement (a new process, unthrottled) measures with the others in round
+    2, and the run trains to its end."""
+    terminate_frees_private_ips_as_aws_does(monkeypatch)
+    limit = cgroup_cpu_limit()
+    aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "aws-home", "dlinfra-preflight")
+    args = (
+        *("--target", "aws", "--workers", "2", "--steps", "300", "--yes", "--emulate-instances"),
+        *("--set", "cluster.preflight=quick", *aws["args"]),
+    )
+    with contextlib.ExitStack() as stack:
+        live = start_deploy(tmp_path, *args, env=aws["env"])
+        _throttle_at_start(live, "worker-1", limit, stack)
+        first = live.trainer_pid("worker-1")
+        done = live.finish(timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    round_1 = json.loads(s3_text(moto_endpoint, live, "preflight/1/verdict.json"))
+    assert round_1["action"] == "replace" and {f["node"] for f in round_1["flagged"]} == {"worker-1"}
+    assert json.loads(s3_text(moto_endpoint, live, "preflight/1/worker-1.json"))["cpu_quota"] == QUOTA
+    round_2 = json.loads(s3_text(moto_endpoint, live, "preflight/2/verdict.json"))
+    assert round_2["action"] == "train" and round_2["flagged"] == [], round_2
+    assert json.loads(s3_text(moto_endpoint, live, "preflight/2/worker-1.json"))["cpu_quota"] is None
+    heals = live.run_dir.joinpath("manifest.json").read_text()
+    heals = json.loads(heals)["heals"]
+    assert [(h["node"], h["reason"]) for h in heals] == [("worker-1", "preflight")], heals
+    assert "was flagged by preflight: re-applying the run's Terraform inputs" in done.stdout + done.stderr
+    assert live.trainer_pid("worker-1") != first
+    metrics = json.loads(s3_text(moto_endpoint, live, "metrics.json"))
+    assert metrics["steps"] >= 300
+    # every node's status says it passed preflight in its last life: worker-1 a restart it is not
+    status = json.loads(s3_text(moto_endpoint, live, "status/worker-1.json"))
+    assert status["restarts"] == 0 and "preflight" in status["phases"]
+
+
+def s3_text(endpoint: str, live: Live, key: str) -> str:
+    """A key of the run's S3 store, which the run's manifest names."""
+    store = json.loads(live.run_dir.joinpath("manifest.json").read_text())["store"]["url"]
+    bucket, _, prefix = store.removeprefix("s3://").partition("/")
+    s3 = aws_client(endpoint, "s3")
+    return s3.get_object(Bucket=bucket, Key=f"{prefix}/{key}")["Body"].read().decode()

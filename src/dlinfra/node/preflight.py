@@ -81,13 +81,21 @@ def check(cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None]) -> 
         on_state(f"preflight round {round_}: waiting for every node")
         # A later round waits for a replacement instance to boot as well.
         timeout = cfg.startup_timeout * (1 if round_ == 1 else 3)
-        ready = _wait(store, round_, lambda found, _: set(names) <= set(found), timeout, "to be ready")[0]
+        ready = _wait(
+            store, round_, lambda found, _: set(names) <= set(found), timeout, "every node to be ready"
+        )[0]
         # Nodes sharing a machine (local processes, emulated instances) measure in turn, in cluster
         # order: at once, each would measure its share of the machine, which moves with its load.
         before = [n for n in names[: names.index(cfg.name)] if ready[n].machine == mine.machine]
         if before:
             on_state(f"preflight round {round_}: waiting for {before[-1]} to measure (one machine)")
-            _wait(store, round_, lambda f, _: all(f[n].measured for n in before), timeout, " before it")
+            _wait(
+                store,
+                round_,
+                lambda f, _: all(f[n].measured for n in before),
+                timeout,
+                f"{before[-1]} to measure",
+            )
         on_state(f"preflight round {round_}: measuring")
         started = time.monotonic()
         effort = EFFORT[plan.checks]
@@ -106,7 +114,7 @@ def check(cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None]) -> 
         if cfg.is_chief:
             verdict = _judge(cfg, plan, store, round_, names, timeout)
         else:
-            said = _wait(store, round_, lambda _, v: v is not None, timeout, "'s verdict")[1]
+            said = _wait(store, round_, lambda _, v: v is not None, timeout, "the chief's verdict")[1]
             assert said is not None
             verdict = said
     finally:
@@ -135,7 +143,11 @@ def _judge(
     cfg: NodeConfig, plan: PreflightPlan, store: RunStore, round_: int, names: list[str], timeout: float
 ) -> Verdict:
     found = _wait(
-        store, round_, lambda f, _: all(n in f and f[n].measured for n in names), timeout, " to measure"
+        store,
+        round_,
+        lambda f, _: all(n in f and f[n].measured for n in names),
+        timeout,
+        "every node to measure",
     )[0]
     records = [found[n] for n in names]
     replaced = _replaced(store, round_)
@@ -179,7 +191,7 @@ def _wait(
             raise PreflightTimeout(f"the run ended ({marker.marker}) during preflight")
         if time.monotonic() > deadline:
             raise PreflightTimeout(
-                f"preflight round {round_}: waited {timeout:.0f}s for every node{what}; "
+                f"preflight round {round_}: waited {timeout:.0f}s for {what}; "
                 f"have {', '.join(sorted(found)) or 'none'}. Fix: check the missing nodes' logs "
                 "(`dlinfra logs RUN --node NAME`)"
             )

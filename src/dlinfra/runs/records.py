@@ -296,7 +296,7 @@ class Heal(BaseModel):
     new: str
     time: str  # when the replacement was up (applied)
     started: float | None = None  # when the re-apply began (epoch seconds)
-    reason: Literal["vanished", "interrupted"] = "vanished"
+    reason: Literal["vanished", "interrupted", "preflight"] = "vanished"
     noticed: float | None = None  # interrupted: when its beacon saw the spot notice
     on_demand: bool = False  # the spot capacity was not there: replaced on demand (fallback)
 

@@ -288,6 +288,8 @@ class LocalCluster:
                 update={
                     "cluster": {job: [self._loopback[a] for a in addrs] for job, addrs in cfg.peers.items()},
                     "dispatcher": cfg.dispatcher and self._loopback[cfg.dispatcher],
+                    # one host: each link sink takes a free port and says which in its record
+                    "preflight": cfg.preflight and cfg.preflight.model_copy(update={"port": 0}),
                 }
             )
             for name, cfg in configs.items()

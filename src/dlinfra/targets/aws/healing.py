@@ -62,11 +62,11 @@ class InstanceCluster:
         states = self._states()
         if states is None:
             return
-        gone, left = self._vanished(states), self._left_for_notice()
-        if not gone and not left:
+        gone, left, flagged = self._vanished(states), self._left_for_notice(), self._left_at_preflight()
+        if not gone and not left and not flagged:
             return
         try:
-            self._heal(sorted({*gone, *left}), left, states)
+            self._heal(sorted({*gone, *left, *flagged}), left, states, set(flagged))
             self._failed_heals = 0
             self._capacity_since = None
         except CapacityWait as wait:  # cluster.workers.spot.fallback: wait
@@ -74,7 +74,7 @@ class InstanceCluster:
             self.log(str(wait))
         except (TerraformError, StillRunning) as exc:  # e.g. the old IP not yet released: try again
             self._failed_heals += 1
-            names = sorted({*gone, *left})
+            names = sorted({*gone, *left, *flagged})
             if self._failed_heals >= MAX_HEAL_ATTEMPTS:
                 error = f"could not replace {', '.join(names)} in {MAX_HEAL_ATTEMPTS} attempts: {exc}"
                 self._store.write_marker("FAILED", node=names[0], verdict="lost", error=error)
@@ -141,10 +141,31 @@ class InstanceCluster:
             self._store.put_status(_replacing(name, status, "replacing (interrupted)"))
         return left
 
-    def _heal(self, gone: list[str], notices: dict[str, Notice], states: dict[str, str]) -> None:
+    def _left_at_preflight(self) -> list[str]:
+        """Nodes a preflight round flagged for replacement that left: replaced once each (a node
+        flagged again fails the run: runs.preflight.action). The others are in the next round by then."""
+        store = self._store
+        asked = set()
+        for round_ in range(1, store.preflight_rounds() + 1):
+            verdict = store.preflight_round(round_)[1]
+            if verdict is not None and verdict.action == "replace":
+                asked |= set(verdict.flagged_nodes)
+        answered = {h.node for h in self.run.manifest().heals if h.reason == "preflight"}
+        left = []
+        for name in sorted(asked - answered):
+            status = store.status(name)
+            if name in self.instances and status is not None and status.interrupted:
+                store.put_status(_replacing(name, status, "replacing (interrupted)"))
+                left.append(name)
+        return left
+
+    def _heal(
+        self, gone: list[str], notices: dict[str, Notice], states: dict[str, str], flagged: set[str]
+    ) -> None:
         started = time.time()
         for name in gone:
             why = "left for a spot notice" if name in notices else "is gone"
+            why = "was flagged by preflight" if name in flagged else why
             self.log(
                 f"instance {self.instances[name]} of {name} {why}: re-applying the run's Terraform inputs"
             )
@@ -165,7 +186,7 @@ class InstanceCluster:
                     new=instance["id"],
                     time=utc_now(),
                     started=started,
-                    reason="interrupted" if notice else "vanished",
+                    reason="preflight" if name in flagged else "interrupted" if notice else "vanished",
                     noticed=notice.noticed if notice else None,
                     on_demand=name in on_demand,
                 )
