@@ -41,6 +41,9 @@ PHASES = ("spawned", "up", "tensorflow", "preflight", "peers", "program", "first
 # then every node's preflight link sink.
 DISPATCHER_PORT_OFFSET = 1
 PREFLIGHT_PORT_OFFSET = 2
+# In a parameter-server worker's work dir (its cwd): its index, which the chief's remote calls read
+# where they run to say which worker ran them.
+WORKER_INDEX_FILE = "dlinfra-worker-index"
 
 
 class StoreConfig(BaseModel):

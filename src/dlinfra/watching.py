@@ -14,6 +14,7 @@ from dlinfra.runs.ownership import Lease, owner_of
 from dlinfra.runs.records import Marker, Metrics, NodeState
 from dlinfra.runs.run import Run, utc_now
 from dlinfra.runs.startup import breakdown
+from dlinfra.runs.stragglers import Straggler, Stragglers, StragglerWatch
 from dlinfra.targets.base import Cluster
 
 LOG_TAIL_LINES = 30
@@ -25,6 +26,7 @@ class Snapshot:
     nodes: dict[str, NodeState | None]
     marker: Marker | None
     elapsed: float
+    stragglers: dict[str, Straggler] = field(default_factory=dict)  # named so far (runs.stragglers)
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Outcome:
     wall_seconds: float = 0.0
     seconds_to_first_step: float | None = None
     startup: list[tuple[str, float]] = field(default_factory=list)  # see dlinfra.runs.startup
+    stragglers: list[Straggler] = field(default_factory=list)
 
 
 def watch(
@@ -61,6 +64,8 @@ def watch(
         run.update_manifest(status="RUNNING", started=utc_now(), command_started=started)
     ended_unwatched = store.marker()  # a detached run may have ended before anyone looked
     left_running = False
+    slow = prepared.spec.cluster.straggler
+    stragglers = StragglerWatch(prepared.spec.strategy, slow.ratio, slow.window)
     try:
         while True:
             if lease is not None and not lease.held:
@@ -70,6 +75,9 @@ def watch(
             # would make every node look silent for that long (seen: a healed run failed as "lost")
             codes = cluster.poll()
             snap = _snapshot(store, names, started)
+            if stragglers.observe(time.time(), snap.nodes):
+                store.put_stragglers(Stragglers(named=stragglers.named))
+            snap.stragglers = stragglers.named
             on_update(snap)
             if snap.marker is not None:
                 _let_nodes_finish(cluster, seconds=3 * poll + 5)
@@ -172,6 +180,7 @@ def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) 
         outcome.seconds_to_first_step = metrics.first_step_at - started
         statuses = store.statuses(run.manifest().nodes)
         outcome.startup = breakdown(statuses, metrics.strategy, started)
+    outcome.stragglers = list(store.stragglers().named.values())
     if state == "FAILED" and outcome.failed_node:
         outcome.log_tail = run.node_log(outcome.failed_node)[-LOG_TAIL_LINES:]
     if metrics:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -119,3 +120,45 @@ def s3_text(endpoint: str, live: Live, key: str) -> str:
     bucket, _, prefix = store.removeprefix("s3://").partition("/")
     s3 = aws_client(endpoint, "s3")
     return s3.get_object(Bucket=bucket, Key=f"{prefix}/{key}")["Body"].read().decode()
+
+
+@pytest.mark.parametrize("strategy", ["parameter_server", "multi_worker_mirrored"])
+def test_a_worker_throttled_mid_run_is_named_a_straggler_and_no_other(tmp_path: Path, strategy: str):
+    """worker-1 is held to a twentieth of a CPU after step 100. Under mirrored every worker's step
+    waits for it in the all-reduce, so each worker's own pass is what names it; under parameter
+    servers the chief's calls say which worker ran them and for how long."""
+    limit = cgroup_cpu_limit()
+    # 3x, not the default 1.5x: these workers share two cores with each other and with the tests
+    # beside, whose load moves one worker's figure against another's by half again (seen); a worker
+    # on a twentieth of a CPU is many times slower
+    args = (
+        *("--workers", "3", "--steps", "1000000", "--strategy", strategy),
+        *("--set", "cluster.straggler={ratio: 3, window: 10}"),
+    )
+    live = start_deploy(tmp_path, *args)
+    live.wait_for_step("worker-0" if strategy == "multi_worker_mirrored" else "chief-0", 100)
+    with limit(live.trainer_pid("worker-1"), 0.05):
+        throttled = time.time()
+        named = _wait_for_file(live.store / "stragglers.json", timeout=300)
+        live.proc.send_signal(signal.SIGINT)  # enough: the run is stopped and torn down
+        done = live.finish()
+    assert done.returncode == 130, done.stdout + done.stderr  # Ctrl-C: STOPPED, torn down
+    stragglers = json.loads(named.read_text())["named"]
+    assert list(stragglers) == ["worker-1"], stragglers
+    found = stragglers["worker-1"]
+    # a twentieth of a CPU shows as several times slower, not as the noise of a shared machine
+    assert found["ratio"] >= 4 and found["seconds"] >= 4 * found["median"], found
+    assert found["since"] >= throttled - 1, "named for what happened after the throttle"
+    if strategy == "parameter_server":
+        assert found["fair"] == pytest.approx(1 / 3) and found["share"] < found["fair"], found
+    assert "straggler worker-1" in done.stdout, done.stdout[-3000:]
+    status = run_cli("status", live.run_dir.name, env={**os.environ, "DLINFRA_HOME": str(live.home)})
+    assert "straggler worker-1:" in status.stdout and "x its peers' median" in status.stdout, status.stdout
+
+
+def _wait_for_file(path: Path, timeout: float) -> Path:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {path.name} in {timeout:.0f}s"
+        time.sleep(0.2)
+    return path

@@ -4,12 +4,14 @@ here under the default strategy: the ordering is the step function's, whatever r
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from dlinfra.contract import WORKER_INDEX_FILE
 from dlinfra.training.loop import InputClock
 from dlinfra.training.objective import resolve
 from dlinfra.training.parameter_servers import counted_steps
@@ -29,13 +31,16 @@ def _ancestors(op: Any) -> set[str]:
     return {parent.type for parent in seen.values()}
 
 
-def test_a_call_counts_its_steps_after_running_them() -> None:
+def test_a_call_counts_its_steps_after_running_them(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a worker's cwd, its work dir, where it keeps its index
+    Path(WORKER_INDEX_FILE).write_text("1")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
     optimizer = keras.optimizers.SGD(0.1)
     optimizer.build(model.trainable_variables)
     applied = tf.Variable(5, dtype=tf.int64)  # as restored from a checkpoint
     goal = resolve(Program(lambda: model, lambda shard: None, lambda: None), model)
-    steps = counted_steps(tf.distribute.get_strategy(), model, optimizer, goal, applied, InputClock())
+    tally = tf.Variable(tf.zeros([2, 2], tf.float64))
+    steps = counted_steps(tf.distribute.get_strategy(), model, optimizer, goal, applied, tally, InputClock())
     rng = np.random.default_rng(0)
     data = (rng.normal(size=(16, 4)).astype("float32"), rng.integers(0, 3, size=16))
     batches = iter(tf.data.Dataset.from_tensor_slices(data).batch(4).repeat())
@@ -44,6 +49,7 @@ def test_a_call_counts_its_steps_after_running_them() -> None:
     assert (count, int(applied.numpy()), int(optimizer.iterations.numpy())) == (8, 8, 3)
     assert np.isfinite(loss) and loss > 0
     assert 0 <= waited <= busy, "the input wait is a part of the call's time"
+    assert tally.numpy().tolist() == [[0, 0], [3, busy]], "its worker's row: its steps and seconds"
 
     graph = steps.get_concrete_function(batches, tf.constant(3)).graph
     counts = [op for op in graph.get_operations() if op.type == "AssignAddVariableOp"]

@@ -313,6 +313,8 @@ def _finish(outcome: Any) -> None:
 
     if outcome.state in ("DONE", "FAILED") and (checked := preflight_view(outcome.run.store())):
         (out if outcome.state == "DONE" else err).print(checked)
+    for straggler in outcome.stragglers:
+        out.print(straggler.says(), markup=False)
     if outcome.state == "DONE":
         out.print(result_view(outcome))
         return

@@ -32,6 +32,8 @@ def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
     if (line := cost_line(report["cost"])) is not None:
         out.print(line, markup=False)
     out.print(nodes_table(report["nodes"], out.width, title=f"run {report['run_id']}: {report['status']}"))
+    for said in report["stragglers"].values():
+        out.print(said, markup=False)
 
 
 @inspection_app.command()

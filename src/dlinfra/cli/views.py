@@ -114,7 +114,8 @@ def progress_line(snap: Snapshot) -> str:
     else:  # a script reports steps without a total (or nothing: then its nodes' states say it runs)
         step = f"step {trainer.step}" + (f"/{trainer.total_steps}" if trainer.total_steps else "")
     loss = f" loss {trainer.loss:.4f}" if trainer and trainer.loss is not None else ""
-    return f"[{snap.elapsed:5.0f}s] nodes up {up}/{len(snap.nodes)} · {step}{loss}"
+    slow = "".join(f" · straggler {s.node} {s.ratio:.1f}x" for s in snap.stragglers.values())
+    return f"[{snap.elapsed:5.0f}s] nodes up {up}/{len(snap.nodes)} · {step}{loss}{slow}"
 
 
 class ProgressLines:
@@ -214,8 +215,7 @@ def _learning_rate(m: Metrics | None) -> str:
 
 
 def _evaluation(m: Metrics | None) -> list[tuple[str, str]]:
-    """The program's eval loss and metrics under the names it gave them; a run recorded before
-    programs named their metrics has its accuracy alone."""
+    """The program's eval loss and metrics by its names (an older run's: its accuracy alone)."""
     if m is None or not m.scalars:
         return [("eval accuracy", _num(m.eval_accuracy if m else None, "{:.4f}"))]
     return [(name.replace("eval_", "eval ", 1), f"{value:.4f}") for name, value in m.scalars.items()]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig, tf_config
+from dlinfra.contract import EXIT_DONE, EXIT_RETRY, WORKER_INDEX_FILE, NodeConfig, tf_config
 from dlinfra.environment.installed import check
 from dlinfra.errors import DlinfraError
 from dlinfra.node import devices, preflight, serving, spot, watchdog
@@ -141,6 +141,7 @@ def _off_lock(cfg: NodeConfig, status: NodeStatus) -> str | None:
 
 
 def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *, lean: bool) -> int:
+    Path(WORKER_INDEX_FILE).write_text(str(cfg.index), encoding="utf-8")  # in its work dir, its cwd
     data_worker = serving.start_data_worker(cfg, lean=lean)
     server = serving.start_server(cfg.peers, cfg.role, cfg.index, threads, lean=lean)
     status.mark("tensorflow")
@@ -206,6 +207,7 @@ def _train(
     hooks = loop.Hooks(
         work_dir=work,
         on_progress=progress.report,
+        on_figures=lambda **figures: status.update(**figures),
         on_checkpoint=checkpoints.upload if cfg.is_chief else (lambda step, d: None),
         restore_from=restore_from,
         # spot notices, relayed by the chief's beacon, and the budget's end (watchdog) ask for one
@@ -286,7 +288,9 @@ class Progress:
             self._writer = tf.summary.create_file_writer(str(self.tb_dir))
         return self._writer
 
-    def report(self, step: int, loss: float, examples_per_sec: float, input_wait: float | None) -> None:
+    def report(
+        self, step: int, loss: float, examples_per_sec: float, input_wait: float | None, **figures: Any
+    ) -> None:
         now = time.time()
         if self.first_step_at is None:
             self.first_step_at = now
@@ -294,7 +298,9 @@ class Progress:
         self.last_loss = loss
         self.series.append((now, step, examples_per_sec))
         self.losses.append((step, loss))
-        self.status.update(step=step, loss=loss, examples_per_sec=examples_per_sec, input_wait=input_wait)
+        self.status.update(
+            step=step, loss=loss, examples_per_sec=examples_per_sec, input_wait=input_wait, **figures
+        )
         waited = "" if input_wait is None else f", {input_wait:.0%} waiting on input"
         print(
             f"{log_clock(now)} step {step}/{self.cfg.training.steps} loss {loss:.4f} "

@@ -45,6 +45,7 @@ def run_status(run_id: str | None) -> dict[str, Any]:
         "roles": roles,
         "nodes": nodes,
         "cost": run_cost(run, manifest),
+        "stragglers": {name: s.says() for name, s in store.stragglers().named.items()},
     }
 
 

@@ -25,7 +25,7 @@ from dlinfra.spec.dataset import DatasetSpec
 from dlinfra.spec.grammar import INSTANCE_TYPE_RE, NAME_RE, S3_URL_RE, http_url
 from dlinfra.spec.input import StrictModel, shown
 from dlinfra.spec.layers import ModelSpec
-from dlinfra.spec.preflight import PreflightSpec, preflight_shorthand
+from dlinfra.spec.preflight import PreflightSpec, StragglerSpec, preflight_shorthand
 from dlinfra.spec.requirements import FORM_FIX as REQUIREMENT_FIX
 from dlinfra.spec.requirements import problem as requirement_problem
 from dlinfra.spec.spot import SpotPolicy, SpotSpec, spot_shorthand
@@ -150,6 +150,7 @@ class ClusterSpec(StrictModel):
         description="Checks every node runs before the first step: quick | full | off, or a mapping "
         "{checks, min_ratio, on_fail}.",
     )
+    straggler: StragglerSpec = StragglerSpec()
 
 
 # ---------------------------------------------------------------- training

@@ -44,3 +44,19 @@ def preflight_shorthand(value: Any) -> Any:
     if value is False:  # YAML reads a bare `off` as false
         return {"checks": "off"}
     return value
+
+
+class StragglerSpec(StrictModel):
+    ratio: float = Field(
+        1.5,
+        gt=1,
+        le=100,
+        description="A worker whose seconds per step are this many times its peers' median is slow.",
+    )
+    window: float = Field(
+        60, gt=0, le=24 * 3600, description="Seconds a worker must stay that slow before it is named."
+    )
+    action: Literal["report"] = Field(
+        "report",
+        description="report: a straggler verdict in status, the watch view and the run's result.",
+    )

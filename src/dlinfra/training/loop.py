@@ -37,8 +37,10 @@ class Hooks:
     """How a loop talks to the node agent (status, store) without knowing about either."""
 
     work_dir: Path
-    # (step, loss, examples/s, the share of step time spent waiting on input since the last report)
-    on_progress: Callable[[int, float, float, float | None], None] = lambda step, loss, eps, wait: None
+    # (step, loss, examples/s, the share of step time spent waiting on input since the last report,
+    # **figures for the node's status)
+    on_progress: Callable[..., None] = lambda step, loss, eps, wait, **figures: None
+    on_figures: Callable[..., None] = lambda **figures: None  # figures for its status between reports
     on_checkpoint: Callable[[int, Path], None] = lambda step, directory: None
     restore_from: Path | None = None  # a local checkpoint prefix (…/ckpt-N) to resume from
     # Asked at each progress report when some node is spot: True once a notice wants a checkpoint now.
@@ -294,6 +296,8 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             loss = strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
         return loss, waited, clock.since(began, (loss, waited))
 
+    own_pass = OwnPass(model, goal, program, cfg, global_batch, replicas)
+
     step = int(optimizer.iterations.numpy())
     meter = Meter(step, global_batch)
     last_ckpt = step
@@ -303,7 +307,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
         loss = float(fetched)
         meter.input(float(waited), float(busy))  # the chief's own pipeline: each worker reads its own
         step = int(optimizer.iterations.numpy())
-        hooks.on_progress(step, loss, meter.tick(step), meter.interval_wait())
+        hooks.on_progress(step, loss, meter.tick(step), meter.interval_wait(), **own_pass.figures())
         urgent = hooks.checkpoint_now is not None and _any_worker(strategy, hooks.checkpoint_now())
         if urgent or step - last_ckpt >= t.checkpoint_every or step >= t.steps:
             manager.save(checkpoint_number=step)
@@ -311,6 +315,46 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
                 hooks.on_checkpoint(step, ckpt_dir)
             last_ckpt = step
     return Outcome(model, step, scale, goal, described, meter)
+
+
+class OwnPass:
+    """Under multi_worker_mirrored every step waits for the slowest worker in the all-reduce, so a
+    step's time names nobody. In turn, one worker every EVERY reports times its own forward and
+    backward pass on one batch of its own, outside the step (no collective): what names a straggler
+    (runs.stragglers). The others meanwhile wait for it in the next step, so on a shared machine it
+    has the machine to itself. It costs about one step's time in EVERY x log_every."""
+
+    EVERY = 2
+
+    def __init__(
+        self, model: Any, goal: Objective, program: Program, cfg: NodeConfig, batch: int, replicas: int
+    ):
+        import tensorflow as tf
+
+        per_replica = max(1, batch // replicas)
+        x, y = next(iter(batched(program.train_data(input_shard(cfg, 0, 1)), per_replica, shuffle_seed=0)))
+        self.batch = (x, y)
+        self.reports, self.index, self.workers = 0, cfg.index, cfg.num_workers
+
+        @tf.function
+        def own(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:  # inference mode: no batch-norm update, no collective
+                loss = goal.replica_loss(model, y, model(x, training=False), batch, replicas)
+            grads = [g for g in tape.gradient(loss, model.trainable_variables) if g is not None]
+            return tf.add_n([tf.reduce_sum(tf.convert_to_tensor(g)) for g in grads])
+
+        self.own = own
+
+    def figures(self) -> dict[str, float]:
+        self.reports += 1
+        if self.reports % (self.EVERY * self.workers) != self.EVERY * self.index:
+            return {}
+        best = float("inf")
+        for _ in range(2):  # the better of two: a preempted pass is noise
+            start = time.perf_counter()
+            float(self.own(*self.batch))
+            best = min(best, time.perf_counter() - start)
+        return {"compute_seconds": round(best, 6)}
 
 
 def set_up(program: Program, strategy: Any, cfg: NodeConfig) -> Objective:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Literal
+from typing import Any, Literal
 
 # A chunk is `log_every` steps, split into remote calls; the chief keeps about QUEUED_SECONDS of work
 # scheduled behind the chunk it waits on. Two chunks left a digits worker (6 ms steps) idle 16 % of
@@ -74,3 +74,25 @@ def queue_depth(chunk_seconds: float, workers: int, calls_per_chunk: int) -> int
     floor = max(MIN_QUEUED_CHUNKS, math.ceil(2 * workers / calls_per_chunk))
     wanted = math.ceil(QUEUED_SECONDS / max(chunk_seconds, 1e-3))
     return max(floor, min(MAX_QUEUED_CHUNKS, wanted))
+
+
+class WorkerSamples:
+    """Under parameter servers, each worker's seconds per step over its last few progress reports,
+    from the tally its calls keep on the ps ([steps, seconds] per worker): what the watcher names a
+    straggler by (runs.stragglers), and each worker's steps, its share of the updates."""
+
+    def __init__(self, keep: int = 4):
+        self._totals: collections.deque[Any] = collections.deque(maxlen=keep + 1)
+        self._last: dict[str, float] = {}
+
+    def read(self, totals: Any) -> dict[str, list[float]]:
+        """worker → [seconds per step over the window, steps in this life]; a worker without a call
+        ended in the window keeps its last figure (one in a long call is slow once that call ends)."""
+        self._totals.append(totals)
+        first, last = self._totals[0], self._totals[-1]
+        for i, (steps, seconds) in enumerate(last):
+            done = steps - (first[i][0] if len(self._totals) > 1 else 0)
+            spent = seconds - (first[i][1] if len(self._totals) > 1 else 0)
+            if done > 0:
+                self._last[f"worker-{i}"] = round(spent / done, 6)
+        return {w: [s, float(last[int(w.rpartition("-")[2])][0])] for w, s in sorted(self._last.items())}

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 import time
 from typing import Any
 
-from dlinfra.contract import NodeConfig
+from dlinfra.contract import WORKER_INDEX_FILE, NodeConfig
 from dlinfra.training import sharding
 from dlinfra.training.dispatch import Dispatch
 from dlinfra.training.loop import (
@@ -31,7 +32,7 @@ from dlinfra.training.loop import (
     set_up,
 )
 from dlinfra.training.objective import Objective
-from dlinfra.training.pacing import ChunkClock, queue_depth, steps_per_call
+from dlinfra.training.pacing import ChunkClock, WorkerSamples, queue_depth, steps_per_call
 from dlinfra.training.program import Program
 
 
@@ -51,10 +52,11 @@ def _chief_io() -> Any:
 
 
 def counted_steps(
-    strategy: Any, model: Any, optimizer: Any, goal: Objective, applied: Any, clock: InputClock
+    strategy: Any, model: Any, optimizer: Any, goal: Objective, applied: Any, tally: Any, clock: InputClock
 ) -> Any:
-    """A worker's remote call: `n` steps from iterator `it`, then `applied` counts them; returns
-    [last loss, count after this call, seconds waiting on input, seconds in the call]."""
+    """A worker's remote call: `n` steps from iterator `it`, then `applied` counts them and `tally`
+    adds them and their seconds to the worker's row; returns [last loss, count after this call,
+    seconds waiting on input, seconds in the call]."""
     import tensorflow as tf
 
     variables = sharding.trained(model.trainable_variables)
@@ -79,7 +81,11 @@ def counted_steps(
         with tf.control_dependencies([loss]):
             count = applied.assign_add(tf.cast(n, tf.int64))
         busy = clock.since(began, (loss, waited))  # the steps' time (the count is one remote op more)
-        return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64), waited, busy])
+        # Which worker ran the call: its index, read where it runs (a worker's cwd is its work dir)
+        me = tf.strings.to_number(tf.io.read_file(WORKER_INDEX_FILE), tf.int32)
+        done = tally.scatter_nd_add([[me, 0], [me, 1]], tf.stack([tf.cast(n, tf.float64), busy]))
+        with tf.control_dependencies([done]):
+            return tf.stack([tf.cast(loss, tf.float64), tf.cast(count, tf.float64), waited, busy])
 
     return train_steps
 
@@ -105,6 +111,8 @@ def train_parameter_server(
         # Keras counts optimizer.iterations with a read, then an assign: workers racing on the ps lost
         # a fifth of the increments (two digits workers). An assign_add is one op under the lock.
         applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="applied_steps")
+        # per worker: [steps, seconds in its calls], this life's (stragglers: runs.stragglers)
+        tally = tf.Variable(tf.zeros([cfg.num_workers, 2], tf.float64), trainable=False, name="worker_tally")
     if split := sharding.describe(model):
         print(f"split over the ps: {split}", flush=True)
     ckpt, manager = checkpoint(
@@ -125,7 +133,8 @@ def train_parameter_server(
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
-    train_steps = counted_steps(strategy, model, optimizer, goal, applied, InputClock(on=not t.deterministic))
+    inputs = InputClock(on=not t.deterministic)
+    train_steps = counted_steps(strategy, model, optimizer, goal, applied, tally, inputs)
 
     def global_step() -> int:
         return int(applied.numpy())
@@ -139,6 +148,9 @@ def train_parameter_server(
     by_size: collections.Counter[int] = collections.Counter()
     depth = queue_depth(math.inf, cfg.num_workers, math.ceil(t.log_every / spe))
     clock = ChunkClock(cfg.num_workers, time.monotonic())
+    # Read beside the loop: the loop waits on the oldest chunk, which a straggler may hold.
+    tallies = threading.Thread(target=_report_tally, args=(tally, hooks), daemon=True)
+    tallies.start()
     while True:
         urgent = urgent or (hooks.checkpoint_now is not None and hooks.checkpoint_now())
         # Keep chunks queued behind the one we wait on, so workers never idle on our polling, but
@@ -147,10 +159,8 @@ def train_parameter_server(
         limit = scheduled if urgent else min(t.steps, last_ckpt + t.checkpoint_every)
         while scheduled < limit and len(in_flight) < depth:
             chunk = min(t.log_every, limit - scheduled)
-            calls = [
-                coordinator.schedule(train_steps, args=(iterator, tf.constant(min(spe, chunk - start))))
-                for start in range(0, chunk, spe)
-            ]
+            sizes = [min(spe, chunk - start) for start in range(0, chunk, spe)]
+            calls = [coordinator.schedule(train_steps, args=(iterator, tf.constant(n))) for n in sizes]
             scheduled += chunk
             by_size[spe] += chunk
             in_flight.append((chunk, calls))
@@ -191,3 +201,21 @@ def train_parameter_server(
         scheduled = step
         clock.restart(time.monotonic())
     return Outcome(model, global_step(), scale, goal, described, meter, dict(by_size), by_size.total())
+
+
+TALLY_SECONDS = 2.0
+
+
+def _report_tally(tally: Any, hooks: Hooks) -> None:
+    """Each worker's seconds per step into the chief's status, every few seconds, for the life of
+    the process (it ends with the trainer)."""
+    workers, failing = WorkerSamples(), False
+    while True:
+        time.sleep(TALLY_SECONDS)
+        try:
+            hooks.on_figures(workers=workers.read(tally.numpy()))
+            failing = False
+        except Exception as exc:  # a lost ps: the loop sees it too, and deals with it
+            if not failing:
+                print(f"worker tally not read: {type(exc).__name__}: {exc}", flush=True)
+            failing = True

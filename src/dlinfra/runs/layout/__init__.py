@@ -19,6 +19,7 @@
     preflight/<round>/<node>.json NodeFigures: what a node measured before the first step
     preflight/<round>/verdict.json  Verdict: the chief's judgement of that round
     preflight/history.json        the instance types' baselines when the run was deployed
+    stragglers.json               Stragglers: the workers the watcher named slow while training
 
 and of the results bucket's `controller/` prefix, the account controller's (ControllerStore):
 
@@ -55,6 +56,7 @@ from dlinfra.runs.records import (
     Record,
 )
 from dlinfra.runs.store import Store
+from dlinfra.runs.stragglers import Stragglers
 
 R = TypeVar("R", bound=Record)
 
@@ -71,6 +73,7 @@ NOTICES = "notices"
 PREFLIGHT = "preflight"
 VERDICT = "verdict"
 HISTORY = "history.json"
+STRAGGLERS = "stragglers.json"
 OWNER = "owner.json"
 RUN_DIR = "run-dir.tar.gz"
 CONTROLLER_PREFIX = "controller"
@@ -305,6 +308,12 @@ class RunStore:
         """How many rounds were begun (0: preflight never ran)."""
         rounds = {key.split("/")[1] for key in self.store.list_keys(f"{PREFLIGHT}/") if key.count("/") == 2}
         return max((int(r) for r in rounds if r.isdigit()), default=0)
+
+    def put_stragglers(self, named: Stragglers) -> None:
+        self._write(STRAGGLERS, named)
+
+    def stragglers(self) -> Stragglers:
+        return self._read(Stragglers, STRAGGLERS) or Stragglers()
 
     # ---------------------------------------------------------------- code and pins
 
