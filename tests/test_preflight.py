@@ -120,7 +120,7 @@ def test_what_a_flagged_round_does():
     assert action(flagged, "replace", {"worker-1"}) == "fail", "flagged again after its replacement"
 
 
-def test_a_link_is_measured_over_real_tcp_one_peer_at_a_time():
+def test_three_peers_measure_their_links_to_one_sink_over_real_tcp():
     sink = Sink("127.0.0.1", 0)
     try:
         links: list[Link] = []

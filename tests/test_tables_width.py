@@ -145,7 +145,7 @@ def at_80_columns(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], N
 def test_deploy_result_puts_the_model_uri_whole_on_a_line_of_its_own(
     home: Path, at_80_columns: Callable[[str], None], capsys: pytest.CaptureFixture[str], mode: str
 ) -> None:
-    from dlinfra.cli.app import _finish
+    from dlinfra.cli.running import finish as _finish
 
     run = Run.create(Spec())
     metrics = Metrics(

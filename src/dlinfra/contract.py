@@ -35,6 +35,7 @@ LOCK_PATH = "/etc/dlinfra/env.lock"  # where a booted node keeps the lock it ins
 
 # At the budget the run checkpoints, then stops: the longest it waits for that checkpoint.
 BUDGET_CHECKPOINT_SECONDS = 120.0
+PREFLIGHT_ONLY = "preflight only"  # the DONE marker's reason for a run of `dlinfra preflight`
 
 PHASES = ("spawned", "up", "tensorflow", "preflight", "peers", "program", "first step")
 # On aws the nodes' security group opens the TF port and the next two: the chief's tf.data dispatcher,
@@ -120,6 +121,7 @@ class PreflightPlan(BaseModel):
     min_ratio: float
     on_fail: Literal["replace", "fail", "warn"]
     port: int = Field(ge=0, le=65535)  # the node's link sink; 0: any free one (nodes sharing a host)
+    only: bool = False  # stop after the checks (`dlinfra preflight`)
 
 
 class NodeConfig(BaseModel):

@@ -14,11 +14,15 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import Live, aws_emulation, start_deploy, terminate_frees_private_ips_as_aws_does
-from support import aws_client, cgroup_cpu_limit, run_cli
+from support import alive_node_pids, aws_client, cgroup_cpu_limit, run_cli
 
 pytestmark = [pytest.mark.e2e]
 
 QUOTA = 0.2  # CPUs
+# Below the default 0.8: these nodes share two cores with the tests beside them, whose load moves one
+# unthrottled node's figure against another's by up to half again (seen: 0.79 of a peer's median in
+# a `dlinfra preflight` beside a CI run); the throttled worker measures about 0.3 of its peer's.
+MIN_RATIO = 0.5
 
 
 def _throttle_at_start(live: Live, node: str, limit, stack: contextlib.ExitStack) -> None:
@@ -35,7 +39,8 @@ def _throttle_at_start(live: Live, node: str, limit, stack: contextlib.ExitStack
 
 def test_quick_preflight_names_the_throttled_worker_and_the_run_fails_before_its_first_step(tmp_path):
     limit = cgroup_cpu_limit()
-    args = ("--workers", "2", "--steps", "200", "--set", "cluster.preflight={checks: quick, on_fail: fail}")
+    asked = f"cluster.preflight={{checks: quick, on_fail: fail, min_ratio: {MIN_RATIO}}}"
+    args = ("--workers", "2", "--steps", "200", "--set", asked)
     with contextlib.ExitStack() as stack:
         live = start_deploy(tmp_path, *args)
         _throttle_at_start(live, "worker-1", limit, stack)
@@ -50,7 +55,7 @@ def test_quick_preflight_names_the_throttled_worker_and_the_run_fails_before_its
     assert verdict["action"] == "fail"
     assert {f["node"] for f in verdict["flagged"]} == {"worker-1"}, verdict["flagged"]
     gemm = next(f for f in verdict["flagged"] if f["figure"] == "gemm_gflops")
-    assert gemm["against"] == "peers" and gemm["ratio"] < 0.8
+    assert gemm["against"] == "peers" and gemm["ratio"] < MIN_RATIO
     # its ratio is its figure over its role's median (worker-0's and its own)
     assert gemm["ratio"] == pytest.approx(
         records["worker-1"]["figures"]["gemm_gflops"]
@@ -88,7 +93,7 @@ def test_on_aws_a_worker_flagged_at_preflight_is_replaced_once_and_the_run_then_
     aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "aws-home", "dlinfra-preflight")
     args = (
         *("--target", "aws", "--workers", "2", "--steps", "300", "--yes", "--emulate-instances"),
-        *("--set", "cluster.preflight=quick", *aws["args"]),
+        *("--set", f"cluster.preflight={{checks: quick, min_ratio: {MIN_RATIO}}}", *aws["args"]),
     )
     with contextlib.ExitStack() as stack:
         live = start_deploy(tmp_path, *args, env=aws["env"])
@@ -162,3 +167,28 @@ def _wait_for_file(path: Path, timeout: float) -> Path:
         assert time.monotonic() < deadline, f"no {path.name} in {timeout:.0f}s"
         time.sleep(0.2)
     return path
+
+
+def test_dlinfra_preflight_checks_a_fresh_cluster_prints_the_table_and_trains_nothing(tmp_path: Path):
+    env = {**os.environ, "DLINFRA_HOME": str(tmp_path / "home")}
+    args = (
+        "--workers",
+        "2",
+        "--strategy",
+        "multi_worker_mirrored",
+        "--set",
+        f"cluster.preflight.min_ratio={MIN_RATIO}",
+    )
+    done = run_cli("preflight", *args, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "preflight, round 1" in done.stdout and "preflight passed (quick" in done.stdout
+    assert "eval accuracy" not in done.stdout, "no result table: nothing trained"
+    run = next((tmp_path / "home" / "runs").iterdir())
+    marker = json.loads((run / "store" / "DONE").read_text())
+    assert marker["reason"] == "preflight only"
+    records = sorted(p.stem for p in (run / "store" / "preflight" / "1").glob("worker-*.json"))
+    assert records == ["worker-0", "worker-1"]
+    assert not (run / "store" / "model").exists() and not (run / "store" / "checkpoints").exists()
+    statuses = [json.loads((run / "store" / "status" / f"{n}.json").read_text()) for n in records]
+    assert all(s["step"] == 0 and s["state"] == "done" for s in statuses), statuses
+    assert not alive_node_pids(str(tmp_path)), "torn down"

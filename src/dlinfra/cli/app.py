@@ -31,7 +31,9 @@ from dlinfra.cli.options import (
     with_emulation_default,
     with_overrides,
 )
+from dlinfra.cli.preflight import preflight
 from dlinfra.cli.review import plan
+from dlinfra.cli.running import approver, report
 from dlinfra.errors import DlinfraError, SpecError
 
 if TYPE_CHECKING:  # the spec models take pydantic most of `--help`'s time: loaded when a command runs
@@ -207,8 +209,8 @@ def deploy(
     if detach and emulate_instances == "vm":
         raise SpecError(["--detach: VMs live only while this deploy watches them. Fix: drop --detach"])
     request = Request(load_checked(spec, overrides), spec, sys.argv, keep, detach=detach)
-    _report(
-        lambda options, progress: run_deploy(request, options, _approver(yes), progress, started),
+    report(
+        lambda options, progress: run_deploy(request, options, approver(yes), progress, started),
         emulate_instances,
     )
 
@@ -249,8 +251,8 @@ def rerun(
         err.print(f"warning (--allow-unpinned): {problem}", markup=False)
     out.print(f"rerun of {run_id}" + (f", code bundle {origin.code.sha256[:12]}" if origin.code else ""))
     request = Request(origin.spec, None, sys.argv, keep, origin=origin)
-    _report(
-        lambda options, progress: run_deploy(request, options, _approver(yes), progress, started),
+    report(
+        lambda options, progress: run_deploy(request, options, approver(yes), progress, started),
         emulate_instances,
     )
 
@@ -261,82 +263,10 @@ def watch(run_id: RunArg = None, keep: KeepOpt = False) -> None:
     healing, the result table, and the teardown."""
     from dlinfra.deploy import attach
 
-    _report(lambda options, progress: attach(run_id, options, keep, progress), emulate=None)
+    report(lambda options, progress: attach(run_id, options, keep, progress), emulate=None)
 
 
-def _report(follow: Any, emulate: str | None) -> None:
-    """Run `follow(options, progress)` with live progress, then print how the run ended."""
-    import signal
-
-    from dlinfra.cli.views import LiveTable, ProgressLines
-    from dlinfra.targets.base import TargetOptions
-
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` and CI timeouts tear the cluster down too
-    # A deploy started in the background by a script (`dlinfra deploy … &`) inherits SIGINT ignored
-    # (bash does that for `&` jobs without job control), and Ctrl-C or `kill -INT` would then leave
-    # the cluster running and billing: Ctrl-C always means stop here.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    progress = LiveTable(out) if out.is_terminal else ProgressLines(out)
-    try:
-        outcome = follow(TargetOptions(log=out.print, emulate_instances=emulate), progress)
-    except KeyboardInterrupt as exc:
-        progress.close()
-        err.print("interrupted: the run is marked STOPPED and its nodes were torn down")
-        for note in getattr(exc, "__notes__", []):
-            _error(note)
-        raise typer.Exit(130) from None
-    progress.close()
-    _finish(outcome)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def _approver(yes: bool) -> Any:
-    def approve(summary: str) -> bool:
-        out.print(summary)
-        if yes:
-            return True
-        if not sys.stdin.isatty():
-            raise DlinfraError(
-                "no terminal to confirm the apply. Fix: review `dlinfra plan`, then pass --yes"
-            )
-        return typer.confirm("Apply this plan?", default=False)
-
-    return approve
-
-
-def _finish(outcome: Any) -> None:
-    from dlinfra.cli.preflight_view import preflight_view
-    from dlinfra.cli.views import outcome_cost, print_failure, result_view
-
-    if outcome.state in ("DONE", "FAILED") and (checked := preflight_view(outcome.run.store())):
-        (out if outcome.state == "DONE" else err).print(checked)
-    for straggler in outcome.stragglers:
-        out.print(straggler.says(), markup=False)
-    if outcome.state == "DONE":
-        out.print(result_view(outcome))
-        return
-    if outcome.state in ("DETACHED", "HANDED_OVER"):
-        run_id = outcome.run.id
-        owner = (
-            "handed to the account's controller (it heals the run and tears it down)"
-            if outcome.state == "HANDED_OVER"
-            else "detached"
-        )
-        out.print(f"run {run_id}: nodes are up, {owner}. Follow it: dlinfra watch {run_id}", markup=False)
-        out.print(f"logs: dlinfra logs {run_id} -f · stop it: dlinfra destroy {run_id}", markup=False)
-        return
-    if outcome.state == "FAILED":
-        print_failure(err, outcome)
-        raise typer.Exit(1)
-    err.print(f"run {outcome.run.id} STOPPED: {outcome.error}", markup=False)
-    if spent := outcome_cost(outcome):
-        err.print(f"cost: {spent}", markup=False)
-    raise typer.Exit(1)
-
-
+app.command()(preflight)  # cli/preflight.py
 app.command()(plan)  # cli/review.py: also --base (a pull request's review) and --emulated
 app.command()(setup)  # cli/controller.py: the results bucket, and with --controller the controller
 

@@ -8,15 +8,16 @@ from rich.text import Text
 
 from dlinfra.cli.console import table_box
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.preflight import report
+from dlinfra.runs.preflight import table as preflight_table
 
 
 def preflight_view(store: RunStore) -> Group | None:
     """The last round's table and its verdict; None for a run without preflight."""
-    found = report(store)
-    if found is None:
+    last = store.preflight_rounds()
+    if not last:
         return None
-    verdict, rows = found
+    found, verdict = store.preflight_round(last)
+    rows = preflight_table(list(found.values()), verdict)
     table = Table(box=table_box(), title=f"preflight, round {store.preflight_rounds()}", title_justify="left")
     for i, header in enumerate(rows[0]):
         table.add_column(header, justify="left" if i == 0 or header == "flag" else "right", no_wrap=True)

@@ -16,7 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from dlinfra.contract import EXIT_FAILED, EXIT_INTERRUPTED, NodeConfig, PreflightPlan
+from dlinfra.contract import (
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    PREFLIGHT_ONLY,
+    NodeConfig,
+    PreflightPlan,
+)
 from dlinfra.errors import DlinfraError
 from dlinfra.node.measure import (
     EFFORT,
@@ -56,6 +63,11 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int | None:
     if then == "fail":
         status.stop(state="failed", error=said)
         return EXIT_FAILED
+    if cfg.preflight.only:  # `dlinfra preflight`: the checks were the run
+        if cfg.is_chief:
+            store.write_marker("DONE", node=cfg.name, reason=PREFLIGHT_ONLY)
+        status.stop(state="done")
+        return EXIT_DONE
     return None
 
 

@@ -92,4 +92,6 @@ def _preflight(
         return None
     port = cluster.port + PREFLIGHT_PORT_OFFSET if isinstance(cluster, SubnetLayout) else 0
     on_fail = asked.on_fail or ("replace" if typed else "fail")
-    return PreflightPlan(checks=checks, min_ratio=asked.min_ratio, on_fail=on_fail, port=port)
+    return PreflightPlan(
+        checks=checks, min_ratio=asked.min_ratio, on_fail=on_fail, port=port, only=asked.only
+    )

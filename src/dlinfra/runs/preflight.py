@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from dlinfra.runs.records import Record
-
-if TYPE_CHECKING:
-    from dlinfra.runs.layout import RunStore
 
 # Figures where more is better, judged against peers; name → (label, unit)
 JUDGED = {
@@ -224,15 +221,6 @@ def table(records: list[NodeFigures], verdict: Verdict | None) -> list[list[str]
         cells.append(", ".join(flagged.get(r.node, [])) or "ok")
         rows.append(cells)
     return rows
-
-
-def report(store: RunStore) -> tuple[Verdict | None, list[list[str]]] | None:
-    """The last round's verdict and table (see `table`); None where preflight never ran."""
-    last = store.preflight_rounds()
-    if not last:
-        return None
-    found, verdict = store.preflight_round(last)
-    return verdict, table(list(found.values()), verdict)
 
 
 def number(value: float) -> str:

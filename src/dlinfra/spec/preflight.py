@@ -30,6 +30,7 @@ class PreflightSpec(StrictModel):
         description="A flagged node: replace it once and check again (aws default), fail the run before "
         "its first step (local default: a replacement there is the same machine), or warn and train.",
     )
+    only: bool = Field(False, description="Stop after the checks, training nothing (`dlinfra preflight`).")
 
 
 def preflight_shorthand(value: Any) -> Any:
