@@ -201,3 +201,59 @@ def test_the_preflight_field_in_yaml(tmp_path: Path):
     path.write_text(yaml.safe_dump({"cluster": {"preflight": {"min_ratio": 1.5}}}))
     bad = run_cli("validate", str(path))
     assert bad.returncode == 2 and "cluster.preflight.min_ratio" in bad.stderr, bad.stderr
+
+
+def test_a_types_history_is_kept_beside_the_runs_and_catches_a_uniformly_slow_cluster(tmp_path: Path):
+    from dlinfra.runs import preflight_history
+    from dlinfra.runs.layout import RunStore
+    from dlinfra.runs.preflight import Verdict
+
+    spec = Spec.model_validate({"storage": {"url": f"file://{tmp_path}/runs"}})
+    configs = {
+        f"worker-{i}": cfg.model_copy(
+            update={
+                "instance_type": "m5.xlarge",
+                "preflight": PreflightPlan(checks="quick", min_ratio=0.8, on_fail="replace", port=0),
+            }
+        )
+        for i, cfg in enumerate(
+            build_node_configs(
+                Spec.model_validate({"strategy": "multi_worker_mirrored"}),
+                "r",
+                store_config(spec, f"file://{tmp_path}/x"),
+                target_for("local").addresses(Spec.model_validate({"strategy": "multi_worker_mirrored"})),
+                typed=False,
+            ).values()
+        )
+    }
+
+    def run(run_id: str, gemm: float, flagged: bool = False) -> RunStore:
+        store = RunStore.open(store_config(spec, f"file://{tmp_path}/runs/{run_id}"))
+        preflight_history.snapshot(spec, configs, store)
+        records = [node(f"worker-{i}", gemm + i, instance_type="m5.xlarge") for i in range(2)]
+        flags = judge(records, 0.8, store.preflight_history())
+        for r in records:
+            store.put_preflight(1, r)
+        verdict = Verdict(
+            round=1,
+            action="warn" if flags or flagged else "train",
+            flagged=flags,
+            min_ratio=0.8,
+            checks="quick",
+            seconds=1,
+        )
+        store.put_preflight(1, verdict)
+        preflight_history.record(spec, store, run_id)
+        return store
+
+    run("r1", 40.0)
+    assert run("r2", 42.0).preflight_history() == {}, "one earlier run is no baseline yet"
+    third = run("r3", 20.0)
+    assert third.preflight_history() == {"m5.xlarge": {"conv_gflops": 41.5, "gemm_gflops": 41.5}}
+    _, verdict = third.preflight_round(1)
+    assert verdict is not None and {(f.node, f.against) for f in verdict.flagged} == {
+        ("worker-0", "history"),
+        ("worker-1", "history"),
+    }
+    kept = json.loads((tmp_path / "runs" / "preflight-history" / "m5.xlarge.json").read_text())["runs"]
+    assert [r["run_id"] for r in kept] == ["r1", "r2"], "a flagged run sets no baseline"

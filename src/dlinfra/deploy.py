@@ -20,6 +20,7 @@ from dlinfra.errors import DlinfraError, RunFailed
 from dlinfra.pinned_data import absolute_dataset
 from dlinfra.prepare import Environment, NodeInstall, Prepared, boot_install, checked_rate, prepare
 from dlinfra.render import AddressPlan, build_node_configs, render_cluster
+from dlinfra.runs import preflight_history
 from dlinfra.runs.compare import lock_changes
 from dlinfra.runs.handover import controller_note, hand_over
 from dlinfra.runs.layout import RunStore
@@ -161,6 +162,7 @@ def deploy(
         raise DlinfraError(f"apply cancelled; nothing was created. The plan stays in {run.dir}")
 
     def start() -> Cluster:
+        preflight_history.snapshot(prepared.spec, prepared.configs, prepared.store)
         target.provision(prepared, review)
         return target.start(prepared)
 

@@ -7,7 +7,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dlinfra.errors import DlinfraError
 from dlinfra.prepare import Prepared
+from dlinfra.runs import preflight_history
 from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.ownership import Lease, owner_of
@@ -101,6 +103,10 @@ def watch(
     finally:
         if not left_running:
             _stop(cluster, run, store, names, ended_unwatched)
+            try:
+                preflight_history.record(prepared.spec, store, run.id)
+            except DlinfraError as exc:  # the run's own result is safe; only the type's history waits
+                print(f"warning: the instance types' preflight history was not updated: {exc}")
     return _outcome(prepared, store, started, ended_unwatched.time if ended_unwatched else time.time())
 
 
