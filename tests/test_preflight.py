@@ -15,7 +15,7 @@ import yaml
 from dlinfra.contract import PreflightPlan
 from dlinfra.node.measure import Effort, Sink, cpu_quota, measure_link
 from dlinfra.render import build_node_configs
-from dlinfra.runs.preflight import Link, NodeFigures, action, judge, table
+from dlinfra.runs.preflight import Link, NodeFigures, action, figures, judge, table
 from dlinfra.spec.loading import load_spec
 from dlinfra.spec.model import Spec
 from dlinfra.targets import target_for
@@ -75,6 +75,10 @@ def test_links_are_judged_between_machines_only_and_count_for_both_ends():
     ] + [node("ps-0", machine="p0"), node("ps-1", machine="p1")]
     flags = judge(records, 0.8)
     assert {(f.node, f.figure) for f in flags} == {("ps-1", "link_mb_s")}
+    # against the catalog's baseline for the type (m5.xlarge: 1.25 Gb/s): shown, the ceiling
+    typed = [r.model_copy(update={"instance_type": "m5.xlarge"}) for r in records]
+    assert figures(typed)["worker-0"]["link_of_baseline"] == pytest.approx(650 * 8 / 1000 / 1.25, abs=1e-3)
+    assert "links/baseline x" in table(typed, None)[0]
     # the same figures between processes of one machine measure its scheduler: shown, not judged
     one_machine = [r.model_copy(update={"machine": "m"}) for r in records]
     assert not judge(one_machine, 0.8)

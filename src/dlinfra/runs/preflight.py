@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field
 
 from dlinfra.runs.records import Record
+from dlinfra.spec.catalog import catalog
 
 # Figures where more is better, judged against peers; name → (label, unit)
 JUDGED = {
@@ -25,7 +26,11 @@ JUDGED = {
     "h2d_gb_s": ("host→GPU", "GB/s"),
     "link_mb_s": ("links", "MB/s"),
 }
-SHOWN = {"input_mb_s": ("input", "MB/s"), "latency_ms": ("latency", "ms")}
+SHOWN = {
+    "link_of_baseline": ("links/baseline", "x"),  # the catalog's baseline bandwidth is the ceiling
+    "input_mb_s": ("input", "MB/s"),
+    "latency_ms": ("latency", "ms"),
+}
 Action = Literal["train", "replace", "fail", "warn"]
 
 
@@ -118,6 +123,10 @@ def figures(records: list[NodeFigures]) -> dict[str, dict[str, float]]:
         if links[r.node]:
             out[r.node]["link_mb_s"] = statistics.median(link.mb_s for link in links[r.node])
             out[r.node]["latency_ms"] = statistics.median(link.latency_ms for link in links[r.node])
+            known = catalog().get(r.instance_type or "")
+            if known and known.network_baseline_gbps:
+                gbps = out[r.node]["link_mb_s"] * 8 / 1000
+                out[r.node]["link_of_baseline"] = round(gbps / known.network_baseline_gbps, 3)
     return out
 
 
