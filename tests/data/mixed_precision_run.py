@@ -18,7 +18,7 @@ training = TrainingSpec(steps=30, mixed_precision=True, log_every=10, checkpoint
 cfg = lone_worker(training, work)
 program = builtin_program(training, work / "data")
 losses: list[float] = []
-hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps, wait: losses.append(loss))
+hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps, wait, **figures: losses.append(loss))
 outcome = loop.train_mirrored(cfg, program, hooks, loop.make_mirrored_strategy())
 results, _ = export.export(outcome.model, program, outcome.objective, work / "model")
 json.dump(

@@ -21,7 +21,7 @@ training = TrainingSpec(steps=int(sys.argv[2]), batch_size=32, log_every=50, che
 cfg = lone_worker(training, work)
 program = load_entrypoint(f"{Path(__file__).parent / 'contract_programs.py'}:{sys.argv[1]}", training)
 losses: list[float] = []
-hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps, wait: losses.append(loss))
+hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps, wait, **figures: losses.append(loss))
 try:
     outcome = loop.train_mirrored(cfg, program, hooks, loop.make_mirrored_strategy())
 except ProgramError as exc:

@@ -14,8 +14,11 @@ REGRESSION = 'Program.loss (e.g. "mse" and metrics=["mae"] for a regression)'
 BINARY = "Program.loss=keras.losses.BinaryCrossentropy(from_logits=True) for a yes/no classifier"
 
 
-def first_batch(program: Program, batch_size: int, shard: Shard = Shard(0, 1)) -> Objective:
-    """The program's objective, once its first batch (of `shard`) has been seen to fit it."""
+def first_batch(
+    program: Program, batch_size: int, shard: Shard = Shard(0, 1), checked: list[Any] | None = None
+) -> Objective:
+    """The program's objective, once its first batch (of `shard`) has been seen to fit it; that
+    batch is appended to `checked`."""
     import tensorflow as tf
 
     model = program.build_model()
@@ -29,6 +32,8 @@ def first_batch(program: Program, batch_size: int, shard: Shard = Shard(0, 1)) -
             "dataset.map(lambda example: (features, label))"
         )
     for features, labels in data.batch(min(batch_size, CHECKED_EXAMPLES)).take(1):
+        if checked is not None:
+            checked.append((features, labels))
         outputs = model(features, training=False)
         if objective.default_loss:
             _fits_classifier(labels, outputs)

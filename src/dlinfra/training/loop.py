@@ -250,7 +250,8 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     t = cfg.training
     if program.variable_partitioner is not None:
         print("Program.variable_partitioner: unused under multi_worker_mirrored (no ps to split over)")
-    goal = set_up(program, strategy, cfg)
+    checked: list[Any] = []  # the batch the program's first batch check read: OwnPass's
+    goal = set_up(program, strategy, cfg, checked)
     with strategy.scope():
         model = program.build_model()
         # every GPU of every worker
@@ -296,7 +297,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             loss = strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
         return loss, waited, clock.since(began, (loss, waited))
 
-    own_pass = OwnPass(model, goal, program, cfg, global_batch, replicas)
+    own_pass = OwnPass(model, goal, checked[0], cfg, global_batch, replicas)
 
     step = int(optimizer.iterations.numpy())
     meter = Meter(step, global_batch)
@@ -326,14 +327,10 @@ class OwnPass:
 
     EVERY = 2
 
-    def __init__(
-        self, model: Any, goal: Objective, program: Program, cfg: NodeConfig, batch: int, replicas: int
-    ):
+    def __init__(self, model: Any, goal: Objective, sample: Any, cfg: NodeConfig, batch: int, replicas: int):
         import tensorflow as tf
 
-        per_replica = max(1, batch // replicas)
-        x, y = next(iter(batched(program.train_data(input_shard(cfg, 0, 1)), per_replica, shuffle_seed=0)))
-        self.batch = (x, y)
+        self.batch = sample  # read once already, by the first batch check: no example is read twice
         self.reports, self.index, self.workers = 0, cfg.index, cfg.num_workers
 
         @tf.function
@@ -357,13 +354,13 @@ class OwnPass:
         return {"compute_seconds": round(best, 6)}
 
 
-def set_up(program: Program, strategy: Any, cfg: NodeConfig) -> Objective:
+def set_up(program: Program, strategy: Any, cfg: NodeConfig, checked: list[Any] | None = None) -> Objective:
     """The program's own set-up in the strategy's scope, then its first batch checked against its
-    objective (on a plain copy of the model), before any step runs."""
+    objective (on a plain copy of the model), before any step runs; `checked` gets that batch."""
     if program.setup is not None:
         with strategy.scope():
             program.setup()
-    return fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1))
+    return fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1), checked)
 
 
 def input_shard(cfg: NodeConfig, index: int, count: int, dispatch: Dispatch | None = None) -> Shard:
