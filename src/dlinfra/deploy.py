@@ -20,6 +20,7 @@ from dlinfra.errors import DlinfraError, RunFailed
 from dlinfra.pinned_data import absolute_dataset
 from dlinfra.prepare import Environment, NodeInstall, Prepared, boot_install, checked_rate, prepare
 from dlinfra.render import AddressPlan, build_node_configs, render_cluster
+from dlinfra.render.configs import settle_preflight
 from dlinfra.runs import preflight_history
 from dlinfra.runs.compare import lock_changes
 from dlinfra.runs.handover import controller_note, hand_over
@@ -83,6 +84,8 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
     addresses = target.addresses(spec)  # before the run exists: a bad subnet creates nothing
     install = target.node_install(spec, origin.wheel if origin else None)
     spec, locks, settled = _settle(spec, target, addresses, install, origin.locks if origin else None)
+    # the run's spec (and so a rerun's, on whatever machines) says what its nodes checked
+    spec = settle_preflight(spec, target.uses_instance_types, target.own_machines)
     if settled:
         target.options.log(settled)
     prepared = prepare(

@@ -80,18 +80,29 @@ def build_node_configs(
     }
 
 
+def settle_preflight(spec: Spec, typed: bool, own_machines: bool) -> Spec:
+    """cluster.preflight's defaults made explicit. Nodes on machines of their own are checked by
+    default; processes sharing one machine are not (their figures measure its scheduler). A flagged
+    node is replaced where the target replaces instances (emulated ones too), else it fails the run:
+    another process is the same machine."""
+    asked = spec.cluster.preflight
+    settled = asked.model_copy(
+        update={
+            "checks": asked.checks or ("quick" if own_machines else "off"),
+            "on_fail": asked.on_fail or ("replace" if typed else "fail"),
+        }
+    )
+    return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"preflight": settled})})
+
+
 def _preflight(
     spec: Spec, cluster: SubnetLayout | dict[str, list[str]], typed: bool, own_machines: bool
 ) -> PreflightPlan | None:
-    """Nodes on machines of their own are checked by default; processes sharing one machine are not
-    (their figures measure its scheduler). A flagged node is replaced where the target replaces
-    instances (emulated ones too), else it fails the run: another process is the same machine."""
-    asked = spec.cluster.preflight
-    checks = asked.checks or ("quick" if own_machines else "off")
-    if checks == "off":
+    asked = settle_preflight(spec, typed, own_machines).cluster.preflight
+    if asked.checks == "off":
         return None
+    assert asked.on_fail is not None and asked.checks is not None
     port = cluster.port + PREFLIGHT_PORT_OFFSET if isinstance(cluster, SubnetLayout) else 0
-    on_fail = asked.on_fail or ("replace" if typed else "fail")
     return PreflightPlan(
-        checks=checks, min_ratio=asked.min_ratio, on_fail=on_fail, port=port, only=asked.only
+        checks=asked.checks, min_ratio=asked.min_ratio, on_fail=asked.on_fail, port=port, only=asked.only
     )
