@@ -118,12 +118,13 @@ def figures(records: list[NodeFigures]) -> dict[str, dict[str, float]]:
                 links[r.node].append(link)
                 links[link.peer].append(link)
     out = {}
+    types = catalog()
     for r in records:
         out[r.node] = dict(r.figures)
         if links[r.node]:
             out[r.node]["link_mb_s"] = statistics.median(link.mb_s for link in links[r.node])
             out[r.node]["latency_ms"] = statistics.median(link.latency_ms for link in links[r.node])
-            known = catalog().get(r.instance_type or "")
+            known = types.get(r.instance_type or "")
             if known and known.network_baseline_gbps:
                 gbps = out[r.node]["link_mb_s"] * 8 / 1000
                 out[r.node]["link_of_baseline"] = round(gbps / known.network_baseline_gbps, 3)

@@ -49,6 +49,7 @@ class InstanceCluster:
     _capacity_since: float | None = None
     _capacity_attempts: int = 0
     _leaving: bool = False  # a node acted on a spot notice and has not left yet
+    _preflight_over: bool = False  # its verdict let the run train: nothing left to replace for it
 
     def poll(self) -> dict[str, int | None]:
         now = time.monotonic()
@@ -144,12 +145,17 @@ class InstanceCluster:
     def _left_at_preflight(self) -> list[str]:
         """Nodes a preflight round flagged for replacement that left: replaced once each (a node
         flagged again fails the run: runs.preflight.action). The others are in the next round by then."""
+        if self._preflight_over or self.spec.cluster.preflight.checks == "off":
+            return []
         store = self._store
-        asked = set()
+        asked: set[str] = set()
+        verdict = None
         for round_ in range(1, store.preflight_rounds() + 1):
             verdict = store.preflight_round(round_)[1]
             if verdict is not None and verdict.action == "replace":
                 asked |= set(verdict.flagged_nodes)
+        # a last round that let the run train (or failed it) ends preflight: no more looks each check
+        self._preflight_over = verdict is not None and verdict.action != "replace"
         answered = {h.node for h in self.run.manifest().heals if h.reason == "preflight"}
         left = []
         for name in sorted(asked - answered):
