@@ -3,7 +3,9 @@ the boot): today's way before locks (pip resolves `dlinfra[train,aws]` from the 
 run's lock (pip `--require-hashes`, and uv `pip sync --require-hashes`), each into a fresh venv with
 a cold cache (nothing downloaded yet) and a warm one (the same files already in the installer's
 cache); then what a local run spends on its nodes' environment (environment.venvs.ensure): a new
-one from uv's warm cache, and a cached one.
+one from uv's warm cache (its bytecode compiled), and a cached one; and what a trainer's
+`import tensorflow` costs in CPU where PYTHONDONTWRITEBYTECODE is set (CI machines, many container
+images), in the local run's environment against uv's plain sync of the same lock (no bytecode).
 
     python bench/bench_environment.py [--reps 2]
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,6 +42,16 @@ def _run(cmd: list[str], env: dict[str, str]) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])}: {result.stderr[-1500:]}")
+
+
+def _import_cpu(venv: Path) -> float:
+    """CPU seconds of a trainer's TensorFlow import in `venv`, as a node imports it."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    code = "from dlinfra.node.tensorflow_import import import_tensorflow; import_tensorflow()"
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TF_CPP_MIN_LOG_LEVEL="3")
+    subprocess.run([str(venv / "bin" / "python"), "-c", code], check=True, env=env, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def main() -> None:
@@ -96,8 +109,17 @@ def main() -> None:
             rows.setdefault("local run's environment, new", []).append(
                 _timed(venvs.ensure, lock, wheel, sha, index)
             )
+            made = venvs.ensure(lock, wheel, sha, index)
             rows.setdefault("local run's environment, cached", []).append(
                 _timed(venvs.ensure, lock, wheel, sha, index)
+            )
+            # the plain sync has no dlinfra: the wheel, as the local environment has it
+            plain = root / f"u-{rep}-warm"
+            _run([uv(), "pip", "install", "--quiet", "--python", str(plain / "bin" / "python"), "--no-deps",
+                  str(wheel)], env)  # fmt: skip
+            rows.setdefault("trainer's TensorFlow import CPU-s, plain uv sync", []).append(_import_cpu(plain))
+            rows.setdefault("trainer's TensorFlow import CPU-s, local run's env", []).append(
+                _import_cpu(made)
             )
     width = max(map(len, rows))
     for name, seconds in rows.items():

@@ -77,8 +77,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield
     after = os.times()
     cpu = sum(after[:4]) - sum(before[:4])  # user, system, children's user and system
+    own = sum(after[:2]) - sum(before[:2])  # pytest's own: the moto server's threads, in-process tests
     with open(log, "a") as out:
-        out.write(f"{item.nodeid}\t{time.monotonic() - began:.1f}\t{cpu:.1f}\n")
+        out.write(f"{item.nodeid}\t{time.monotonic() - began:.1f}\t{cpu:.1f}\t{own:.1f}\n")
 
 
 @pytest.fixture

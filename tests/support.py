@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -74,6 +75,7 @@ def ec2_client(endpoint: str, region: str = "us-east-1"):
     return aws_client(endpoint, "ec2", region)
 
 
+@functools.cache  # a client costs 20 ms of CPU to make: tests that poll reuse one
 def aws_client(endpoint: str, service: str, region: str = "us-east-1"):
     import boto3
 

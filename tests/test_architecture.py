@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlinfra.spec.model import Spec
-from dlinfra.targets import REGISTRY, target_for
+from dlinfra.targets import INSTANCE_TYPED, REGISTRY, target_for
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dlinfra"
 MAX_LINES = 400
@@ -208,6 +208,7 @@ def test_every_target_the_spec_accepts_is_registered_and_implements_the_protocol
     for name in REGISTRY:
         target = target_for(name)
         assert target.name == name
+        assert target.uses_instance_types is INSTANCE_TYPED[name], name
         for method in ("addresses", "node_install", "preflight", "plan", "provision", "start", "teardown"):
             assert callable(getattr(target, method)), f"{name} lacks {method}"
 

@@ -46,6 +46,9 @@ def test_plan_emulated_needs_no_aws_credentials_and_shows_resources_instances_an
     assert "worker    2 x g4dn.xlarge" in result.stdout and "chief     1 x m5.xlarge" in result.stdout
     assert "/hour on demand" in result.stdout
     assert "to confirm on real AWS" in result.stdout and "quotas:" in result.stdout
+    # the sizing advisor's line, and no knee warning: the default's second worker still pays
+    assert "sizing: 2 workers, 1 ps: " in result.stdout and "bound: ps NIC" in result.stdout
+    assert "past the knee" not in result.stdout
     [run_dir] = (tmp_path / "dlinfra-home" / "runs").iterdir()
     assert (
         (run_dir / MARKER)
@@ -54,6 +57,19 @@ def test_plan_emulated_needs_no_aws_credentials_and_shows_resources_instances_an
     )
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "PLANNED"
     assert "Traceback" not in result.stderr and 'HTTP/1.1"' not in result.stderr, "no request log of moto"
+
+
+def test_plan_of_a_spec_past_the_knee_names_its_bound_and_a_cheaper_shape(
+    no_aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    """8 workers reading a 68 MB model from one m5.xlarge ps (1.25 Gb/s baseline)."""
+    wide = ("--workers", "8", "--set", "training.model={name: mlp, hidden_units: [4096, 4096]}")
+    result = run_cli("plan", "--emulated", *wide, env=no_aws_env, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning: past the knee: worker 8 adds 0% throughput" in result.stdout, result.stdout
+    assert "bound: ps NIC" in result.stdout
+    # its big kernel sits whole on one ps: more ps would not help, fewer workers do as well
+    assert "cheapest within 10% of the best: 3 workers, 1 ps" in result.stdout, result.stdout
 
 
 def test_workflow_steps_review_a_pull_request_that_grows_the_workers_and_edit_one_comment(

@@ -12,17 +12,24 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dlinfra import watching
 from dlinfra.contract import PreflightPlan
-from dlinfra.node.measure import Effort, Sink, cpu_quota, measure_link
+from dlinfra.node.measure import DEFAULT_GRADIENT_BYTES, Effort, Sink, cpu_quota, gradient_bytes, measure_link
 from dlinfra.render import build_node_configs
 from dlinfra.runs.preflight import Link, NodeFigures, action, figures, judge, table
+from dlinfra.runs.records import NodeState
+from dlinfra.runs.stragglers import Straggler, StragglerWatch
 from dlinfra.spec.loading import load_spec
 from dlinfra.spec.model import Spec
 from dlinfra.targets import target_for
-from dlinfra.targets.base import TargetOptions
+from dlinfra.targets.aws.healing import InstanceCluster
+from dlinfra.targets.base import Replaces, TargetOptions
+from dlinfra.targets.local import AttachedNodes, LocalCluster
 from support import cgroup_cpu_limit, run_cli, store_config
 
-FAST = Effort(windows=1, window_seconds=0.05, matrix=64, link_bytes=4 << 20, pings=5, input_bytes=1 << 20)
+FAST = Effort(
+    windows=1, window_seconds=0.05, matrix=64, link_bytes=4 << 20, pings=5, input_bytes=1 << 20, reductions=1
+)
 
 
 def node(name: str, gemm: float | None = 40.0, machine: str = "m", **extra) -> NodeFigures:
@@ -84,6 +91,39 @@ def test_links_are_judged_between_machines_only_and_count_for_both_ends():
     assert not judge(one_machine, 0.8)
     rows = table(one_machine, None)
     assert "links MB/s" not in rows[0], rows[0]
+
+
+def test_the_all_reduce_is_one_figure_per_run_held_to_its_types_history_and_the_catalog():
+    # every worker times the same collective: no peer stands out, the type's history is the judge
+    records = [
+        node(f"worker-{i}", machine=f"w{i}", instance_type="m5.xlarge").model_copy(
+            update={"figures": {"allreduce_gb_s": 0.05 + i / 1000, "allreduce_mb": 4.2}}
+        )
+        for i in range(3)
+    ]
+    assert not judge(records, 0.8)
+    flags = judge(records, 0.8, {"m5.xlarge": {"allreduce_gb_s": 0.1}})
+    assert {(f.node, f.figure, f.against) for f in flags} == {
+        (f"worker-{i}", "allreduce_gb_s", "history") for i in range(3)
+    }
+    assert flags[0].says() == "worker-0: all-reduce 0.05 GB/s bus, 0.50 of its type's baseline (0.1 GB/s bus)"
+    # bus bandwidth against the type's network baseline (m5.xlarge: 1.25 Gb/s): the ceiling, shown
+    assert figures(records)["worker-1"]["allreduce_of_baseline"] == pytest.approx(0.051 * 8 / 1.25, abs=1e-3)
+    header = table(records, None)[0]
+    assert {"all-reduce GB/s bus", "all-reduce/baseline x", "reduced MB"} <= set(header), header
+
+
+def test_the_all_reduce_is_measured_at_the_models_gradient_size():
+    import keras
+
+    def built() -> keras.Model:
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.BatchNormalization()])
+
+    # Dense: 4x3 + 3 float32 trainable; BatchNormalization: gamma and beta trainable, its moving
+    # statistics not (they are no gradient)
+    assert gradient_bytes(built) == (4 * 3 + 3 + 3 + 3) * 4
+    # a model built on its first batch has no weights yet: the default bucket
+    assert gradient_bytes(lambda: keras.Sequential([keras.layers.Dense(3)])) == DEFAULT_GRADIENT_BYTES
 
 
 def test_version_drift_names_the_node_and_the_package_from_two_real_interpreters(tmp_path: Path):
@@ -261,3 +301,55 @@ def test_a_types_history_is_kept_beside_the_runs_and_catches_a_uniformly_slow_cl
     }
     kept = json.loads((tmp_path / "runs" / "preflight-history" / "m5.xlarge.json").read_text())["runs"]
     assert [r["run_id"] for r in kept] == ["r1", "r2"], "a flagged run sets no baseline"
+
+
+def _worker(index: int, compute: float | None = None, role: str = "worker", **extra) -> NodeState:
+    return NodeState(
+        node=f"{role}-{index}",
+        role=role,
+        index=index,
+        state="training",
+        started=0,
+        first_started=0,
+        heartbeat=0,
+        compute_seconds=compute,
+        **extra,
+    )
+
+
+def test_a_mirrored_worker_over_the_ratio_for_the_window_is_named_once_and_no_other():
+    watch = StragglerWatch("multi_worker_mirrored", ratio=1.5, window=60)
+    steady = {"worker-0": _worker(0, 0.10), "worker-1": _worker(1, 0.11), "worker-2": _worker(2, 0.12)}
+    assert not watch.observe(0, steady)
+    slow = steady | {"worker-2": _worker(2, 0.30)}  # 0.30 against the others' median 0.105: 2.9x
+    assert not watch.observe(10, slow), "not before its window"
+    assert not watch.observe(65, steady | {"worker-2": _worker(2, 0.14)}), "back under: its clock restarts"
+    assert not watch.observe(70, slow)
+    named = watch.observe(130, slow)
+    assert [s.node for s in named] == ["worker-2"] and named[0].since == 70
+    assert named[0].ratio == pytest.approx(0.30 / 0.105) and named[0].share is None
+    assert not watch.observe(200, slow), "named once"
+    assert named[0].says() == "straggler worker-2: 0.3 s per step, 2.9x its peers' median (0.105 s)"
+
+
+def test_under_parameter_servers_a_straggler_is_named_with_its_share_of_the_steps():
+    watch = StragglerWatch("parameter_server", ratio=1.5, window=10)
+
+    def chief(tally: dict[str, list[float]]) -> dict[str, NodeState | None]:
+        return {"chief-0": _worker(0, role="chief", workers=tally), "ps-0": None}
+
+    watch.observe(0, chief({"worker-0": [0.1, 100], "worker-1": [0.1, 100], "worker-2": [0.1, 100]}))
+    watch.observe(5, chief({"worker-0": [0.1, 150], "worker-1": [0.1, 150], "worker-2": [0.5, 110]}))
+    named = watch.observe(20, chief({"worker-0": [0.1, 300], "worker-1": [0.1, 300], "worker-2": [0.5, 120]}))
+    assert [s.node for s in named] == ["worker-2"]
+    # since it turned slow (t=5): 10 of the 310 steps counted, a fair share a third
+    assert named[0].share == pytest.approx(10 / 310) and named[0].fair == pytest.approx(1 / 3)
+    assert "it ran 3% of the steps (a fair share: 33%)" in named[0].says()
+
+
+def test_straggler_replace_asks_for_a_new_machine_only_where_nodes_have_their_own(tmp_path: Path):
+    assert issubclass(InstanceCluster, Replaces)
+    assert not issubclass(LocalCluster, Replaces) and not issubclass(AttachedNodes, Replaces)
+    found = Straggler(node="worker-1", ratio=4.0, seconds=0.4, median=0.1, since=0.0)
+    watching._replace(LocalCluster(run_dir=tmp_path), [found])
+    assert found.replaced is False and found.says().endswith("; not replaced: the nodes share one machine")

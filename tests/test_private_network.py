@@ -64,6 +64,27 @@ def test_validate_refuses_private_with_an_s3_store_with_exit_2(tmp_path: Path) -
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("sets", "said"),
+    [
+        (("storage.url=s3://results-bucket/r",), "storage.url s3://results-bucket/r is written by the nodes"),
+        (("cluster.ps.instance_type=m5.mega",), "m5.mega not in the catalog"),
+    ],
+    ids=["s3-store", "unknown-type"],
+)
+def test_validate_refuses_a_shaped_network_it_cannot_make_with_exit_2(
+    tmp_path: Path, sets: tuple[str, ...], said: str
+) -> None:
+    """Shaped links have no route out (like private), and each node's link is its type's bandwidth."""
+    result = run_cli(
+        "validate", "--set", "cluster.local_network=shaped", *(a for s in sets for a in ("--set", s)),
+        env=dict(os.environ, DLINFRA_HOME=str(tmp_path)), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"cluster.local_network: shaped, but {said}" in result.stderr and "Fix:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.fixture
 def forbidding_unshare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Stands in for a kernel that forbids unprivileged user namespaces (Ubuntu 24.04's AppArmor
@@ -98,7 +119,10 @@ def test_a_namespace_has_its_own_loopback_up_and_ends_with_its_holder() -> None:
             "socket.create_connection(('127.0.0.1', port), timeout=3).close(); print(port)"
         )
         inside = subprocess.run(
-            namespace.command([sys.executable, "-c", probe]), capture_output=True, text=True, check=False
+            namespace.command("chief-0", [sys.executable, "-c", probe]),
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert inside.returncode == 0, inside.stderr
         assert os.readlink(f"/proc/{namespace.holder.pid}/ns/net") != os.readlink("/proc/self/ns/net")

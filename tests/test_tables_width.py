@@ -258,3 +258,17 @@ def test_the_note_never_cuts_the_command_it_names_at_any_width() -> None:
             columns,
             note,
         )
+
+
+def test_the_preflight_table_keeps_every_node_name_whole_on_a_narrow_screen() -> None:
+    from rich.console import Console
+
+    from dlinfra.cli.preflight_view import drawn
+
+    header = ["node", "gemm GFLOP/s", "conv GFLOP/s", "all-reduce GB/s bus", "reduced MB", "quota", "flag"]
+    rows = [header] + [[f"worker-{i}", "119", "105", "0.022", "0.6", "-", "gemm, conv"] for i in range(12)]
+    console = Console(width=60, record=True, color_system=None)
+    console.print(drawn(rows, "preflight, round 1"))
+    shown = console.export_text()
+    assert all(f"worker-{i} " in shown for i in range(12)), shown
+    assert max(map(len, shown.splitlines())) <= 60

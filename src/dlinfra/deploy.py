@@ -28,7 +28,8 @@ from dlinfra.runs.layout import RunStore
 from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease, claim, cli_holder
 from dlinfra.runs.records import Owner
-from dlinfra.runs.run import Run, utc_now
+from dlinfra.runs.run import Run, home, utc_now
+from dlinfra.sizing.record import predict_run
 from dlinfra.spec.model import Spec
 from dlinfra.targets import target_for
 from dlinfra.targets.base import Cluster, Review, Target, TargetOptions
@@ -166,6 +167,10 @@ def deploy(
 
     def start() -> Cluster:
         preflight_history.snapshot(prepared.spec, prepared.configs, prepared.store)
+        try:
+            predict_run(prepared.spec, prepared.store, home())
+        except DlinfraError as exc:  # the advisor only ever informs: its history may be unreachable
+            options.log(f"warning: no sizing prediction for this run: {exc}")
         target.provision(prepared, review)
         return target.start(prepared)
 

@@ -55,17 +55,34 @@ class PlannedChange:
     action: str  # the machine-readable UI's: noop, create, read, update, replace, delete, move, ...
 
 
-def planned_changes(output: str) -> list[PlannedChange]:
-    """The `planned_change` events of a `plan -json` run."""
-    changes = []
+def events(output: str, kind: str) -> list[dict[str, Any]]:
+    """The events of one `type` in a `-json` run's output (other lines, such as a crash's, skipped)."""
+    found = []
     for line in output.splitlines():
         try:
             event = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(event, dict) and event.get("type") == "planned_change":
-            changes.append(PlannedChange(event["change"]["resource"]["addr"], event["change"]["action"]))
-    return changes
+        if isinstance(event, dict) and event.get("type") == kind:
+            found.append(event)
+    return found
+
+
+def planned_changes(output: str) -> list[PlannedChange]:
+    """The `planned_change` events of a `plan -json` run."""
+    return [
+        PlannedChange(e["change"]["resource"]["addr"], e["change"]["action"])
+        for e in events(output, "planned_change")
+    ]
+
+
+def applied_outputs(output: str) -> dict[str, Any]:
+    """name → value from the last `outputs` event of an `apply -json` run; empty unless every output
+    in it carries its value (a plan's event has none, a sensitive output's is withheld)."""
+    found = (events(output, "outputs") or [{}])[-1].get("outputs") or {}
+    if not found or any("value" not in item for item in found.values()):
+        return {}
+    return {name: item["value"] for name, item in found.items()}
 
 
 @dataclass
@@ -81,6 +98,10 @@ class Terraform:
         if not self.binary:
             self.binary, _ = find_terraform()
         self.env.setdefault("TF_IN_AUTOMATION", "1")
+        # The AWS provider spends a quarter of every start collecting the garbage of building its
+        # schema (measured: `validate` 14.3 -> 10.7 CPU-s, an apply against moto 29.9 -> 22.4, for a
+        # peak of 430 MB instead of 330). A user's own GOGC wins.
+        self.env.setdefault("GOGC", "400")
 
     def init(self) -> None:
         self.run(["init", "-input=false", "-no-color"], json_events=False)
@@ -103,8 +124,17 @@ class Terraform:
         """The plan as a person reads it (a pull request's review shows it collapsed)."""
         return self.run(["show", "-no-color", str(plan_file)], json_events=False, quiet=True)
 
-    def apply(self, plan_file: Path, timeout: float | None = None) -> None:
-        self.run(["apply", "-input=false", "-json", "-auto-approve", str(plan_file)], timeout=timeout)
+    def apply(self, plan_file: Path, timeout: float | None = None) -> dict[str, Any]:
+        """Apply, and return the root outputs its own event stream ends with: a `terraform output`
+        afterwards would start the provider once more (3 CPU-seconds, seconds a heal does not
+        have). A stream without them (a sensitive or unevaluated output) falls back to `output`."""
+        return self.outputs_of(
+            self.run(["apply", "-input=false", "-json", "-auto-approve", str(plan_file)], timeout=timeout)
+        )
+
+    def outputs_of(self, applied: str) -> dict[str, Any]:
+        """The outputs an `apply -json` run's events end with, or else `terraform output`'s."""
+        return applied_outputs(applied) or self.output()
 
     def output(self) -> dict[str, Any]:
         raw = json.loads(self.run(["output", "-json"], json_events=False, quiet=True))

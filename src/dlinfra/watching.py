@@ -14,10 +14,11 @@ from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summ
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.ownership import Lease, owner_of
 from dlinfra.runs.records import Marker, Metrics, NodeState
-from dlinfra.runs.run import Run, utc_now
+from dlinfra.runs.run import Run, home, utc_now
 from dlinfra.runs.startup import breakdown
 from dlinfra.runs.stragglers import Straggler, Stragglers, StragglerWatch
-from dlinfra.targets.base import Cluster
+from dlinfra.sizing.record import record_run
+from dlinfra.targets.base import Cluster, Replaces
 
 LOG_TAIL_LINES = 30
 OWNER_CHECK_SECONDS = 10.0  # how often a follower looks whether the run's owner is still there
@@ -77,7 +78,9 @@ def watch(
             # would make every node look silent for that long (seen: a healed run failed as "lost")
             codes = cluster.poll()
             snap = _snapshot(store, names, started)
-            if stragglers.observe(time.time(), snap.nodes):
+            if new := stragglers.observe(time.time(), snap.nodes):
+                if slow.action == "replace":
+                    _replace(cluster, new)
                 store.put_stragglers(Stragglers(named=stragglers.named))
             snap.stragglers = stragglers.named
             on_update(snap)
@@ -105,8 +108,9 @@ def watch(
             _stop(cluster, run, store, names, ended_unwatched)
             try:
                 preflight_history.record(prepared.spec, store, run.id)
-            except DlinfraError as exc:  # the run's own result is safe; only the type's history waits
-                print(f"warning: the instance types' preflight history was not updated: {exc}")
+                record_run(prepared.spec, store, run.id, home())
+            except DlinfraError as exc:  # the run's own result is safe; only the histories wait
+                print(f"warning: the preflight or sizing history was not updated: {exc}")
     return _outcome(prepared, store, started, ended_unwatched.time if ended_unwatched else time.time())
 
 
@@ -142,6 +146,15 @@ def _stop(
     devices = {name: st.devices for name, st in store.statuses(names).items() if st and st.devices}
     run.update_manifest(status=marker.marker if marker else "STOPPED", finished=finished, devices=devices)
     run.publish_manifest()
+
+
+def _replace(cluster: Cluster, stragglers: list[Straggler]) -> None:
+    """cluster.straggler.action replace: each newly named straggler's machine, where nodes have
+    machines of their own (on one machine a replacement would run on the same one: named only)."""
+    for straggler in stragglers:
+        straggler.replaced = isinstance(cluster, Replaces)
+        if isinstance(cluster, Replaces):
+            cluster.replace_straggler(straggler.node)
 
 
 def _let_nodes_finish(cluster: Cluster, seconds: float) -> None:

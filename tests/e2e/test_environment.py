@@ -136,6 +136,9 @@ def test_a_node_off_its_lock_fails_the_run_naming_it_and_the_package(
     pinned = _rerun(first, tmp_path, env)
     assert pinned.result.returncode == 0, pinned.result.stderr[-3000:]
     (venv,) = [p.parent for p in (cache / "envs").glob("*/dlinfra-env.json")]
+    # made with its bytecode: where PYTHONDONTWRITEBYTECODE is set, no node would ever write it
+    assert list(venv.glob("lib/python*/site-packages/tensorflow/__pycache__/__init__.*.pyc"))
+    assert list(venv.glob("lib/python*/site-packages/greeting/__pycache__/*.pyc"))
     index.publish("greeting", "1.1", _greeting("1.1"))
     try:
         tamper = [uv(), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python")]

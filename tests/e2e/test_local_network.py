@@ -140,3 +140,50 @@ def test_user_code_that_needs_the_network_in_a_private_run_is_told_how_to_get_it
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Network is unreachable" in result.stderr
     assert "set cluster.local_network: host" in result.stderr
+
+
+SHAPED = """\
+name: shaped
+cluster:
+  chief: {instance_type: c5.4xlarge}
+  workers: {count: 2, instance_type: c5.4xlarge}
+  ps: {count: 1, instance_type: c5.4xlarge}
+  local_network: shaped
+  local_link_scale: 0.02
+training:
+  model: {name: mlp, hidden_units: [512, 512]}
+  batch_size: 16
+  steps: 40
+  checkpoint_every: 100000
+"""
+
+
+def test_a_detached_shaped_run_keeps_its_links_after_the_cli_left_and_records_its_prediction(
+    tmp_path: Path,
+) -> None:
+    """Each node on its own address of the bridge, its link shaped (tests/test_shaped_network.py
+    measures the rate). The CLI that made the bridge exits at once (--detach): the links must live
+    on while the nodes are inside, or the nodes could not reach one another and the run would stall.
+    The run then ends DONE under `dlinfra watch`, its throughput recorded beside the prediction."""
+    (tmp_path / "experiment.yaml").write_text(SHAPED)
+    env = dict(os.environ, DLINFRA_HOME=str(tmp_path / "home"))
+    started = run_cli("deploy", "experiment.yaml", "--detach", env=env, cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert (
+        "network: shaped (a namespace per node, each link at chief 100 Mb/s"
+        in started.stdout + started.stderr
+    )
+    [run_dir] = (tmp_path / "home" / "runs").iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["network"] == "shaped"
+    assert manifest["addresses"] == {
+        "chief": ["10.77.0.2:12000"],
+        "worker": ["10.77.0.3:12000", "10.77.0.4:12000"],
+        "ps": ["10.77.0.5:12000"],
+    }
+    watched = run_cli("watch", run_dir.name, env=env, cwd=tmp_path, timeout=600)
+    assert watched.returncode == 0 and "DONE" in watched.stdout, watched.stdout + watched.stderr
+    predicted = json.loads((run_dir / "store" / "sizing.json").read_text())
+    assert predicted["bound"] == "ps NIC" and predicted["workers"] == 2, predicted
+    history = run_cli("advise", "experiment.yaml", "--history", env=env, cwd=tmp_path, check=True)
+    assert run_dir.name in history.stdout and "mean absolute error" in history.stdout, history.stdout

@@ -374,7 +374,7 @@ def test_cifar_shaped_jpeg_shards_in_s3_train_the_built_in_cnn_under_either_stra
     spec.write_text(
         f"name: cifar-shards\nstrategy: {strategy}\n"
         f"storage:\n  endpoint_url: {moto_endpoint}\n"
-        "training:\n  steps: 300\n  model: {name: cnn}\n"
+        "training:\n  steps: 120\n  model: {name: cnn}\n"
         f"  dataset: {{format: tfrecord, uri: 's3://{bucket}/packed'}}\n"
     )
     target: list[str] = []

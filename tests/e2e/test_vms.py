@@ -16,11 +16,15 @@ from typing import Any
 
 import pytest
 
-from e2e.conftest import deploy
-from support import FAKE_CREDS, IMAGE_CACHE, ec2_client, run_cli, s3_client
+from e2e.conftest import Deployed, Live, start_deploy
+from support import FAKE_CREDS, IMAGE_CACHE, cgroup_cpu_limit, ec2_client, run_cli, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm]
 BUCKET = "dlinfra-vm-results"
+SLOW_VM_CPUS = 0.3
+# Below the default 0.8: three emulated VMs share two cores, and software emulation moves one VM's
+# figure against another's; a VM on a third of a CPU measures about a third of its peers'.
+MIN_RATIO = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -76,38 +80,74 @@ def _instances(endpoint: str, run_id: str) -> dict[str, str]:
     }
 
 
+def _wait_for_key(endpoint: str, prefix: str, live: Live, timeout: float = 1800) -> str:
+    """The first key under `prefix` in the results bucket, once one is there."""
+    s3 = s3_client(endpoint)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert live.proc.poll() is None, live.proc.communicate()
+        found = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+        if found:
+            return found[0]["Key"]
+        time.sleep(0.2)
+    raise AssertionError(f"nothing under {prefix} in {timeout:.0f}s")
+
+
+def _s3_text(endpoint: str, key: str) -> str:
+    return s3_client(endpoint).get_object(Bucket=BUCKET, Key=key)["Body"].read().decode()
+
+
 def _destroy(run_id: str, home: Path, env: dict[str, str]) -> None:
     result = run_cli("destroy", run_id, env=env | {"DLINFRA_HOME": str(home)})
     assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.exclusive  # with the machine to itself: three emulated VMs need both cores
-def test_three_vms_train_from_the_baked_image_and_power_off(
+def test_three_vms_train_from_the_baked_image_and_preflight_names_the_one_given_less_cpu(
     baked_image: Path, vm_env: dict[str, Any], tmp_path: Path
 ) -> None:
-    """1 chief + 1 worker + 1 ps, each a VM running its own unchanged user-data: the baked image
-    skips pip, the nodes train digits, DONE and the model land in moto's S3, every VM powers off by
-    itself and its instance ends terminated. (A user's own files in S3 taken from the chief's
-    dispatcher, and the instance store formatted and mounted, run on emulated instances as processes:
+    """3 multi_worker_mirrored workers, each a VM running its own unchanged user-data: the baked
+    image skips pip, the nodes train digits, DONE and the model land in moto's S3, every VM powers
+    off by itself and its instance ends terminated. worker-1's VM is given a third of a host CPU
+    (its qemu process, by the cgroup cpu controller: what a noisy neighbour or a throttled host does,
+    unseen from inside) while the nodes measure: quick preflight names it, and only it; on_fail:
+    warn lets the run train. (A user's own files in S3 taken from the chief's dispatcher, and the
+    instance store formatted and mounted, run on emulated instances as processes:
     test_aws_emulated's kept run, tests/test_instance_store.py. Inside these VMs they took about
-    300 s of the 590 s from cloud-init done to power-off, and the test 1845 CPU-s against 941:
-    BENCHMARKS.md.)"""
+    300 s of the 590 s from cloud-init done to power-off: BENCHMARKS.md.)"""
+    limit = cgroup_cpu_limit()
+    preflight = f"cluster.preflight={{checks: quick, on_fail: warn, min_ratio: {MIN_RATIO}}}"
+    args = ("--workers", "3", "--strategy", "multi_worker_mirrored", "--steps", "4", "--set", preflight)
     t0 = time.monotonic()
-    run = deploy(
-        tmp_path, *vm_env["args"], "--workers", "1", "--steps", "10", env=vm_env["env"], timeout=1800
-    )
+    live = start_deploy(tmp_path, *vm_env["args"], *args, env=vm_env["env"])
+    qemu = live.run_dir / "vms" / "worker-1" / "qemu.pid"
+    # From the first node's preflight record (the strategy formed, every node near its checks): the
+    # all-reduce's warm-up and the wait for every record come before any node measures its device.
+    first = _wait_for_key(vm_env["endpoint"], f"runs/{live.run_dir.name}/preflight/1/", live)
+    with limit(int(qemu.read_text()), SLOW_VM_CPUS):
+        verdict = _wait_for_key(
+            vm_env["endpoint"], f"runs/{live.run_dir.name}/preflight/1/verdict.json", live
+        )
+    done = live.finish(timeout=1800)
     wall = time.monotonic() - t0
-    assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = Deployed(done, live.home, live.run_dir)
     manifest = run.manifest
     run_id = manifest["run_id"]
     try:
+        said = json.loads(_s3_text(vm_env["endpoint"], verdict))
+        assert said["action"] == "warn" and {f["node"] for f in said["flagged"]} == {"worker-1"}, said
+        gemm = next(f for f in said["flagged"] if f["figure"] == "gemm_gflops")
+        assert gemm["against"] == "peers" and gemm["ratio"] < MIN_RATIO, gemm
+        assert first.startswith(f"runs/{run_id}/preflight/1/")
+        assert "preflight flagged worker-1: gemm" in done.stdout + done.stderr
         assert manifest["status"] == "DONE"
         assert {pin["id"] for pin in manifest["images"].values()} == {baked_image.name}
         s3 = s3_client(vm_env["endpoint"])
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run_id}/")["Contents"]}
         assert f"runs/{run_id}/DONE" in keys
         assert any("/model/" in k for k in keys), sorted(keys)
-        for node in ("chief-0", "worker-0", "ps-0"):
+        for node in ("worker-0", "worker-1", "worker-2"):
             console = (run.run_dir / "vms" / node / "console.log").read_text(errors="replace")
             # real cloud-init ran the user-data: the install script found the baked environment
             assert re.search(
@@ -120,7 +160,7 @@ def test_three_vms_train_from_the_baked_image_and_power_off(
             "logs",
             run_id,
             "--node",
-            "chief-0",
+            "worker-0",
             "--console",
             env=vm_env["env"] | {"DLINFRA_HOME": str(run.home)},
         )

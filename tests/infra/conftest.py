@@ -84,6 +84,7 @@ def _terraform_env(cli_config: Path, extra: dict[str, str] | None = None) -> dic
         TF_IN_AUTOMATION="1",
         TF_INPUT="0",
         CHECKPOINT_DISABLE="1",
+        GOGC=os.environ.get("GOGC", "400"),  # as dlinfra's own runs set it (dlinfra.terraform: why)
         # Never read the developer's real AWS config or credentials files.
         AWS_CONFIG_FILE=os.devnull,
         AWS_SHARED_CREDENTIALS_FILE=os.devnull,

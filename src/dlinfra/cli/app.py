@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dlinfra import __version__
+from dlinfra.cli.advise import advise, print_summary, profile
 from dlinfra.cli.console import ColorMode, err, out, set_color
 from dlinfra.cli.console import error as _error
 from dlinfra.cli.controller import controller_app, setup
@@ -150,6 +151,7 @@ def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     )
     for role, hw in cluster_hardware(resolved, target.uses_instance_types).items():
         out.print(f"  {role:<7} {hw.count:>3} x {hw.describe(target.uses_instance_types)}", markup=False)
+    print_summary(resolved, remote=False)  # a results bucket's profiles: `advise` and `plan`
 
 
 @app.command()
@@ -267,6 +269,8 @@ def watch(run_id: RunArg = None, keep: KeepOpt = False) -> None:
 
 
 app.command()(preflight)  # cli/preflight.py
+app.command()(advise)  # cli/advise.py: the sizing advisor, and `profile` its step time
+app.command()(profile)
 app.command()(plan)  # cli/review.py: also --base (a pull request's review) and --emulated
 app.command()(setup)  # cli/controller.py: the results bucket, and with --controller the controller
 

@@ -25,6 +25,7 @@ def compare_cells(r: dict[str, Any]) -> list[str]:
         r["strategy"],
         _mean_sd(r["global_steps_per_sec"], "{:.1f}"),
         _mean_sd(r["examples_per_sec"], "{:.0f}"),
+        _num(r.get("predicted_examples_per_s"), "{:.0f}"),
         _num(r.get("input_wait"), "{:.0%}"),
         _num(r["train_seconds"], "{:.1f}"),
         _num(r["wall_seconds"], "{:.0f}"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -108,8 +108,16 @@ def compare(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also draw examples/s over time per run into this PNG.")
     ] = None,
+    scaling: Annotated[
+        Path | None,
+        typer.Option(
+            "--scaling",
+            help="Also draw examples/s against workers into this PNG: measured, and the sizing advisor's "
+            "prediction, a line per strategy and ps count.",
+        ),
+    ] = None,
 ) -> None:
-    """Runs side by side: roles, strategy, steps/s, examples/s, time, accuracy and cost."""
+    """Runs side by side: roles, strategy, steps/s, examples/s against the predicted, time, accuracy, cost."""
     from dlinfra.cli.outputs import check_file, new_file
     from dlinfra.runs import compare as comparison
 
@@ -117,12 +125,13 @@ def compare(
         raise DlinfraError("compare: name the runs or give --last N, not both. Fix: drop one of them")
     if not run_ids and last is None:
         raise DlinfraError("compare: which runs? Fix: name them (dlinfra compare 39a1 8a06) or --last 2")
-    if plot is not None:
-        check_file(plot, "--plot", "throughput.png", suffix=".png")
+    drawn = [(path, flag, draw) for path, flag, draw in _plots(plot, scaling) if path is not None]
+    for path, flag, _ in drawn:
+        check_file(path, flag, "throughput.png", suffix=".png")
     rows = comparison.compare(run_ids or comparison.last_runs(last or 0))
-    if plot is not None:
-        with new_file(plot, "--plot") as staged:
-            comparison.plot(rows, staged)
+    for path, flag, draw in drawn:
+        with new_file(path, flag) as staged:
+            draw(rows, staged)
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif markdown:
@@ -134,8 +143,15 @@ def compare(
 
         for part in compare_view(rows, out.width):
             out.print(part)
-    if plot is not None and not as_json:
-        out.print(f"plot: {plot}", markup=False)
+    if not as_json:
+        for path, _, _ in drawn:
+            out.print(f"plot: {path}", markup=False)
+
+
+def _plots(plot: Path | None, scaling: Path | None) -> list[tuple[Path | None, str, Any]]:
+    from dlinfra.runs import compare as comparison
+
+    return [(plot, "--plot", comparison.plot), (scaling, "--scaling", comparison.scaling_plot)]
 
 
 @inspection_app.command()

@@ -17,11 +17,19 @@ def preflight_view(store: RunStore) -> Group | None:
     if not last:
         return None
     found, verdict = store.preflight_round(last)
-    rows = preflight_table(list(found.values()), verdict)
-    table = Table(box=table_box(), title=f"preflight, round {store.preflight_rounds()}", title_justify="left")
-    for i, header in enumerate(rows[0]):
-        table.add_column(header, justify="left" if i == 0 or header == "flag" else "right", no_wrap=True)
-    for row in rows[1:]:
-        table.add_row(*row[:-1], Text(row[-1], style="green" if row[-1] == "ok" else "bold red"))
+    table = drawn(preflight_table(list(found.values()), verdict), f"preflight, round {last}")
     said = verdict.says() if verdict else "preflight: no verdict yet (a node is still measuring)"
     return Group(table, Text(said))
+
+
+def drawn(rows: list[list[str]], title: str) -> Table:
+    """The node column is never cut (a name to pass to `dlinfra logs --node`): on a narrow screen the
+    figures' headers and the flags wrap instead."""
+    table = Table(box=table_box(), title=title, title_justify="left")
+    nodes = [row[0] for row in rows]
+    table.add_column(rows[0][0], no_wrap=True, min_width=max(map(len, nodes)))
+    for header in rows[0][1:]:
+        table.add_column(header, justify="left" if header == "flag" else "right", overflow="fold")
+    for row in rows[1:]:
+        table.add_row(*row[:-1], Text(row[-1], style="green" if row[-1] == "ok" else "bold red"))
+    return table

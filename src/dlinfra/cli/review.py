@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from dlinfra.cli.advise import print_summary
 from dlinfra.cli.console import err, out
 from dlinfra.cli.options import ALL_OVERRIDES, SpecArg, with_overrides
 from dlinfra.errors import SpecError
@@ -89,6 +90,7 @@ def plan(
         text, summary, written = diff.text(), diff.markdown(), prepared.run.dir / "review.md"
         written.write_text(summary, encoding="utf-8")
     out.print(text, markup=False)
+    print_summary(resolved)
     if markdown:
         write_file(markdown, "--markdown", summary)
     out.print(f"plan file {review.plan_file}; markdown {markdown or written}", markup=False)

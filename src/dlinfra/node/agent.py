@@ -189,9 +189,6 @@ def _train(
         # The mirrored constructor blocks until every worker answers; bound it ourselves.
         strategy = _bounded(loop.make_mirrored_strategy, cfg.startup_timeout, peers)
     status.mark("peers")
-    # Under mirrored, after the strategy: TensorFlow configures its collectives before any op runs.
-    if strategy is not None and (code := preflight.run(cfg, store, status)) is not None:
-        return code
     if cfg.entrypoint and cfg.bundle:
         program = load_entrypoint(bundle.materialize(store, cfg.bundle, cfg.entrypoint, work), t)
     elif packed is not None:
@@ -199,6 +196,10 @@ def _train(
     else:
         program = builtin_program(t, work / "data", S3Access(cfg.store.endpoint_url, cfg.store.region))
     status.mark("program")
+    # Under mirrored, after the strategy (TensorFlow configures its collectives before any op runs),
+    # and after the program: the all-reduce is measured at its model's gradient size.
+    if strategy is not None and (code := preflight.run(cfg, store, status, (strategy, program))) is not None:
+        return code
     checkpoints = CheckpointSync(store, work)
     progress = Progress(cfg, store, status, work)
     restore_from = checkpoints.download_latest()

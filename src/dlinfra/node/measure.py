@@ -31,14 +31,27 @@ class Effort:
     link_bytes: int  # each direction, per link
     pings: int
     input_bytes: int
+    reductions: int  # all-reduces per timed round (rounds: `windows`), the same count on every worker
 
 
 EFFORT = {
     "quick": Effort(
-        windows=3, window_seconds=0.3, matrix=512, link_bytes=64 << 20, pings=20, input_bytes=16 << 20
+        windows=3,
+        window_seconds=0.3,
+        matrix=512,
+        link_bytes=64 << 20,
+        pings=20,
+        input_bytes=16 << 20,
+        reductions=2,
     ),
     "full": Effort(
-        windows=10, window_seconds=1.0, matrix=1024, link_bytes=512 << 20, pings=200, input_bytes=256 << 20
+        windows=10,
+        window_seconds=1.0,
+        matrix=1024,
+        link_bytes=512 << 20,
+        pings=200,
+        input_bytes=256 << 20,
+        reductions=5,
     ),
 }
 
@@ -90,6 +103,57 @@ def _best_rate(op: Callable[[], Any], work: float, effort: Effort) -> float:
         elapsed = time.perf_counter() - start
         best = max(best, count * work / elapsed / 1e9)
     return round(best, 3)
+
+
+# ---------------------------------------------------------------- the strategy's all-reduce
+
+# What is reduced when the model's size cannot be known before it trains (a model built lazily):
+# the gradient bucket PyTorch's DDP and Horovod fuse to, a size at which a link runs near its rate.
+DEFAULT_GRADIENT_BYTES = 25 << 20
+
+
+def gradient_bytes(build_model: Callable[[], Any]) -> int:
+    """Bytes of one gradient: the model's trainable weights at their dtypes, built once outside the
+    strategy (training seeds and builds its own afterwards); a model built lazily has none yet."""
+    import keras
+    import numpy as np
+
+    model = build_model()
+    size = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in model.trainable_weights)
+    del model
+    keras.backend.clear_session()  # the run's own model gets the layer names it gets without preflight
+    return size or DEFAULT_GRADIENT_BYTES
+
+
+def allreduce_figures(strategy: Any, size: int, effort: Effort) -> dict[str, float]:
+    """The strategy's own collective (what every mirrored step runs) on a gradient of `size` bytes:
+    its bus bandwidth, nccl-tests' convention (algorithm bandwidth x 2(n-1)/n), which a ring that
+    runs at its links' speed reaches whatever n is. Every worker takes part in every reduction, so
+    the count is fixed, not timed."""
+    import tensorflow as tf
+
+    n = strategy.num_replicas_in_sync
+    if n < 2:
+        return {}
+    with strategy.scope():
+        value = tf.ones([max(size // 4, 1)], dtype=tf.float32)
+
+    @tf.function
+    def reduce() -> Any:
+        def replica() -> Any:
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+        return strategy.experimental_local_results(strategy.run(replica))[0][0]
+
+    reduce().numpy()  # warm-up: the ring is formed, the function traced
+    best = float("inf")
+    for _ in range(effort.windows):
+        start = time.perf_counter()
+        for _ in range(effort.reductions):
+            reduce().numpy()
+        best = min(best, (time.perf_counter() - start) / effort.reductions)
+    bus = size / best * 2 * (n - 1) / n / 1e9
+    return {"allreduce_gb_s": round(bus, 3), "allreduce_mb": round(size / 1e6, 1)}
 
 
 # ---------------------------------------------------------------- links

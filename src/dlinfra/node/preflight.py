@@ -1,11 +1,13 @@
 """A node's preflight (cluster.preflight): before the first step, every node measures its device, its
-links to its peers and its input, and lists its versions, all nodes at once; the chief judges the
-figures (runs.preflight) and says whether the run trains, replaces the flagged nodes, or fails.
+links to its peers and its input, and lists its versions, all nodes at once (under mirrored, then
+the strategy's all-reduce, every worker in it); the chief judges the figures (runs.preflight) and
+says whether the run trains, replaces the flagged nodes, or fails.
 
 The store is the rendezvous. A round is `preflight/<round>/`: each node first writes a record naming
 its link sink, measures once every node of the round has, then writes its figures; the chief writes
 the round's verdict. A node that is replaced (EXIT_INTERRUPTED, as after a spot notice) comes back
-into the next round, and the others re-measure with it; a node flagged again fails the run.
+into the next round, and the others re-measure with it (under mirrored from a restart: the strategy
+they formed holds the node that left); a node flagged again fails the run.
 
 Where it runs: under parameter servers before the node serves or the chief connects, under
 multi_worker_mirrored once the strategy is made (TensorFlow configures collectives before any op).
@@ -13,13 +15,16 @@ multi_worker_mirrored once the strategy is made (TensorFlow configures collectiv
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from dlinfra.contract import (
     EXIT_DONE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_RETRY,
     PREFLIGHT_ONLY,
     NodeConfig,
     PreflightPlan,
@@ -27,9 +32,12 @@ from dlinfra.contract import (
 from dlinfra.errors import DlinfraError
 from dlinfra.node.measure import (
     EFFORT,
+    Effort,
     Sink,
+    allreduce_figures,
     cpu_quota,
     device_figures,
+    gradient_bytes,
     input_figures,
     link_peers,
     machine_id,
@@ -41,6 +49,9 @@ from dlinfra.node.tensorflow_import import import_tensorflow
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.preflight import NodeFigures, Verdict, action, judge
 
+if TYPE_CHECKING:
+    from dlinfra.training.program import Program
+
 POLL_SECONDS = 0.5
 
 
@@ -48,12 +59,24 @@ class PreflightTimeout(DlinfraError):
     pass
 
 
-def run(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int | None:
-    """This node's part of cluster.preflight; an exit code when it must not go on to train or serve."""
+# The strategy's all-reduce at the effort's size (measure.allreduce_figures), under multi_worker_mirrored
+AllReduce = Callable[[Effort], dict[str, float]]
+
+
+def run(
+    cfg: NodeConfig, store: RunStore, status: NodeStatus, mirrored: tuple[Any, Program] | None = None
+) -> int | None:
+    """This node's part of cluster.preflight; an exit code when it must not go on to train or serve.
+    `mirrored`: the strategy made and the program loaded, whose all-reduce is measured at the size of
+    its model's gradient."""
     if cfg.preflight is None:
         return None
     import_tensorflow()  # a serving node measures with all of it (see node.serving)
-    then, verdict = check(cfg, store, lambda state: status.update(state=state))
+    allreduce = None
+    if mirrored is not None:
+        strategy, program = mirrored
+        allreduce = functools.partial(allreduce_figures, strategy, gradient_bytes(program.build_model))
+    then, verdict = check(cfg, store, lambda state: status.update(state=state), allreduce)
     status.mark("preflight")
     said = verdict.says() if verdict else "preflight passed"
     print(said, flush=True)
@@ -63,6 +86,10 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int | None:
     if then == "fail":
         status.stop(state="failed", error=said)
         return EXIT_FAILED
+    if then == "rejoin":  # a strategy formed with the replaced node: a fresh one, with its replacement
+        print("restarting to form the strategy with the replacements", flush=True)
+        status.stop(state="lost peer", error=said)
+        return EXIT_RETRY
     if cfg.preflight.only:  # `dlinfra preflight`: the checks were the run
         if cfg.is_chief:
             store.write_marker("DONE", node=cfg.name, reason=PREFLIGHT_ONLY)
@@ -71,8 +98,11 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int | None:
     return None
 
 
-def check(cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None]) -> tuple[str, Verdict | None]:
-    """Run this node's part of preflight; (what it does next: train | leave | fail, the verdict)."""
+def check(
+    cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None], allreduce: AllReduce | None = None
+) -> tuple[str, Verdict | None]:
+    """Run this node's part of preflight; (what it does next: train | leave | rejoin | fail, the
+    verdict)."""
     plan = cfg.preflight
     assert plan is not None
     round_, settled = _round(store)
@@ -96,6 +126,7 @@ def check(cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None]) -> 
         ready = _wait(
             store, round_, lambda found, _: set(names) <= set(found), timeout, "every node to be ready"
         )[0]
+        effort = EFFORT[plan.checks]
         # Nodes sharing a machine (local processes, emulated instances) measure in turn, in cluster
         # order: at once, each would measure its share of the machine, which moves with its load.
         before = [n for n in names[: names.index(cfg.name)] if ready[n].machine == mine.machine]
@@ -110,7 +141,6 @@ def check(cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None]) -> 
             )
         on_state(f"preflight round {round_}: measuring")
         started = time.monotonic()
-        effort = EFFORT[plan.checks]
         measured = mine.model_copy(
             update={
                 "measured": True,
@@ -121,6 +151,22 @@ def check(cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None]) -> 
             }
         )
         measured.seconds = round(time.monotonic() - started, 2)
+        store.put_preflight(round_, measured)
+        if allreduce is not None:
+            # A collective takes every worker at once: after every turn, so that no node measures its
+            # device while the others still run one (its trace, its gRPC threads).
+            on_state(f"preflight round {round_}: all-reduce with every worker")
+            _wait(
+                store,
+                round_,
+                lambda f, _: all(f[n].measured for n in names),
+                timeout,
+                "every node to measure",
+            )
+            started = time.monotonic()
+            measured.figures |= allreduce(effort)
+            measured.seconds = round(measured.seconds + time.monotonic() - started, 2)
+        measured.done = True
         store.put_preflight(round_, measured)
         on_state(f"preflight round {round_}: waiting for the verdict")
         if cfg.is_chief:
@@ -133,8 +179,10 @@ def check(cfg: NodeConfig, store: RunStore, on_state: Callable[[str], None]) -> 
         sink.close()
     if verdict.action == "replace" and cfg.name in verdict.flagged_nodes:
         return "leave", verdict
+    if verdict.action == "replace" and allreduce is not None:
+        return "rejoin", verdict  # the next round from a new strategy (the next life's)
     if verdict.action == "replace":  # the others measure again with the replacements
-        return check(cfg, store, on_state)
+        return check(cfg, store, on_state, allreduce)
     return ("fail" if verdict.action == "fail" else "train"), verdict
 
 
@@ -157,7 +205,7 @@ def _judge(
     found = _wait(
         store,
         round_,
-        lambda f, _: all(n in f and f[n].measured for n in names),
+        lambda f, _: all(n in f and f[n].done for n in names),
         timeout,
         "every node to measure",
     )[0]

@@ -27,6 +27,7 @@ COLUMNS = (
     "strategy",
     "global steps/s",
     "examples/s",
+    "predicted",
     "input wait",
     "train s",
     "wall s",
@@ -87,6 +88,7 @@ def row(run: Run) -> dict[str, Any]:
     metrics = run.store().metrics() if manifest.status == "DONE" else None
     wall = _seconds(manifest)
     typed = target_for(manifest.target).uses_instance_types
+    predicted = run.store().sizing() or {}
     return {
         "run": run.id,
         "status": manifest.status,
@@ -96,12 +98,18 @@ def row(run: Run) -> dict[str, Any]:
             for role, shape in spec.roles().items()
         ),
         "strategy": spec.strategy,
+        "workers": spec.cluster.workers.count,
+        "ps": spec.cluster.ps.count if spec.strategy == "parameter_server" else 0,
         "global_steps_per_sec": metrics.global_steps_per_sec.model_dump()
         if metrics and metrics.global_steps_per_sec
         else None,
         "examples_per_sec": metrics.examples_per_sec.model_dump()
         if metrics and metrics.examples_per_sec
         else None,
+        # the sizing advisor's examples/s for this shape, made when the run deployed (sizing.record)
+        "predicted_examples_per_s": predicted.get("predicted_examples_per_s"),
+        "predicted_bound": predicted.get("bound"),
+        "steady_examples_per_sec": metrics.steady_examples_per_sec() if metrics else None,
         "input_wait": metrics.input_wait if metrics else None,
         "train_seconds": metrics.train_seconds if metrics else None,
         "wall_seconds": wall,
@@ -148,13 +156,7 @@ def last_runs(count: int) -> list[str]:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """examples/s over time per run: where a parameter-server bottleneck shows as a flat ceiling."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise DlinfraError("--plot needs matplotlib. Fix: pip install 'dlinfra[report]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     for r in rows:
         if not r["series"]:
@@ -173,6 +175,56 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def scaling_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """examples/s against workers, one line per strategy and ps count: measured (solid) and the sizing
+    advisor's prediction for each run (dashed), the thesis's scaling figure for your own runs."""
+    plt = _pyplot()
+    series: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["steady_examples_per_sec"]:
+            series.setdefault((r["strategy"], r["ps"]), []).append(r)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for (_, ps), runs in sorted(series.items()):
+        runs.sort(key=lambda r: r["workers"])
+        name = f"{ps} ps" if ps else "all-reduce"
+        line = ax.plot(
+            [r["workers"] for r in runs],
+            [r["steady_examples_per_sec"] for r in runs],
+            "o-",
+            label=f"{name}, measured",
+        )[0]
+        predicted = [r for r in runs if r["predicted_examples_per_s"]]
+        if predicted:
+            ax.plot(
+                [r["workers"] for r in predicted],
+                [r["predicted_examples_per_s"] for r in predicted],
+                "--",
+                color=line.get_color(),
+                label=f"{name}, predicted",
+            )
+    ax.set_xlabel("workers")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("examples/s")
+    ax.set_title("Throughput against workers")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise DlinfraError("a plot needs matplotlib. Fix: pip install 'dlinfra[report]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def lock_changes(old: Manifest, new: Manifest) -> list[str]:

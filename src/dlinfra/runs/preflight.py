@@ -25,9 +25,13 @@ JUDGED = {
     "conv_gflops": ("conv", "GFLOP/s"),
     "h2d_gb_s": ("host→GPU", "GB/s"),
     "link_mb_s": ("links", "MB/s"),
+    # one figure per run (every worker times the same collective): the type's history judges it
+    "allreduce_gb_s": ("all-reduce", "GB/s bus"),
 }
 SHOWN = {
     "link_of_baseline": ("links/baseline", "x"),  # the catalog's baseline bandwidth is the ceiling
+    "allreduce_of_baseline": ("all-reduce/baseline", "x"),
+    "allreduce_mb": ("reduced", "MB"),  # the model's gradient, or measure.DEFAULT_GRADIENT_BYTES
     "input_mb_s": ("input", "MB/s"),
     "latency_ms": ("latency", "ms"),
 }
@@ -56,7 +60,8 @@ class NodeFigures(Record):
     instance_type: str | None = None
     machine: str  # its kernel's boot id: nodes on one machine measure in turn, their links are not judged
     sink: str  # host:port its link sink listens on
-    measured: bool = False
+    measured: bool = False  # its own checks are in: the next node on its machine may measure
+    done: bool = False  # every check is in, the all-reduce with every worker too (mirrored)
     figures: dict[str, float] = Field(default_factory=dict)
     links: list[Link] = Field(default_factory=list)
     versions: dict[str, str] = Field(default_factory=dict)
@@ -120,14 +125,18 @@ def figures(records: list[NodeFigures]) -> dict[str, dict[str, float]]:
     out = {}
     types = catalog()
     for r in records:
-        out[r.node] = dict(r.figures)
+        mine = out[r.node] = dict(r.figures)
         if links[r.node]:
-            out[r.node]["link_mb_s"] = statistics.median(link.mb_s for link in links[r.node])
-            out[r.node]["latency_ms"] = statistics.median(link.latency_ms for link in links[r.node])
-            known = types.get(r.instance_type or "")
-            if known and known.network_baseline_gbps:
-                gbps = out[r.node]["link_mb_s"] * 8 / 1000
-                out[r.node]["link_of_baseline"] = round(gbps / known.network_baseline_gbps, 3)
+            mine["link_mb_s"] = statistics.median(link.mb_s for link in links[r.node])
+            mine["latency_ms"] = statistics.median(link.latency_ms for link in links[r.node])
+        known = types.get(r.instance_type or "")
+        if known and known.network_baseline_gbps:
+            for name, gbps in (
+                ("link", mine.get("link_mb_s", 0) * 8 / 1000),
+                ("allreduce", mine.get("allreduce_gb_s", 0) * 8),
+            ):
+                if gbps:
+                    mine[f"{name}_of_baseline"] = round(gbps / known.network_baseline_gbps, 3)
     return out
 
 

@@ -7,6 +7,7 @@ newer dlinfra, or something that is not ours) with a clear error instead of gues
 
 from __future__ import annotations
 
+import itertools
 import re
 from datetime import datetime
 from typing import Any, Literal
@@ -20,7 +21,7 @@ SCHEMA_VERSION = 1
 MarkerName = Literal["DONE", "FAILED", "STOPPED"]
 MARKERS: tuple[MarkerName, ...] = ("DONE", "FAILED", "STOPPED")
 FINISHED_NODE_STATES = ("done", "failed", "stopped")
-INTERRUPTED_NODE_STATES = ("interrupted", "replacing (interrupted)")
+INTERRUPTED_NODE_STATES = ("interrupted", "replacing (interrupted)", "replacing (straggler)")
 NoticeKind = Literal["interruption", "rebalance"]
 
 
@@ -70,7 +71,8 @@ class NodeState(Record):
 
     @property
     def interrupted(self) -> bool:
-        """Left ahead of a spot reclaim (or being replaced after it): not a restart of the node."""
+        """Left its machine on purpose (ahead of a spot reclaim, or replaced as a straggler) or being
+        replaced after that: its next life is a new machine's first, not a restart of the node."""
         return self.state in INTERRUPTED_NODE_STATES
 
     @property
@@ -223,6 +225,16 @@ class Metrics(Record):
     interruptions: list[Notice] = Field(default_factory=list)  # spot notices the nodes acted on
     rebalances: int = 0  # rebalance recommendations seen (only logged unless act_on_rebalance)
 
+    def steady_examples_per_sec(self) -> float | None:
+        """Every example over all the time from the first report to the last: what a run sustains.
+        The mean of the intervals' rates is not, where intervals differ (parameter-server calls end
+        in bursts: a short interval's high rate counts as much as a long one's low)."""
+        s = self.examples_per_sec_series
+        if len(s) < 2 or s[-1][0] <= s[0][0]:
+            return self.examples_per_sec.mean if self.examples_per_sec else None
+        examples = sum(rate * (t - before) for (before, _, _), (t, _, rate) in itertools.pairwise(s))
+        return examples / (s[-1][0] - s[0][0])
+
     def summary(self) -> dict[str, Any]:
         """What the manifest keeps of the metrics (the series stay in metrics.json)."""
         return {
@@ -295,13 +307,16 @@ class BundlePin(BaseModel):
     files: list[str] = []  # what was packed, for review (empty in records of older versions)
 
 
+HealReason = Literal["vanished", "interrupted", "preflight", "straggler"]
+
+
 class Heal(BaseModel):
     node: str
     old: str
     new: str
     time: str  # when the replacement was up (applied)
     started: float | None = None  # when the re-apply began (epoch seconds)
-    reason: Literal["vanished", "interrupted", "preflight"] = "vanished"
+    reason: HealReason = "vanished"
     noticed: float | None = None  # interrupted: when its beacon saw the spot notice
     on_demand: bool = False  # the spot capacity was not there: replaced on demand (fallback)
 

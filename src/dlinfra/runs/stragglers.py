@@ -27,14 +27,22 @@ class Straggler(Record):
     since: float  # epoch seconds it has been over the ratio since
     share: float | None = None  # parameter servers: its share of the sampled steps in the window
     fair: float | None = None  # 1 / workers
+    replaced: bool | None = None  # straggler.action replace: its machine was (True) or could not be
 
     def says(self) -> str:
         cost = ""
         if self.share is not None and self.fair is not None:
             cost = f"; it ran {self.share:.0%} of the steps (a fair share: {self.fair:.0%})"
+        then = ""
+        if self.replaced is not None:
+            then = (
+                "; its instance is replaced"
+                if self.replaced
+                else "; not replaced: the nodes share one machine"
+            )
         return (
             f"straggler {self.node}: {self.seconds:.3g} s per step, {self.ratio:.1f}x its peers' median "
-            f"({self.median:.3g} s){cost}"
+            f"({self.median:.3g} s){cost}{then}"
         )
 
 

@@ -131,12 +131,20 @@ class ClusterSpec(StrictModel):
         description="USD: once the cluster has cost this much at the catalog's prices, the run checkpoints "
         "and stops (STOPPED, verdict budget). Spot nodes are priced on demand, erring on the safe side.",
     )
-    local_network: Literal["auto", "private", "host"] = Field(
+    local_network: Literal["auto", "private", "host", "shaped"] = Field(
         "auto",
         description="local target: private puts the cluster in its own network namespace, unreachable from "
         "outside (TensorFlow's servers listen on every interface, unauthenticated); host shares this "
         "machine's network; auto: private unless the nodes need the network (an s3:// store, a remote "
-        "dataset) or this machine cannot make namespaces.",
+        "dataset) or this machine cannot make namespaces; shaped: private, and each node in a namespace "
+        "of its own whose link runs at its instance type's baseline bandwidth (times local_link_scale).",
+    )
+    local_link_scale: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="local_network shaped: each node's link is its type's baseline bandwidth times this "
+        "(0.01: a 10 Gb/s type gets 100 Mb/s, so a cloud's network bound shows on one machine).",
     )
     max_restarts: int = Field(
         5,

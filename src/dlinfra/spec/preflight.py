@@ -16,8 +16,8 @@ class PreflightSpec(StrictModel):
     checks: Literal["quick", "full", "off"] | None = Field(
         None,
         description="What every node measures before the first step (device, links, input, versions): "
-        "quick (seconds), full (longer, steadier figures) or off. Default: quick on aws; off on local, "
-        "where the nodes share one machine and its figures say nothing about hardware.",
+        "quick (seconds), full (steadier figures, about 20 s a node) or off. Default: quick on aws; "
+        "off on local, where the nodes share one machine and its figures say nothing about hardware.",
     )
     min_ratio: float = Field(
         0.8,
@@ -57,7 +57,9 @@ class StragglerSpec(StrictModel):
     window: float = Field(
         60, gt=0, le=24 * 3600, description="Seconds a worker must stay that slow before it is named."
     )
-    action: Literal["report"] = Field(
+    action: Literal["report", "replace"] = Field(
         "report",
-        description="report: a straggler verdict in status, the watch view and the run's result.",
+        description="report: a straggler verdict in status, the watch view and the run's result. "
+        "replace: that, and its instance is replaced like a lost one (aws; once per worker). On local, "
+        "where every node shares this machine, a replacement would be the same: reported only.",
     )

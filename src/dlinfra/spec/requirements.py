@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from dlinfra.errors import SpecError
 from dlinfra.spec.input import shown
 
@@ -21,6 +19,10 @@ FORM_FIX = "write each as PEP 508, e.g. 'pandas>=2.2' or 'mytokenizer==1.4'"
 
 def problem(text: str) -> str | None:
     """Why `text` is not a requirement a lock can hold (None: it is one)."""
+    # here, not at the top: packaging builds its grammar on import (0.17 s), which a spec without
+    # requirements, every spec `advise` or `--help` reads, never needs
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         req = Requirement(text)
     except InvalidRequirement as exc:

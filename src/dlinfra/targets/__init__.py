@@ -23,6 +23,9 @@ REGISTRY = {
     "local": "dlinfra.targets.local",
     "aws": "dlinfra.targets.aws",
 }
+# each target's `uses_instance_types`, known without importing it: validating a spec (advise, plan's
+# first check) must not pay for the aws target's imports (a test keeps the two equal)
+INSTANCE_TYPED = {"local": False, "aws": True}
 
 
 def hardware_problems(spec: Spec) -> list[Problem]:
@@ -36,7 +39,7 @@ def uses_instance_types(name: str) -> bool:
     """Whether the target runs each node on the spec's instance type (what `gpus: auto` reads)."""
     if name not in REGISTRY:
         raise SpecError([f"target: {shown(name)} is not a target. Fix: use one of {', '.join(REGISTRY)}"])
-    return bool(importlib.import_module(REGISTRY[name]).TARGET.uses_instance_types)
+    return INSTANCE_TYPED[name]
 
 
 def target_for(name: str, options: TargetOptions | None = None) -> Target:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from dlinfra.contract import NodeConfig
@@ -57,6 +57,15 @@ class Cluster(Protocol):
     def exit_codes(self) -> dict[str, int | None]: ...
 
     def stop(self) -> None: ...
+
+
+@runtime_checkable
+class Replaces(Protocol):
+    """A cluster whose nodes are machines of their own, which it can swap for fresh ones."""
+
+    def replace_straggler(self, name: str) -> None:
+        """Replace node `name`'s machine at its next poll, as a lost one is (cluster.straggler)."""
+        ...
 
 
 class Target(Protocol):

@@ -22,7 +22,7 @@ from dlinfra.prepare import NodeInstall, release_requirement
 from dlinfra.render import AddressPlan, loopback_plan, node_config_from_user_data
 from dlinfra.render.addresses import free_ports
 from dlinfra.spec.pricing import HourlyCost
-from dlinfra.targets import local_capacity, private_network
+from dlinfra.targets import local_capacity, private_network, shaped_network
 from dlinfra.targets.base import Review, TargetOptions
 from dlinfra.targets.local_machine import read_machine
 
@@ -47,12 +47,15 @@ class LocalTarget:
         self.network: private_network.Choice | None = None
 
     def addresses(self, spec: Spec) -> AddressPlan:
-        private = self._network(spec).private
-        return loopback_plan(spec, private_network.FIRST_PORT if private else None)
+        network = self._network(spec)
+        if network.shaped:
+            return shaped_network.address_plan(spec)
+        return loopback_plan(spec, private_network.FIRST_PORT if network.private else None)
 
     def _network(self, spec: Spec) -> private_network.Choice:
         if self.network is None:
-            self.network = private_network.choose(spec)
+            shaped = spec.cluster.local_network == "shaped"
+            self.network = (shaped_network if shaped else private_network).choose(spec)
         return self.network
 
     def node_install(self, spec: Spec, pinned_wheel: Path | None = None) -> NodeInstall:
@@ -82,9 +85,13 @@ class LocalTarget:
 
     def start(self, prepared: Prepared) -> LocalCluster:
         mirrored = prepared.spec.strategy == "multi_worker_mirrored"
+        network, namespace = self._network(prepared.spec), None
         try:
-            namespace = private_network.Namespace() if self._network(prepared.spec).private else None
-        except private_network.Unavailable as exc:
+            if network.shaped:
+                namespace = shaped_network.network_for(prepared.spec, self.addresses(prepared.spec))
+            elif network.private:
+                namespace = private_network.Namespace()
+        except (private_network.Unavailable, shaped_network.Unavailable) as exc:
             raise DlinfraError(f"{exc}. Fix: {private_network.NAMESPACES_OFF_FIX}") from exc
         cluster = LocalCluster(
             prepared.run.dir,
@@ -193,7 +200,7 @@ class LocalCluster:
     run_dir: Path
     remap: bool = False
     restart_together: bool = False
-    namespace: private_network.Namespace | None = None
+    namespace: private_network.NodeNetwork | None = None
     record: Callable[[dict[str, int]], object] = lambda pids: None
     replace_interrupted: bool = True
     environments: dict[str, NodeEnv] = field(default_factory=dict)  # flavor → where its nodes run
@@ -297,7 +304,7 @@ class LocalCluster:
 
 
 def launch(
-    run_dir: Path, name: str, env: NodeEnv | None, namespace: private_network.Namespace | None = None
+    run_dir: Path, name: str, env: NodeEnv | None, namespace: private_network.NodeNetwork | None = None
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """Start one node from its config in the run dir (`nodes/<name>.json`), in a process group of
     its own (teardown reaches TF's children too), its output appended to `logs/<name>.log`."""
@@ -317,7 +324,7 @@ def launch(
     ]
     with open(log, "ab") as out:
         process = subprocess.Popen(
-            namespace.command(argv) if namespace else argv,
+            namespace.command(name, argv) if namespace else argv,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from dlinfra.errors import SpecError
 
@@ -59,10 +61,19 @@ def needs_host_network(spec: Spec) -> str | None:
 class Choice:
     private: bool
     why: str  # one line for the plan: what the nodes' network is and why
+    shaped: bool = False  # a namespace per node, its link shaped (targets.shaped_network)
 
     @property
     def name(self) -> str:
-        return "private" if self.private else "host"
+        return "shaped" if self.shaped else "private" if self.private else "host"
+
+
+class NodeNetwork(Protocol):
+    """Where a local cluster's nodes run: one namespace for all, or one each (shaped)."""
+
+    def command(self, name: str, argv: list[str]) -> list[str]: ...
+
+    def close(self) -> None: ...
 
 
 def choose(spec: Spec) -> Choice:
@@ -116,24 +127,37 @@ class Namespace:
         assert self.holder.stdout is not None
         ready = self.holder.stdout.readline()
         if ready.strip() != b"ready":
-            self.close()
-            detail = (self.holder.stderr.read() if self.holder.stderr else b"").decode(errors="replace")
-            raise Unavailable(f"the namespace holder did not start: {detail.strip()[-300:] or 'no output'}")
+            detail = release(self.holder)
+            raise Unavailable(f"the namespace holder did not start: {detail[-300:] or 'no output'}")
 
-    def command(self, argv: list[str]) -> list[str]:
-        """`argv` run inside the namespace (nsenter execs it: the pid is argv's own)."""
+    def command(self, name: str, argv: list[str]) -> list[str]:
+        """`argv` run inside the namespace, whichever node `name` is (nsenter execs it: the pid is
+        argv's own)."""
         return ["nsenter", *_ENTER, f"--target={self.holder.pid}", "--", *argv]
 
     def close(self) -> None:
-        if self.holder.poll() is None:
-            with contextlib.suppress(OSError):
-                assert self.holder.stdin is not None
-                self.holder.stdin.close()
-            try:
-                self.holder.wait(5)
-            except subprocess.TimeoutExpired:
-                self.holder.kill()
-                self.holder.wait()
+        release(self.holder)
+
+
+def release(holder: subprocess.Popen[bytes]) -> str:
+    """Let a namespace holder go (its stdin closes), kill its session if it has not gone in 5 s (a
+    shaped network's node holders share it), and close its pipes; what it said on stderr. Closing
+    twice is harmless."""
+    if holder.poll() is None:
+        with contextlib.suppress(OSError):
+            assert holder.stdin is not None
+            holder.stdin.close()
+        try:
+            holder.wait(5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(holder.pid, signal.SIGKILL)  # started with a session of its own
+            holder.wait()
+    said = holder.stderr.read() if holder.stderr is not None and not holder.stderr.closed else b""
+    for pipe in (holder.stdin, holder.stdout, holder.stderr):
+        if pipe is not None:
+            pipe.close()
+    return said.decode(errors="replace").strip()
 
 
 def _loopback_up() -> None:

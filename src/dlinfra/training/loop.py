@@ -81,7 +81,9 @@ def mirrored_scale(cfg: NodeConfig, replicas: int) -> Scale:
 def choose_optimizer(cfg: NodeConfig, program: Program, model: Any, scale: Scale) -> tuple[Any, Scale, str]:
     """The program's optimizer, built for the variables it updates; `scale` restated when the learning
     rate is the program's own (the spec's and its scaling then do not apply)."""
-    made, source = objective.optimizer(program, model, lambda: make_optimizer(cfg, scale.learning_rate or 0))
+    made, source = objective.optimizer(
+        program, model, lambda: make_optimizer(cfg.training.optimizer, scale.learning_rate or 0)
+    )
     made.build(sharding.trained(model.trainable_variables))  # slots must exist before remote steps
     described = f"{type(made).__name__} ({source})"
     if source == "training.optimizer":
@@ -95,7 +97,7 @@ def choose_optimizer(cfg: NodeConfig, program: Program, model: Any, scale: Scale
     return made, Scale(scale.replicas, scale.global_batch, rate, f"none ({source})"), described
 
 
-def make_optimizer(cfg: NodeConfig, learning_rate: float) -> Any:
+def make_optimizer(name: str, learning_rate: float) -> Any:
     """The spec's optimizer. Mixed precision runs without loss scaling: Keras 3's LossScaleOptimizer
     fails inside tf.distribute replica contexts ("No gradients provided", measured with 3.15), so
     variables stay float32 and gradients flow through float16 activations unscaled."""
@@ -106,7 +108,7 @@ def make_optimizer(cfg: NodeConfig, learning_rate: float) -> Any:
         "sgd": lambda: keras.optimizers.SGD(learning_rate, momentum=0.9),
         "rmsprop": lambda: keras.optimizers.RMSprop(learning_rate),
         "adagrad": lambda: keras.optimizers.Adagrad(learning_rate),
-    }[cfg.training.optimizer]()
+    }[name]()
 
 
 def configure_keras(cfg: NodeConfig) -> None:

@@ -20,6 +20,7 @@
     preflight/<round>/verdict.json  Verdict: the chief's judgement of that round
     preflight/history.json        the instance types' baselines when the run was deployed
     stragglers.json               Stragglers: the workers the watcher named slow while training
+    sizing.json                   the sizing advisor's prediction for the run's shape (sizing.record)
 
 and of the results bucket's `controller/` prefix, the account controller's (ControllerStore):
 
@@ -74,6 +75,7 @@ PREFLIGHT = "preflight"
 VERDICT = "verdict"
 HISTORY = "history.json"
 STRAGGLERS = "stragglers.json"
+SIZING = "sizing.json"
 OWNER = "owner.json"
 RUN_DIR = "run-dir.tar.gz"
 CONTROLLER_PREFIX = "controller"
@@ -314,6 +316,12 @@ class RunStore:
 
     def stragglers(self) -> Stragglers:
         return self._read(Stragglers, STRAGGLERS) or Stragglers()
+
+    def put_sizing(self, prediction: dict[str, Any]) -> None:
+        self.store.put_json(SIZING, prediction)
+
+    def sizing(self) -> dict[str, Any] | None:
+        return self.store.get_json(SIZING)
 
     # ---------------------------------------------------------------- code and pins
 

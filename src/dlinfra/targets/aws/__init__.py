@@ -46,6 +46,8 @@ class AwsTarget:
 
     def __init__(self, options: TargetOptions):
         self.options = options
+        # run id → its instances as provision's apply output them, for start (no `terraform output`)
+        self._applied: dict[str, dict[str, dict[str, str]]] = {}
 
     def addresses(self, spec: Spec) -> AddressPlan:
         return private_ip_plan(spec)
@@ -137,8 +139,7 @@ class AwsTarget:
         assert plan.plan_file is not None
         run, t0 = prepared.run, time.time()
         tf = stack.run_stack(run, self.options.log)
-        tf.apply(plan.plan_file)
-        instances = tfvars.instances(tf.output())
+        instances = self._applied[run.id] = tfvars.instances(tf.apply(plan.plan_file))
         run.update_manifest(
             status="APPLIED",
             apply_seconds=round(time.time() - t0, 1),
@@ -154,7 +155,7 @@ class AwsTarget:
 
         run, spec = prepared.run, prepared.spec
         tf = stack.run_stack(run, self.options.log)
-        instances = tfvars.instances(tf.output())
+        instances = self._applied.get(run.id) or tfvars.instances(tf.output())
         cluster = InstanceCluster(spec, run, tf, {n: i["id"] for n, i in instances.items()}, self.options.log)
         if self.options.emulate_instances == "vm":
             from dlinfra.targets.aws.vms import VmCluster, node_image

@@ -100,8 +100,7 @@ def setup(
     tf = Terraform(root / "controller", log=log)
     tf.init()
     tf.plan(inputs, root / "controller.tfplan")
-    tf.apply(root / "controller.tfplan")
-    instance_id = tf.output()["instance_id"]
+    instance_id = tf.apply(root / "controller.tfplan")["instance_id"]
     store = ControllerStore.of_bucket(bucket, endpoint_url, region)
     store.put_info(
         ControllerInfo(

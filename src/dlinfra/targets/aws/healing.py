@@ -8,14 +8,14 @@ from __future__ import annotations
 import base64
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from dlinfra.errors import DlinfraError, RunFailed, TerraformError
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.records import Heal, NodeState, Notice
+from dlinfra.runs.records import Heal, HealReason, NodeState, Notice
 from dlinfra.runs.run import Run, utc_now
 from dlinfra.spec.model import Spec
 from dlinfra.targets.aws import spot, stack, tfvars
@@ -50,6 +50,7 @@ class InstanceCluster:
     _capacity_attempts: int = 0
     _leaving: bool = False  # a node acted on a spot notice and has not left yet
     _preflight_over: bool = False  # its verdict let the run train: nothing left to replace for it
+    _stragglers: list[str] = field(default_factory=list)  # to replace at the next check (straggler.action)
 
     def poll(self) -> dict[str, int | None]:
         now = time.monotonic()
@@ -64,10 +65,14 @@ class InstanceCluster:
         if states is None:
             return
         gone, left, flagged = self._vanished(states), self._left_for_notice(), self._left_at_preflight()
-        if not gone and not left and not flagged:
+        slow = [name for name in self._stragglers if name not in gone]
+        if not gone and not left and not flagged and not slow:
             return
+        reasons: dict[str, HealReason] = {name: "preflight" for name in flagged}
+        reasons |= {name: "straggler" for name in slow}
         try:
-            self._heal(sorted({*gone, *left, *flagged}), left, states, set(flagged))
+            self._heal(sorted({*gone, *left, *reasons}), left, states, reasons)
+            self._stragglers.clear()
             self._failed_heals = 0
             self._capacity_since = None
         except CapacityWait as wait:  # cluster.workers.spot.fallback: wait
@@ -75,12 +80,17 @@ class InstanceCluster:
             self.log(str(wait))
         except (TerraformError, StillRunning) as exc:  # e.g. the old IP not yet released: try again
             self._failed_heals += 1
-            names = sorted({*gone, *left, *flagged})
+            names = sorted({*gone, *left, *reasons})
             if self._failed_heals >= MAX_HEAL_ATTEMPTS:
                 error = f"could not replace {', '.join(names)} in {MAX_HEAL_ATTEMPTS} attempts: {exc}"
                 self._store.write_marker("FAILED", node=names[0], verdict="lost", error=error)
                 raise RunFailed(f"run {self.run.id} failed: {error}") from None
             self.log(f"heal attempt {self._failed_heals} failed, retrying: {exc}")
+
+    def replace_straggler(self, name: str) -> None:
+        if name in self.instances and name not in self._stragglers:
+            self._stragglers.append(name)
+            self._checked = 0.0
 
     def exit_codes(self) -> dict[str, int | None]:
         return self.emulated.exit_codes() if self.emulated else {}
@@ -166,20 +176,30 @@ class InstanceCluster:
         return left
 
     def _heal(
-        self, gone: list[str], notices: dict[str, Notice], states: dict[str, str], flagged: set[str]
+        self,
+        gone: list[str],
+        notices: dict[str, Notice],
+        states: dict[str, str],
+        reasons: dict[str, HealReason],
     ) -> None:
+        """Replace the instances of `gone`: vanished, left for a spot `notices`, or for `reasons`
+        (preflight flagged it, a straggler)."""
         started = time.time()
         for name in gone:
             why = "left for a spot notice" if name in notices else "is gone"
-            why = "was flagged by preflight" if name in flagged else why
+            why = {"preflight": "was flagged by preflight", "straggler": "is a straggler"}.get(
+                reasons.get(name, ""), why
+            )
             self.log(
                 f"instance {self.instances[name]} of {name} {why}: re-applying the run's Terraform inputs"
             )
             if self.emulated:
                 self.emulated.kill(name)  # its process was that instance
         self._terminate([n for n in gone if states.get(self.instances[n], "terminated") != "terminated"])
-        on_demand = self._apply_replacements(gone)
-        applied = tfvars.instances(self.terraform.output())
+        for name in (n for n in gone if reasons.get(n) == "straggler"):  # its node writes no more
+            self._store.put_status(_replacing(name, self._store.status(name), "replacing (straggler)"))
+        on_demand, outputs = self._apply_replacements(gone)
+        applied = tfvars.instances(outputs)
         replaced = {name: applied[name] for name in gone}
         user_data = instance_user_data(self._ec2, replaced)
         heals = self.run.manifest().heals
@@ -192,7 +212,7 @@ class InstanceCluster:
                     new=instance["id"],
                     time=utc_now(),
                     started=started,
-                    reason="preflight" if name in flagged else "interrupted" if notice else "vanished",
+                    reason=reasons.get(name) or ("interrupted" if notice else "vanished"),
                     noticed=notice.noticed if notice else None,
                     on_demand=name in on_demand,
                 )
@@ -221,17 +241,17 @@ class InstanceCluster:
                 )
             time.sleep(TERMINATE_POLL)
 
-    def _apply_replacements(self, gone: list[str]) -> list[str]:
+    def _apply_replacements(self, gone: list[str]) -> tuple[list[str], dict[str, Any]]:
         """Plan and apply the targeted re-apply; a spot node that finds no capacity is handled as
-        cluster.workers.spot.fallback says. Returns the nodes that went on demand."""
+        cluster.workers.spot.fallback says. Returns the nodes that went on demand, and the stack's
+        outputs after the apply."""
         plan_file = self.run.dir / "heal.tfplan"
         # Targeted: drift elsewhere (an emulator's, or a console edit) must not ride along with a heal.
         targets = tuple(tfvars.instance_address(name) for name in gone)
         check_heal_plan(self.terraform.plan(self._var_file(), plan_file, targets=targets), gone)
         try:
             # Bounded: the provider retries a taken IP for minutes, and the watch loop waits on this.
-            self.terraform.apply(plan_file, timeout=self.spec.aws.heal_timeout)
-            return []
+            return [], self.terraform.apply(plan_file, timeout=self.spec.aws.heal_timeout)
         except TerraformError as exc:
             shapes = self.spec.roles()
             spot_nodes = [n for n in gone if shapes[n.rsplit("-", 1)[0]].spot]
@@ -259,8 +279,7 @@ class InstanceCluster:
         heal_vars = self.run.dir / HEAL_TFVARS
         heal_vars.write_text(json.dumps(tfvars.on_demand(variables, spot_nodes), indent=2) + "\n")
         check_heal_plan(self.terraform.plan(heal_vars, plan_file, targets=targets), gone)
-        self.terraform.apply(plan_file, timeout=self.spec.aws.heal_timeout)
-        return spot_nodes
+        return spot_nodes, self.terraform.apply(plan_file, timeout=self.spec.aws.heal_timeout)
 
     def _var_file(self) -> Path:
         """The run's inputs, or once a replacement went on demand, those inputs with that change."""

@@ -250,8 +250,8 @@ def bake(
     try:
         # No saved plan to review: the builder's stack is dlinfra's own, sized by nothing the user
         # chose but the network (and each terraform command loads the whole AWS provider).
-        tf.run(["apply", "-input=false", "-json", "-auto-approve", f"-var-file={inputs}"])
-        builder = str(tf.output()[OUT_BUILDER])
+        events = tf.run(["apply", "-input=false", "-json", "-auto-approve", f"-var-file={inputs}"])
+        builder = str(tf.outputs_of(events)[OUT_BUILDER])
         log(f"image {tag}: builder {builder} runs the recipe (up to {timeout:.0f}s)")
         record = _wait_for_builder(spec, recipe, ec2, s3, builder, root, timeout)
         built = record.tensorflow or "no TensorFlow"
@@ -396,5 +396,4 @@ def _register(tf: Terraform, spec: Spec, recipe: Recipe, user_data: str, inputs:
             "registering the AMI would also change the builder's stack: "
             f"{', '.join(unexpected)}. Nothing was registered; the builder is destroyed"
         )
-    tf.apply(plan_file)
-    return str(tf.output()[OUT_AMI])
+    return str(tf.apply(plan_file)[OUT_AMI])
