@@ -334,3 +334,19 @@ def cifar_tarball(path: Path, per_batch: int, test: int, images: Callable) -> Pa
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
     return path
+
+
+DEVICE_FIGURES = {"gemm_gflops": "gemm", "conv_gflops": "conv"}
+
+
+def device_flags(verdict: dict, node: str, min_ratio: float) -> list[dict]:
+    """The throttled `node`'s device flags (gemm, conv or both), each below `min_ratio` of its
+    peers. Which of the two falls under a CPU quota depends on the load: a gemm short enough to fit
+    in the quota's slice of a CFS period can read above it while the conv reads a tenth (seen in CI:
+    the local preflight test's conv at 0.09 with its gemm unflagged; the VM test's worker-1 flagged,
+    but not for gemm)."""
+    flags = [f for f in verdict["flagged"] if f["node"] == node and f["figure"] in DEVICE_FIGURES]
+    assert flags, verdict["flagged"]
+    for flag in flags:
+        assert flag["against"] == "peers" and flag["ratio"] < min_ratio, flag
+    return flags
