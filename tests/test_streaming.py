@@ -5,7 +5,9 @@ example id it gets."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -223,3 +225,49 @@ def test_a_reader_that_asks_and_never_comes_to_its_gate_is_reported_once_with_wh
     ), line
     time.sleep(1.5)
     assert "not opened" not in capfd.readouterr().out  # said once
+
+
+def _reader_at_gate(work: Path, name: str, ask: str) -> threading.Thread:
+    """A reader of file `name` as gated_file is one, by hand: it has asked, and waits at the gate
+    (a FIFO's open blocks until the agent opens the other end); through it, it says `passed`."""
+    (work / streaming.ASKED_DIR / f"{name}{streaming.ASK}{ask}").touch()
+
+    def wait_at_gate() -> None:
+        os.close(os.open(work / streaming.GATES_DIR / name, os.O_RDONLY))
+        (work / streaming.PASSED_DIR / f"{name}{streaming.ASK}{ask}").touch()
+
+    reader = threading.Thread(target=wait_at_gate, daemon=True)
+    reader.start()
+    return reader
+
+
+def test_two_readers_of_one_file_both_pass_its_gate_whenever_the_second_comes(
+    streamed: tuple[NodeConfig, Stream], tmp_path: Path
+) -> None:
+    """Two passes over one file asked for at once (a dispatched worker can take a file for two passes
+    in a row): the second reader's ask comes while the gate opens for the first, and the second
+    reaches the gate after it opened. One marker per file lost that ask, and the second reader
+    waited at the gate for good (a CI run's worker hung so); each ask now waits for its reader."""
+    _, stream = streamed
+    name = sorted(stream.index)[0]  # the first fetched (fetches ahead start there)
+    k = stream.index[name]
+    deadline = time.monotonic() + 60
+    while k not in stream.present and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / streaming.ASKED_DIR / f"{name}{streaming.ASK}2").touch()  # the second has asked
+    first = _reader_at_gate(tmp_path, name, "1")
+    first.join(timeout=30)
+    assert not first.is_alive(), "the first reader is through the gate"
+    time.sleep(20 * streaming.TICK)  # the agent has seen the first pass; the second comes later
+    second = _reader_at_gate(tmp_path, name, "2")
+    second.join(timeout=30)
+    try:
+        assert not second.is_alive(), "the second reader waits at the gate"
+    finally:  # never leave a thread blocked at the gate
+        with contextlib.suppress(OSError):
+            os.close(os.open(tmp_path / streaming.GATES_DIR / name, os.O_WRONLY | os.O_NONBLOCK))
+    deadline = time.monotonic() + 30
+    while stream.reading[k] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stream.reading[k] == 2 and stream.opened == 2, (stream.reading, stream.opened)
+    assert not list((tmp_path / streaming.ASKED_DIR).iterdir()), "both asks retired by their passes"

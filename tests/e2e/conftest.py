@@ -19,7 +19,7 @@ import pytest
 
 from dlinfra.node.status import read_state, state_file
 from own_files import OWN_KEYS, write_own_digits
-from support import FAKE_CREDS, alive_node_pids, aws_client, cli_process, run_cli
+from support import FAKE_CREDS, alive_node_pids, aws_client, cgroup_cpu_limit, cli_process, run_cli
 
 OWN_TRAIN_FILES = 16
 
@@ -90,10 +90,18 @@ class Live:
     """A `dlinfra deploy` running in the background, watched through its run dir and file store
     (what a fault-injection test needs: node pids, steps, logs while the run goes on)."""
 
-    def __init__(self, tmp: Path, args: tuple[str, ...], env: dict[str, str] | None):
+    def __init__(
+        self, tmp: Path, args: tuple[str, ...], env: dict[str, str] | None, cpus: float | None = None
+    ):
+        """`cpus`: the run's whole process tree (CLI, terraform, nodes) held to that many CPUs until
+        it finishes, where cgroups can be written: a run that trains until the test has seen enough
+        then does less of it on a loaded machine (a node throttled on its own leaves the hold)."""
         self.home = tmp / "home"
         full_env = {**os.environ, **(env or {}), "DLINFRA_HOME": str(self.home)}
         self.proc = cli_process("deploy", *args, env=full_env, cwd=tmp)
+        self._held = contextlib.ExitStack()
+        if cpus is not None:
+            self._held.enter_context(cgroup_cpu_limit(required=False)(self.proc.pid, cpus))
 
     @property
     def run_dir(self) -> Path:
@@ -165,6 +173,8 @@ class Live:
             self.proc.send_signal(signal.SIGINT)  # the CLI tears its cluster down on Ctrl-C
             out, err = self.proc.communicate(timeout=60)
             raise AssertionError(f"deploy still running after {timeout:.0f}s:\n{out}\n{err}") from None
+        finally:
+            self._held.close()
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
 
 
@@ -276,8 +286,8 @@ def terminate_frees_private_ips_as_aws_does(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(InstanceBackend, "terminate_instances", terminate_and_free)
 
 
-def start_deploy(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Live:
-    return Live(tmp, args, env)
+def start_deploy(tmp: Path, *args: str, env: dict[str, str] | None = None, cpus: float | None = None) -> Live:
+    return Live(tmp, args, env, cpus)
 
 
 @pytest.fixture(scope="session")

@@ -5,11 +5,18 @@ A parameter-server worker's pipeline runs no Python of ours (see training.stagin
 and the node agent talk through the file system, with TensorFlow ops alone. For each train file the
 agent makes a named pipe (a FIFO) in `gates/`. The reader's pipeline, per file:
 
-  1. writes `asked/<file>`: which file it waits for (a restarted reader starts over at file 0);
+  1. writes `asked/<file>@<ask>`: which file it waits for (a restarted reader starts over at file 0);
   2. opens the file's gate: opening a FIFO blocks until the agent opens its other end, which the
      agent does once the file is whole on disk;
-  3. reads the file's records;
-  4. writes `done/<file>` after its last record: the agent may then evict it.
+  3. writes `passed/<file>@<ask>`: through the gate;
+  4. reads the file's records;
+  5. writes `done/<file>@<ask>` after its last record: the agent may then evict it.
+
+`<ask>` (the reader's clock) tells one read from another of the same file: two passes over a file
+can ask for it at once, and one gate lets through every reader waiting at it. So an ask is retired
+by its own `passed`, never by the gate's opening: a reader whose ask was merged into another's, or
+removed once the gate had opened for the other, waited at the gate for good (seen: a dispatched
+worker took one file for two passes in a row and its pipeline hung there).
 
 The agent fetches ahead of the reader, in the reader's order, as far as the cache allows, several
 objects at once. Each example is still read once per epoch: the gates change when a file is read,
@@ -34,7 +41,9 @@ from dlinfra.training.staging import PARALLEL_OBJECTS, SHARDS_DIR, TRAIN_DIR, fe
 
 GATES_DIR = SHARDS_DIR / "gates"
 ASKED_DIR = SHARDS_DIR / "asked"
+PASSED_DIR = SHARDS_DIR / "passed"
 DONE_DIR = SHARDS_DIR / "done"
+ASK = "@"  # between a marker's file name and its ask
 WANTED_DIR = SHARDS_DIR / "wanted"  # taken from the dispatcher, not yet opened (dispatched_records)
 TAKEN_LOG = SHARDS_DIR / "taken.tsv"  # pass and file of each file this node took from the dispatcher
 GATE_PATTERN = f"{GATES_DIR}/*"
@@ -43,6 +52,9 @@ RECORDS_PER_ELEMENT = 64  # records the tf.data service moves at once (dispatche
 TICK = 0.02  # seconds between the agent's looks at the reader's markers (a fetch's end wakes it too):
 # a reader waits at most this long per file; looking every 5 ms took a fifth of a slow 1-vCPU machine
 GB = 10**9
+# An ask keeps its file on disk this long at most: its reader may be through the gate and not yet
+# have said so (`passed`); a reader TensorFlow dropped while it waited never says so.
+PINNED_SECONDS = 60.0
 WAIT_REPORTED = 60.0  # seconds a reader waits at a gate before the agent says why
 
 
@@ -81,7 +93,11 @@ def gated_file(gate: Any, compression: str) -> Any:
     """One train file's records, read once the agent opens its `gate` (see the module's doc)."""
     import tensorflow as tf
 
-    def marker(path: Any) -> Any:
+    # this read's own name for its markers: microseconds of the clock when the file was asked for
+    ask = tf.strings.as_string(tf.timestamp() * 1e6, precision=0)
+
+    def marker(directory: Path) -> Any:
+        path = tf.strings.join([beside(directory), ask], separator=ASK)
         # an element that writes a file and is then dropped: a side effect at one point of the stream
         write = tf.data.Dataset.from_tensors(path).map(lambda p: (tf.io.write_file(p, ""), p)[1])
         return write.filter(lambda _: False)
@@ -94,10 +110,11 @@ def gated_file(gate: Any, compression: str) -> Any:
     # opened only once the gate has passed
     records = tf.data.TFRecordDataset(beside(TRAIN_DIR), compression_type=compression)
     return (
-        marker(beside(ASKED_DIR))
+        marker(ASKED_DIR)
         .concatenate(opened)
+        .concatenate(marker(PASSED_DIR))
         .concatenate(records)
-        .concatenate(marker(beside(DONE_DIR)))
+        .concatenate(marker(DONE_DIR))
     )
 
 
@@ -113,7 +130,8 @@ class Stream:
         self.store = store
         self.ordered = ordered
         self.files = sorted(shards, key=lambda s: local_name(s, "tfrecord"))
-        self.index = {local_name(s, "tfrecord"): k for k, s in enumerate(self.files)}
+        self.files_named = [local_name(s, "tfrecord") for s in self.files]
+        self.index = {name: k for k, name in enumerate(self.files_named)}
         self.work = work
         self.budget = budget
         self.evicts = sum(s.bytes for s in shards) > budget  # a share that fits stays for every epoch
@@ -131,14 +149,17 @@ class Stream:
         self.opened = 0  # gates opened: files the reader read (or reads)
         self.peak = 0  # the most bytes on disk at once
         self.error: str | None = None
-        self.waits: dict[int, float] = {}  # asked, gate not yet opened: since when (0: reported)
+        self.waits: dict[int, float] = {}  # asked, not yet passed: since when (0: reported)
+        self.asks: dict[str, float] = {}  # asks not yet passed (their markers' names): since when
+        # files of the asks of the last PINNED_SECONDS: their reader may be through the gate already
+        self.pinned: set[int] = set()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=PARALLEL_OBJECTS)
         self._thread = threading.Thread(target=self._serve, name="dlinfra-stream", daemon=True)
 
     def start(self) -> Stream:
-        markers = (GATES_DIR, ASKED_DIR, DONE_DIR, WANTED_DIR)
+        markers = (GATES_DIR, ASKED_DIR, PASSED_DIR, DONE_DIR, WANTED_DIR)
         for directory in (*markers, TRAIN_DIR):
             (self.work / directory).mkdir(parents=True, exist_ok=True)
         for directory in markers:  # a restarted agent's reader starts over
@@ -192,45 +213,63 @@ class Stream:
     def _tick(self) -> None:
         if not self.ordered:
             self._take_wanted()
+        for marker in _markers(self.work / PASSED_DIR):
+            (self.work / ASKED_DIR / marker.name).unlink(missing_ok=True)
+            self.asks.pop(marker.name, None)
+            if (k := self._file(marker.name)) is not None:
+                self._passed(k)
         for marker in _markers(self.work / DONE_DIR):
-            if (k := self.index.get(marker.name)) is None:
+            if (k := self._file(marker.name)) is None:
                 continue
             self.reading[k] -= 1
             if self.reading[k] <= 0:
                 del self.reading[k]
-            if self.evicts and k not in self.reading and not self.due[k]:
+            if self.evicts and k not in self.reading and not self.due[k] and k not in self.pinned:
                 self._evict(k)
         for k, future in list(self.fetching.items()):
             if future.done():
                 future.result()  # a missing or changed file: DataError
                 del self.fetching[k]
                 self.present.add(k)
-        for marker in _markers(self.work / ASKED_DIR, remove=False):
-            if (k := self.index.get(marker.name)) is None:
+        asked = _markers(self.work / ASKED_DIR, remove=False)
+        now = time.monotonic()
+        young = {m.name for m in asked if now - self.asks.get(m.name, now) < PINNED_SECONDS}
+        self.pinned = {k for k in map(self._file, young) if k is not None}
+        for marker in asked:
+            if (k := self._file(marker.name)) is None:
                 continue
-            if self.ordered and k in self.reading:  # asked again before done: a new reader, started over
-                self.reading.clear()
-            elif not self.ordered and k not in self.reading:
+            if marker.name not in self.asks:  # a new ask
+                self.asks[marker.name] = now
+                if self.ordered and k in self.reading:  # before done: a new reader, started over
+                    self.reading.clear()
+            if not self.ordered and k not in self.reading:
                 self._forget_stale_reads()
-            if k in self.present and _open_gate(self.work / GATES_DIR / marker.name):
-                self.waits.pop(k, None)
-                marker.unlink()
-                self.opened += 1
-                self.reading[k] += 1
-                self.opened_at[k] = self.opened
-                if self.due[k]:
-                    self.due[k] -= 1
-                self.hint = (k + 1) % len(self.files)
-            elif k not in self.present and k not in self.fetching:
+            # lets through every reader waiting at the gate; each one's `passed` retires its ask
+            if k in self.present and _open_gate(self.work / GATES_DIR / self.files_named[k]):
+                continue
+            if k not in self.present and k not in self.fetching:
                 self._make_room(self.files[k].bytes)
                 self._start_fetch(k)
             else:
-                self._waited(k, marker.name)
+                self._waited(k, self.files_named[k])
         if self.ordered:
             self._fetch_ahead()
         else:
             self._fetch_wanted()
         self.peak = max(self.peak, self.held)
+
+    def _file(self, marker: str) -> int | None:
+        return self.index.get(marker.partition(ASK)[0])
+
+    def _passed(self, k: int) -> None:
+        """A reader went through file `k`'s gate."""
+        self.waits.pop(k, None)
+        self.opened += 1
+        self.reading[k] += 1
+        self.opened_at[k] = self.opened
+        if self.due[k]:
+            self.due[k] -= 1
+        self.hint = (k + 1) % len(self.files)
 
     def _waited(self, k: int, name: str) -> None:
         """Say once when the reader has waited a minute at a gate: what the agent knows of it (a
@@ -307,7 +346,7 @@ class Stream:
         no reader has taken, the farthest from the reader first (after a reader started over, what it
         will read first comes first)."""
         ahead = sorted(
-            self.present - self.reading.keys(),
+            self.present - self.reading.keys() - self.pinned,
             key=lambda k: (not self.due[k], (k - self.hint) % len(self.files)),
         )
         while ahead and self.held + wanted > self.budget:
@@ -324,7 +363,7 @@ class Stream:
     def _let_go(self) -> None:
         """Open every gate a reader waits on: with no file behind it, the reader fails."""
         for marker in _markers(self.work / ASKED_DIR, remove=False):
-            if _open_gate(self.work / GATES_DIR / marker.name):
+            if _open_gate(self.work / GATES_DIR / marker.name.partition(ASK)[0]):
                 marker.unlink()
 
 
