@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
+from dlinfra.runs.preflight import JUDGED
 from e2e.conftest import Deployed, Live, start_deploy
 from support import (
-    DEVICE_FIGURES,
     FAKE_CREDS,
     IMAGE_CACHE,
     cgroup_cpu_limit,
-    device_flags,
     ec2_client,
     run_cli,
     s3_client,
@@ -119,7 +118,8 @@ def test_three_vms_train_from_the_baked_image_and_preflight_names_the_one_given_
     image skips pip, the nodes train digits, DONE and the model land in moto's S3, every VM powers
     off by itself and its instance ends terminated. worker-1's VM is given a third of a host CPU
     (its qemu process, by the cgroup cpu controller: what a noisy neighbour or a throttled host does,
-    unseen from inside) while the nodes measure: quick preflight names it, and only it; on_fail:
+    unseen from inside) while the nodes measure: quick preflight names it, and only it (by the
+    figures the throttle pulled below min_ratio of its peers': links, in the runs seen); on_fail:
     warn lets the run train. (A user's own files in S3 taken from the chief's dispatcher, and the
     instance store formatted and mounted, run on emulated instances as processes:
     test_aws_emulated's kept run, tests/test_instance_store.py. Inside these VMs they took about
@@ -146,10 +146,13 @@ def test_three_vms_train_from_the_baked_image_and_preflight_names_the_one_given_
     try:
         said = json.loads(_s3_text(vm_env["endpoint"], verdict))
         assert said["action"] == "warn" and {f["node"] for f in said["flagged"]} == {"worker-1"}, said
-        device = device_flags(said, "worker-1", MIN_RATIO)
+        # whichever figure the throttle pulled down: on 2026-11-28 it was worker-1's links here (0.42
+        # of its peers'; its emulated NIC is its qemu process's work too), and not gemm in a CI run
+        flags = said["flagged"]
+        assert all(f["against"] == "peers" and f["ratio"] < MIN_RATIO for f in flags), flags
         assert first.startswith(f"runs/{run_id}/preflight/1/")
-        said_out = done.stdout + done.stderr
-        assert any(f"worker-1: {DEVICE_FIGURES[f['figure']]}" in said_out for f in device), said_out[-3000:]
+        said_out = " ".join((done.stdout + done.stderr).split())  # as said, however the lines wrapped
+        assert all(f"worker-1: {JUDGED[f['figure']][0]}" in said_out for f in flags), said_out[-3000:]
         assert manifest["status"] == "DONE"
         assert {pin["id"] for pin in manifest["images"].values()} == {baked_image.name}
         s3 = s3_client(vm_env["endpoint"])
@@ -176,6 +179,6 @@ def test_three_vms_train_from_the_baked_image_and_preflight_names_the_one_given_
         assert "Cloud-init v." in shown.stdout
         # a figure, not a limit (BENCHMARKS.md): this machine is shared and emulates every instruction
         print(f"\n[timing] 3-VM run, deploy to DONE: {wall:.0f}s")
-        print("[preflight] worker-1 flagged: " + ", ".join(f"{f['figure']} {f['ratio']:.2f}" for f in device))
+        print("[preflight] worker-1 flagged: " + ", ".join(f"{f['figure']} {f['ratio']:.2f}" for f in flags))
     finally:
         _destroy(run_id, run.home, vm_env["env"])
