@@ -76,7 +76,11 @@ def _deploy(aws_env: dict[str, Any], max_cost: float, *extra: str) -> subprocess
         cwd=aws_env["cwd"],
     )
     with cgroup_cpu_limit(required=False)(deploy.pid, RUN_CPUS):
-        out, err = deploy.communicate(timeout=900)
+        try:
+            out, err = deploy.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            deploy.kill()  # as subprocess.run would: never left running beside the next tests
+            raise
     assert deploy.returncode is not None
     return subprocess.CompletedProcess(deploy.args, deploy.returncode, out, err)
 
