@@ -119,7 +119,7 @@ def test_three_vms_train_from_the_baked_image_and_preflight_names_the_one_given_
     off by itself and its instance ends terminated. worker-1's VM is given a third of a host CPU
     (its qemu process, by the cgroup cpu controller: what a noisy neighbour or a throttled host does,
     unseen from inside) while the nodes measure: quick preflight names it, and only it (by the
-    figures the throttle pulled below min_ratio of its peers': links, in the runs seen); on_fail:
+    figures the throttle pulled below min_ratio of its peers', which move with the host's load); on_fail:
     warn lets the run train. (A user's own files in S3 taken from the chief's dispatcher, and the
     instance store formatted and mounted, run on emulated instances as processes:
     test_aws_emulated's kept run, tests/test_instance_store.py. Inside these VMs they took about
@@ -146,8 +146,9 @@ def test_three_vms_train_from_the_baked_image_and_preflight_names_the_one_given_
     try:
         said = json.loads(_s3_text(vm_env["endpoint"], verdict))
         assert said["action"] == "warn" and {f["node"] for f in said["flagged"]} == {"worker-1"}, said
-        # whichever figure the throttle pulled down: on 2026-11-28 it was worker-1's links here (0.42
-        # of its peers'; its emulated NIC is its qemu process's work too), and not gemm in a CI run
+        # whichever figures the throttle pulled down, which moves with the host's load (2026-11-28):
+        # beside other tests only worker-1's links (0.42 of its peers'; its emulated NIC is its qemu
+        # process's work too), the machine to itself its gemm (0.32) and conv (0.37)
         flags = said["flagged"]
         assert all(f["against"] == "peers" and f["ratio"] < MIN_RATIO for f in flags), flags
         assert first.startswith(f"runs/{run_id}/preflight/1/")
