@@ -81,7 +81,6 @@ def _deploy(aws_env: dict[str, Any], max_cost: float, *extra: str) -> subprocess
         except subprocess.TimeoutExpired:
             deploy.kill()  # as subprocess.run would: never left running beside the next tests
             raise
-    assert deploy.returncode is not None
     return subprocess.CompletedProcess(deploy.args, deploy.returncode, out, err)
 
 
