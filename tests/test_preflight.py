@@ -3,6 +3,7 @@ on the real thing (versions of two real interpreters, a real TCP link, a real cg
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -28,7 +29,14 @@ from dlinfra.targets.local import AttachedNodes, LocalCluster
 from support import cgroup_cpu_limit, run_cli, store_config
 
 FAST = Effort(
-    windows=1, window_seconds=0.05, matrix=64, link_bytes=4 << 20, pings=5, input_bytes=1 << 20, reductions=1
+    windows=1,
+    window_seconds=0.05,
+    matrix=64,
+    link_bytes=4 << 20,
+    link_seconds=5.0,
+    pings=5,
+    input_bytes=1 << 20,
+    reductions=1,
 )
 
 
@@ -179,6 +187,24 @@ def test_three_peers_measure_their_links_to_one_sink_over_real_tcp():
         assert len(links) == 3
         for link in links:
             assert link.send_mb_s > 1 and link.receive_mb_s > 1 and 0 < link.latency_ms < 1000
+    finally:
+        sink.close()
+
+
+def test_a_link_too_slow_for_its_bytes_is_measured_for_its_seconds_each_way():
+    """A terabyte each way at loopback speed would take minutes: the seconds end each direction."""
+    sink = Sink("127.0.0.1", 0)
+    endless = dataclasses.replace(FAST, link_bytes=1 << 40, link_seconds=0.2)
+    try:
+        links: list[Link] = []
+        thread = threading.Thread(
+            target=lambda: links.append(measure_link("worker-1", sink.address, endless))
+        )
+        thread.start()
+        thread.join(120)
+        assert not thread.is_alive(), "the link was measured for its bytes, not its seconds"
+        (link,) = links
+        assert link.send_mb_s > 1 and link.receive_mb_s > 1 and 0 < link.latency_ms < 1000
     finally:
         sink.close()
 

@@ -28,7 +28,8 @@ class Effort:
     windows: int  # timed windows per device figure; the best one counts (a preempted window is noise)
     window_seconds: float
     matrix: int  # gemm size
-    link_bytes: int  # each direction, per link
+    link_bytes: int  # each direction, per link, at most: a fast link is through in milliseconds
+    link_seconds: float  # each direction, per link, at most: a slow one (~1 MB/s) is cut short
     pings: int
     input_bytes: int
     reductions: int  # all-reduces per timed round (rounds: `windows`), the same count on every worker
@@ -40,6 +41,7 @@ EFFORT = {
         window_seconds=0.3,
         matrix=512,
         link_bytes=64 << 20,
+        link_seconds=1.0,
         pings=20,
         input_bytes=16 << 20,
         reductions=2,
@@ -49,6 +51,7 @@ EFFORT = {
         window_seconds=1.0,
         matrix=1024,
         link_bytes=512 << 20,
+        link_seconds=5.0,
         pings=200,
         input_bytes=256 << 20,
         reductions=5,
@@ -193,27 +196,34 @@ class Sink:
 def _answer(conn: socket.socket) -> None:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     kind, count = conn.recv(1), int.from_bytes(_exactly(conn, 8), "big")
-    conn.sendall(b"G")
     if kind == b"P":
+        conn.sendall(b"G")
         for _ in range(count):
             conn.sendall(_exactly(conn, 1))
         return
-    _drain(conn, count)
-    conn.sendall(b"R")
-    _pour(conn, count)
+    seconds = int.from_bytes(_exactly(conn, 4), "big") / 1000
+    conn.sendall(b"G")
+    got = _drain(conn)  # to the peer's half-close: it stops at its bytes or its seconds
+    conn.sendall(b"R" + got.to_bytes(8, "big"))
+    _pour(conn, count, seconds)
+    conn.shutdown(socket.SHUT_WR)
 
 
 def measure_link(peer: str, address: str, effort: Effort) -> Link:
+    """Bytes each way (up to the effort's bytes, or its seconds on a slow link), then round trips."""
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=60) as conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.sendall(b"B" + effort.link_bytes.to_bytes(8, "big"))
+        ms = int(effort.link_seconds * 1000)
+        conn.sendall(b"B" + effort.link_bytes.to_bytes(8, "big") + ms.to_bytes(4, "big"))
         _exactly(conn, 1)  # its turn: the sink serves one peer at a time
         start = time.perf_counter()
-        _pour(conn, effort.link_bytes)
+        _pour(conn, effort.link_bytes, effort.link_seconds)
+        conn.shutdown(socket.SHUT_WR)
         _exactly(conn, 1)
-        sent = time.perf_counter()
-        _drain(conn, effort.link_bytes)
+        sent = time.perf_counter()  # the sink has every byte: what sat in buffers is counted
+        arrived = int.from_bytes(_exactly(conn, 8), "big")
+        received = _drain(conn)
         done = time.perf_counter()
     with socket.create_connection((host, int(port)), timeout=60) as conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -225,32 +235,33 @@ def measure_link(peer: str, address: str, effort: Effort) -> Link:
             conn.sendall(b"p")
             _exactly(conn, 1)
             rtts.append(time.perf_counter() - t)
-    mb = effort.link_bytes / 1e6
     return Link(
         peer=peer,
-        send_mb_s=round(mb / (sent - start), 1),
-        receive_mb_s=round(mb / (done - sent), 1),
+        send_mb_s=round(arrived / 1e6 / (sent - start), 1),
+        receive_mb_s=round(received / 1e6 / (done - sent), 1),
         latency_ms=round(statistics.median(rtts) * 1000, 3),
     )
 
 
-CHUNK = 1 << 20
+# Small enough that a slow link's pour stops near its seconds (one chunk past them at most), large
+# enough that a fast one's is not a syscall per few kilobytes.
+CHUNK = 256 << 10
 
 
-def _pour(conn: socket.socket, count: int) -> None:
+def _pour(conn: socket.socket, count: int, seconds: float) -> None:
     block = bytes(CHUNK)
-    while count > 0:
+    deadline = time.perf_counter() + seconds
+    while count > 0 and time.perf_counter() < deadline:
         conn.sendall(block[: min(count, CHUNK)])
         count -= min(count, CHUNK)
 
 
-def _drain(conn: socket.socket, count: int) -> None:
-    buffer = bytearray(CHUNK)
-    while count > 0:
-        got = conn.recv_into(buffer, min(count, CHUNK))
-        if not got:
-            raise ConnectionError("the peer closed the link mid-transfer")
-        count -= got
+def _drain(conn: socket.socket) -> int:
+    """Bytes read until the peer's half-close."""
+    buffer, total = bytearray(CHUNK), 0
+    while got := conn.recv_into(buffer, CHUNK):
+        total += got
+    return total
 
 
 def _exactly(conn: socket.socket, count: int) -> bytes:
