@@ -198,6 +198,17 @@ def test_aws_user_data_installs_the_runs_lock_then_its_wheel_from_the_store(tmp_
         ]
         at_line = [lines.index(step) for step in steps]
         assert at_line == sorted(at_line), node
+        # an image baked from this very lock keeps it: the store's copy is fetched only otherwise
+        kept = (
+            f"if echo '{lock.sha256}  /etc/dlinfra/image.lock' | sha256sum -c --quiet - >/dev/null 2>&1; then"
+        )
+        assert lines[at_line[0] - 3 : at_line[0] + 2] == [
+            kept,
+            "cp /etc/dlinfra/image.lock /etc/dlinfra/env.lock",
+            "else",
+            steps[0],
+            "fi",
+        ], node
         assert at_line[1:4] == [at_line[1], at_line[1] + 1, at_line[1] + 2], "a mismatch exits at once"
         assert lines[at_line[7] - 1].endswith(' /etc/dlinfra/env.lock > "$uv_lock"')  # uv's entry
         # the lock is installed by uv pip sync or pip --require-hashes alone; the wheel only --no-deps
@@ -482,7 +493,8 @@ def test_an_image_holding_the_runs_lock_gets_only_the_runs_wheel(
 ) -> None:
     """The install script for real, as above, on a baked image whose record holds this run's lock
     and another dlinfra wheel: the lock is not installed again (the index is never asked); the run's
-    wheel, checked first, replaces the image's dlinfra, without dependencies."""
+    wheel, checked first, replaces the image's dlinfra, without dependencies. An image that keeps the
+    lock it was baked from (image.lock, its sha256 this run's pin) is not sent it again."""
     index = package_index
     environ = _clean_environ()
     run, lock, wheel = _served_install(tmp_path, index, environ)
@@ -527,7 +539,24 @@ def test_an_image_holding_the_runs_lock_gets_only_the_runs_wheel(
     assert (tmp_path / "fetched").read_text().split() == [
         f"{STORE}/code/env-cpu.lock",
         f"{STORE}/code/{wheel.name}",
-    ]
+    ], "an image without its lock on disk (baked before images kept it): the store's copy"
+
+    # the image keeps the lock it was baked from: nothing but the wheel comes from the store
+    kept = tmp_path / "etc" / "dlinfra" / "image.lock"
+    kept.write_text(lock.text)
+    (tmp_path / "etc" / "dlinfra" / "env.lock").unlink()
+    result = run(lock.text + "# the store's copy differs: it is not the one fetched\n", good)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert verdict in result.stdout, result.stdout
+    assert (tmp_path / "fetched").read_text().split() == [f"{STORE}/code/{wheel.name}"]
+    assert (tmp_path / "etc" / "dlinfra" / "env.lock").read_text() == lock.text, "kept for the agent"
+
+    # an image lock that is not this run's is never taken for it: the store's copy, checked
+    kept.write_text(lock.text + "# another lock\n")
+    result = run(lock.text, good)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "fetched").read_text().split()[0] == f"{STORE}/code/env-cpu.lock"
+    assert (tmp_path / "etc" / "dlinfra" / "env.lock").read_text() == lock.text
 
 
 def test_every_value_a_shell_reads_is_quoted_not_pasted() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.images import IMAGE_JSON_PATH, VENV
+from dlinfra.images import IMAGE_JSON_PATH, IMAGE_LOCK_PATH, VENV
 from dlinfra.runs.wheel import node_wheel
 from support import IMAGE_CACHE, run_cli
 
@@ -65,6 +65,9 @@ def test_base_and_cpu_images_share_one_debian_and_only_the_cpu_one_bakes_this_wh
     assert record == json.loads((cpu / "image.json").read_text())
     assert record["flavor"] == "cpu" and record["tensorflow"].startswith("tensorflow-cpu 2.")
     assert record["wheel_sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    # the lock it was baked from, kept: a node of a run on that lock needs no copy from the store
+    kept = _read(cpu / "rootfs.img", IMAGE_LOCK_PATH)
+    assert hashlib.sha256(kept.encode()).hexdigest() == record["lock_sha256"]
     assert _exists(cpu / "rootfs.img", f"{VENV}/bin/dlinfra")
     assert not _exists(cpu / "rootfs.img", "/tmp/dlinfra-build"), "the build's staging is not shipped"
 

@@ -33,6 +33,7 @@ from dlinfra.runs.run import home
 
 FLAVORS: tuple[Flavor, ...] = ("cpu", "gpu")
 IMAGE_JSON_PATH = "/etc/dlinfra/image.json"
+IMAGE_LOCK_PATH = "/etc/dlinfra/image.lock"  # the lock the image was baked from
 VENV = "/opt/dlinfra"
 # The controller image's terraform, and its providers in one of terraform's implied local mirror
 # directories on Linux (a CLI config with a provider_installation block would turn those off).
@@ -140,6 +141,7 @@ class Recipe:
             tools_dir=tools_dir,
             binary_dir=TERRAFORM_DIR,
             plugins_dir=PLUGINS_DIR,
+            image_lock_path=IMAGE_LOCK_PATH,
         )
 
 

@@ -15,7 +15,7 @@ import yaml
 from dlinfra import __version__
 from dlinfra.contract import LOCK_PATH, NO_RESTART_EXIT_CODES, NODE_JSON_PATH, NodeConfig
 from dlinfra.errors import SpecError
-from dlinfra.images import IMAGE_JSON_PATH, VENV, pip_options
+from dlinfra.images import IMAGE_JSON_PATH, IMAGE_LOCK_PATH, VENV, pip_options
 
 WHEEL_DIR = "/opt/dlinfra-wheel"
 
@@ -96,6 +96,7 @@ def render_user_data(config: NodeConfig, install: Install | None = None) -> str:
         node_json=node_json,
         node_json_path=NODE_JSON_PATH,
         image_json_path=IMAGE_JSON_PATH,
+        image_lock_path=IMAGE_LOCK_PATH,
         install=install.source if install else None,
         want=install.want if install else None,
         flavor=config.flavor,
