@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,15 @@ import yaml
 
 from dlinfra import watching
 from dlinfra.contract import PreflightPlan
-from dlinfra.node.measure import DEFAULT_GRADIENT_BYTES, Effort, Sink, cpu_quota, gradient_bytes, measure_link
+from dlinfra.node.measure import (
+    DEFAULT_GRADIENT_BYTES,
+    Effort,
+    Sink,
+    _best_rate,
+    cpu_quota,
+    gradient_bytes,
+    measure_link,
+)
 from dlinfra.render import build_node_configs
 from dlinfra.runs.preflight import Link, NodeFigures, action, figures, judge, table
 from dlinfra.runs.records import NodeState
@@ -189,6 +199,28 @@ def test_three_peers_measure_their_links_to_one_sink_over_real_tcp():
             assert link.send_mb_s > 1 and link.receive_mb_s > 1 and 0 < link.latency_ms < 1000
     finally:
         sink.close()
+
+
+def test_a_device_slower_than_a_window_per_op_is_timed_in_one_window_not_each_of_them():
+    class Done:
+        def numpy(self) -> None:
+            return None
+
+    def op(seconds: float) -> Callable[[], Done]:
+        def run() -> Done:
+            calls.append(seconds)
+            time.sleep(seconds)
+            return Done()
+
+        return run
+
+    effort = dataclasses.replace(FAST, windows=3, window_seconds=0.05)
+    calls: list[float] = []
+    assert _best_rate(op(0.2), 1e9, effort) > 0
+    assert len(calls) == 2, "the warm-up and one window"
+    calls.clear()
+    _best_rate(op(0.0), 1e9, effort)
+    assert len(calls) > 4, "a fast op: three windows, each of many ops"
 
 
 def test_a_link_too_slow_for_its_bytes_is_measured_for_its_seconds_each_way():

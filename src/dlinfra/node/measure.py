@@ -95,9 +95,13 @@ def device_figures(cfg: NodeConfig, effort: Effort) -> dict[str, float]:
 
 def _best_rate(op: Callable[[], Any], work: float, effort: Effort) -> float:
     """Work per second (per 1e9) of the best of the timed windows, the result fetched in each."""
+    start = time.perf_counter()
     op().numpy()  # warm-up: kernels chosen, memory allocated
+    # A device so slow that one op outlasts a window (an emulated CPU: seconds per op) is measured in
+    # one window: it spans many scheduler slices already, and the best of three would take minutes.
+    windows = 1 if time.perf_counter() - start >= effort.window_seconds else effort.windows
     best = 0.0
-    for _ in range(effort.windows):
+    for _ in range(windows):
         count, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < effort.window_seconds:
             result = op()
