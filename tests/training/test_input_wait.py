@@ -15,7 +15,9 @@ import tensorflow as tf
 from dlinfra.cli.views import input_bound
 from dlinfra.training.loop import InputClock, Meter
 
-SLOW = 0.02  # seconds: a slow element, or a slow step
+# seconds: a slow element, or a slow step. Long beside what fetching an element costs a loaded
+# machine (at 0.02 s, a CI run's fast pipeline read as 23 % waiting: its overheads, not a wait).
+SLOW = 0.2
 
 
 def _sleep(seconds: float) -> object:
@@ -26,7 +28,7 @@ def _sleep(seconds: float) -> object:
     return sleep
 
 
-def _share_waiting(element_seconds: float, step_seconds: float, steps: int = 15) -> float | None:
+def _share_waiting(element_seconds: float, step_seconds: float, steps: int = 8) -> float | None:
     data = tf.data.Dataset.range(10_000).map(lambda x: tf.py_function(_sleep(element_seconds), [x], tf.int64))
     it = iter(data.prefetch(1))
     clock = InputClock()
