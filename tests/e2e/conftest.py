@@ -230,6 +230,20 @@ def wait_for(what: str, ready: Any, timeout: float) -> Any:
     raise AssertionError(f"{what}: not within {timeout:.0f}s")
 
 
+def set_up_controller(
+    aws: dict[str, Any], bucket: str, emulate: str, idle_minutes: float, env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`dlinfra setup --controller` of `bucket` against the emulation `aws` (`emulate`: the
+    instance as a process or a VM), asserted to succeed; (what setup said, the instance's id)."""
+    made = run_cli(
+        "setup", "--bucket", bucket, "--endpoint-url", aws["endpoint"], "--controller", "--ami", aws["ami"],
+        "--idle-minutes", str(idle_minutes), emulate, env=env, cwd=aws["cwd"], timeout=900,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    registered = s3_json(aws_client(aws["endpoint"], "s3"), bucket, "controller/controller.json")
+    return made, registered["instance_id"]
+
+
 def instance_state(endpoint: str, instance_id: str) -> str:
     found = aws_client(endpoint, "ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
     return str(found[0]["Instances"][0]["State"]["Name"])

@@ -28,6 +28,7 @@ from e2e.conftest import (
     left_of,
     release_private_ip_as_aws_does,
     s3_json,
+    set_up_controller,
     wait_for,
 )
 from support import aws_client, cli_process, run_cli
@@ -45,12 +46,7 @@ def test_setup_makes_a_controller_that_stops_when_idle_and_a_handed_over_run_is_
     s3, ec2 = aws_client(moto_endpoint, "s3"), aws_client(moto_endpoint, "ec2")
     bucket_args = ["--bucket", BUCKET, "--endpoint-url", moto_endpoint]
 
-    made = run_cli(
-        "setup", *bucket_args, "--controller", "--ami", aws["ami"], "--idle-minutes", str(IDLE_MINUTES),
-        "--emulate-instances", env=aws["env"], cwd=aws["cwd"], timeout=900,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stdout + made.stderr
-    instance_id = s3_json(s3, BUCKET, "controller/controller.json")["instance_id"]
+    made, instance_id = set_up_controller(aws, BUCKET, "--emulate-instances", IDLE_MINUTES, aws["env"])
     state = lambda: instance_state(moto_endpoint, instance_id)  # noqa: E731
     assert re.search(
         rf"controller {instance_id} \(t3.medium, \$0.0416/h while it runs; stopped, only its 16 GiB gp3 disk "

@@ -29,7 +29,7 @@ import pytest
 from dlinfra.runs.run import home
 from dlinfra.targets.aws.controller import vm_dir
 from dlinfra.targets.aws.vms import qemu_pid
-from e2e.conftest import aws_emulation, instance_state, left_of, s3_json, wait_for
+from e2e.conftest import aws_emulation, instance_state, left_of, s3_json, set_up_controller, wait_for
 from support import IMAGE_CACHE, aws_client, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm]
@@ -53,12 +53,7 @@ def test_the_controller_vm_from_its_image_tears_a_handed_over_run_down_and_stops
     record = json.loads((Path(built.stdout.strip().splitlines()[-1]) / "image.json").read_text())
     assert record["flavor"] == "controller" and record["tensorflow"] is None
 
-    made = run_cli(
-        "setup", *bucket_args, "--controller", "--ami", aws["ami"], "--idle-minutes", str(IDLE_MINUTES),
-        "--emulate-instances=vm", env=env, cwd=aws["cwd"], timeout=900,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stdout + made.stderr
-    instance_id = s3_json(s3, BUCKET, "controller/controller.json")["instance_id"]
+    _, instance_id = set_up_controller(aws, BUCKET, "--emulate-instances=vm", IDLE_MINUTES, env)
     state = lambda: instance_state(moto_endpoint, instance_id)  # noqa: E731
     # the emulated instance's VM: its console, and its qemu's pid file (DLINFRA_HOME is the laptop's)
     console = aws["home"] / vm_dir(instance_id).relative_to(home()) / "console.log"
