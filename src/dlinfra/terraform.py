@@ -141,7 +141,12 @@ class Terraform:
         return {name: item["value"] for name, item in raw.items()}
 
     def destroy(self, var_file: Path) -> None:
-        self.run(["destroy", "-input=false", "-json", "-auto-approve", f"-var-file={var_file}"])
+        """Without a refresh: a delete needs only the ids the state holds, and the provider takes an
+        object already gone (a reclaimed spot instance) as deleted. Reading back every resource first
+        cost a third of a run stack's destroy (measured against moto: the plan 17.6 -> 12.7 CPU-s; in
+        the controller's emulated VM, minutes)."""
+        args = ["destroy", "-input=false", "-json", "-auto-approve", "-refresh=false"]
+        self.run([*args, f"-var-file={var_file}"])
 
     def run(
         self, args: list[str], json_events: bool = True, quiet: bool = False, timeout: float | None = None
