@@ -49,6 +49,9 @@ def main() -> None:
         f"aws.ami={ami}",
         "--set",
         "training.steps=20",
+        # emulated instances are processes on this machine, which has no GPU for a g4dn's worker
+        "--set",
+        "cluster.workers.gpus=0",
     ]
     dl = [sys.executable, "-m", "dlinfra"]
     t0 = time.perf_counter()
