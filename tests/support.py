@@ -297,13 +297,13 @@ def cgroup_cpu_limit(required: bool = True):
         group = root / f"dlinfra-test-{uuid.uuid4().hex[:8]}"
         group.mkdir()
         period = 100_000
-        if root is v1:
-            (group / "cpu.cfs_period_us").write_text(str(period))
-            (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
-        else:
-            (group / "cpu.max").write_text(f"{int(cpus * period)} {period}")
-        (group / "cgroup.procs").write_text(str(pid))
-        try:
+        try:  # the group goes also when the process was gone before it could be moved in
+            if root is v1:
+                (group / "cpu.cfs_period_us").write_text(str(period))
+                (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
+            else:
+                (group / "cpu.max").write_text(f"{int(cpus * period)} {period}")
+            (group / "cgroup.procs").write_text(str(pid))
             yield group
         finally:
             with contextlib.suppress(OSError):  # gone with its run
