@@ -143,8 +143,8 @@ class Terraform:
     def destroy(self, var_file: Path) -> None:
         """Without a refresh: a delete needs only the ids the state holds, and the provider takes an
         object already gone (a reclaimed spot instance) as deleted. Reading back every resource first
-        cost a third of a run stack's destroy (measured against moto: the plan 17.6 -> 12.7 CPU-s; in
-        the controller's emulated VM, minutes)."""
+        cost over a quarter of the destroy's plan (a one-worker run against moto: 17.6 -> 12.7 CPU-s),
+        20-40x that in the controller's emulated VM."""
         args = ["destroy", "-input=false", "-json", "-auto-approve", "-refresh=false"]
         self.run([*args, f"-var-file={var_file}"])
 

@@ -164,9 +164,9 @@ class Vm:
         ]  # fmt: skip
 
     def command(self, iso: Path, disk: Path) -> list[str]:
-        # qemu's own default translation cache (1 GiB): at 256 MiB, terraform's provider, Python and
-        # TensorFlow overflow it and every flush translates their code again (measured in the
-        # controller image: init, validate, plan and an import, 442 -> 397 CPU-s of the VM)
+        # qemu's own default translation cache (1 GiB), not 256 MiB, which terraform's provider,
+        # Python and TensorFlow outgrow (each flush translates their code again). Measured: terraform
+        # and an import in the controller image 442 -> 397 CPU-s; the three-VM test 1694 -> 1290
         tcg = ["-accel", "tcg,tb-size=1024", "-cpu", "max"]
         accel = ["-accel", "kvm", "-cpu", "host"] if kvm_usable() else tcg
         seg = self.segment
