@@ -101,10 +101,10 @@ class Live:
         full_env = {**os.environ, **(env or {}), "DLINFRA_HOME": str(self.home)}
         self.proc = cli_process("deploy", *args, env=full_env, cwd=tmp)
         self._held = contextlib.ExitStack()
-        # a test that fails before finish() still releases the hold (and its cgroup) once it lets go
-        weakref.finalize(self, self._held.close)
         if cpus is not None:
             self._held.enter_context(cgroup_cpu_limit(required=False)(self.proc.pid, cpus))
+            # a test that fails before finish() still releases the hold (and its cgroup) once it lets go
+            weakref.finalize(self, self._held.close)
 
     @property
     def run_dir(self) -> Path:
