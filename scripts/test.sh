@@ -3,18 +3,16 @@
 # pytest run instead (`bash scripts/test.sh -m faults -s`).
 #
 # Two phases. Most tests wait more than they compute (terraform's resource waiters, TensorFlow
-# starting, heartbeats), so all but the `exclusive` ones share the cores between four pytest workers
-# (two left a sixth of two cores idle; with three, the CPU counted to the tests was 1.44 cores of
-# the phase's 56:32 on 2026-11-29, each worker busy to its end: they waited, not the scheduler),
+# starting, heartbeats), so all but the `exclusive` ones share the cores between three pytest workers
+# (two left a sixth of two cores idle; with four, 2026-11-29, tests ran up to twice as long and the
+# thirteen largest took 1818 CPU-s instead of 1613: more processes waiting for a core cost more),
 # whole modules each (a module's fixtures, such as a kept aws run, are set up once), longest first
 # (tests/conftest.py orders them; xdist must not reorder). Beside those, a pytest of its own
 # runs the shared phase's `vm` test: its host process waits half an hour on one emulated VM (about
 # half a core), and on a worker of three it left the other tests two workers for that time (CI of
-# f85d8f1: the shared phase 4444 s, against ~3550 without that test). The workers run at a lower
-# priority (nice 10) than that VM: its test waits on fixed deadlines, and among the workers' many
-# TensorFlow threads its one emulating thread got so little that CI of 1c4e1b7 ran it 3026 s (1475 s
-# here) and its 2400 s wait ran out. The workers lose no CPU overall: the VM's work is the same, done
-# sooner. The `exclusive` tests then run alone: three emulated VMs need every core.
+# f85d8f1: the shared phase 4444 s, against ~3550 without that test). That test gives its VM's
+# autogroup the larger share of the CPU (a nice here would not: every node is a session, and so an
+# autogroup, of its own). The `exclusive` tests then run alone: three emulated VMs need every core.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pytest=(.venv/bin/python -m pytest)
@@ -33,7 +31,7 @@ beside_dir=$(mktemp -d)
   exit "$code"
 ) &
 beside_pid=$!
-nice -n 10 "${pytest[@]}" -m "not exclusive and not vm" -n 4 --dist loadscope --no-loadscope-reorder
+"${pytest[@]}" -m "not exclusive and not vm" -n 3 --dist loadscope --no-loadscope-reorder
 shared=$?
 wait "$beside_pid"
 beside=$?

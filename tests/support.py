@@ -314,6 +314,19 @@ def cgroup_cpu_limit(required: bool = True):
     return limit
 
 
+def favour(pid: int | None, nice: int = -10) -> bool:
+    """Give process `pid`'s autogroup (its session's processes) `nice`: with the kernel's autogroups
+    on, CPU is shared between sessions first, whatever each process's own nice, and every node a
+    test starts is a session of its own. Whether it took (needs root and autogroups)."""
+    if pid is None:
+        return False
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        return False
+    return True
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()
