@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -277,7 +278,6 @@ def cgroup_cpu_limit(required: bool = True):
     the children it starts afterwards) to `cpus` CPUs with the kernel's cgroup cpu controller (v1 or
     v2; needs root), moving it back out at the end. Where no cpu controller can be written (not
     root, no cgroup fs) it skips the test, or, not `required`, limits nothing."""
-    import contextlib
     import uuid
 
     import pytest
@@ -314,17 +314,13 @@ def cgroup_cpu_limit(required: bool = True):
     return limit
 
 
-def favour(pid: int | None, nice: int = -10) -> bool:
+def favour(pid: int | None, nice: int = -10) -> None:
     """Give process `pid`'s autogroup (its session's processes) `nice`: with the kernel's autogroups
     on, CPU is shared between sessions first, whatever each process's own nice, and every node a
-    test starts is a session of its own. Whether it took (needs root and autogroups)."""
-    if pid is None:
-        return False
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except OSError:
-        return False
-    return True
+    test starts is a session of its own. Without root or autogroups it changes nothing."""
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
 
 
 def _read(path: Path) -> str:
