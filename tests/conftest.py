@@ -3,11 +3,12 @@ a terraform CLI config that installs the AWS provider offline."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,20 +65,60 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         )
 
 
+_CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+def _cpu_account() -> Callable[[], float] | None:
+    """This pytest process (and everything it starts from now on) in a cpuacct cgroup of its own,
+    read in seconds; None where no cpuacct hierarchy can be written (not root, cgroup v2 only).
+    Processes of a test that outlive their parent (a deploy's detached nodes, emulated instances)
+    stay in the group: reaped-children accounting missed them."""
+    if not (_CPUACCT / "cpuacct.usage").exists() or not os.access(_CPUACCT, os.W_OK):
+        return None
+    group = _CPUACCT / f"dlinfra-test-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError:
+        return None
+    usage = group / "cpuacct.usage"
+    return lambda: int(usage.read_text()) / 1e9
+
+
+_CPU_ACCOUNT = pytest.StashKey[Callable[[], float] | None]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The account's cgroup goes with the session (kept while a process of a test is still in it)."""
+    if config.stash.get(_CPU_ACCOUNT, None) is None:
+        return
+    with contextlib.suppress(OSError):
+        (_CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+        (_CPUACCT / f"dlinfra-test-{os.getpid()}").rmdir()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """With DLINFRA_TEST_CPU=FILE, each test's wall and CPU seconds (its own process's and its reaped
-    children's: a deploy's nodes, terraform, qemu) appended to FILE: the suite is CPU-bound on two
-    cores, so CPU, not wall time, says which tests to make cheaper (`sort -t$'\\t' -k3 -g FILE`)."""
+    """With DLINFRA_TEST_CPU=FILE, each test's wall and CPU seconds appended to FILE: the suite is
+    CPU-bound on two cores, so CPU, not wall time, says which tests to make cheaper
+    (`sort -t$'\\t' -k3 -g FILE`). CPU is that of everything the test ran (its nodes, terraform,
+    qemu, this process's moto threads), from a cpuacct cgroup per pytest process where one can be
+    made, else this process's and its reaped children's; the fourth column is pytest's own."""
     log = os.environ.get("DLINFRA_TEST_CPU")
     if not log:
         yield
         return
+    stash = item.config.stash
+    if _CPU_ACCOUNT not in stash:
+        stash[_CPU_ACCOUNT] = _cpu_account()
+    account = stash[_CPU_ACCOUNT]
     before, began = os.times(), time.monotonic()
+    start = account() if account else 0.0
     yield
     after = os.times()
-    cpu = sum(after[:4]) - sum(before[:4])  # user, system, children's user and system
-    own = sum(after[:2]) - sum(before[:2])  # pytest's own: the moto server's threads, in-process tests
+    # else: user, system, children's user and system
+    cpu = account() - start if account else sum(after[:4]) - sum(before[:4])
+    own = sum(after[:2]) - sum(before[:2])
     with open(log, "a") as out:
         out.write(f"{item.nodeid}\t{time.monotonic() - began:.1f}\t{cpu:.1f}\t{own:.1f}\n")
 
