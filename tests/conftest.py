@@ -42,9 +42,29 @@ def _longest_modules_first(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (modules[m := item.nodeid.split("::", 1)[0]], order[m]))
 
 
+# A VM boot, an image bake or a test that needs the machine to itself costs minutes of both cores:
+# the default tier (README, "Tests") cannot hold one, so each must say it belongs to the slow tier.
+_SLOW_TIER_ONLY = ("vm", "images", "exclusive")
+
+
+def _slow_tier_marked(items: list[pytest.Item]) -> None:
+    strays = [
+        item.nodeid
+        for item in items
+        if any(item.get_closest_marker(m) for m in _SLOW_TIER_ONLY) and not item.get_closest_marker("full")
+    ]
+    if strays:
+        raise pytest.UsageError(
+            f"marked {'/'.join(_SLOW_TIER_ONLY)} but not `full` (the slow tier): {', '.join(strays)}. "
+            "Fix: add pytest.mark.full to them"
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest modules first. `gpu` tests run where a GPU is, or when asked for by marker; elsewhere
-    they are deselected (counted in pytest's summary line), never skipped silently."""
+    """Longest modules first; a test of a VM, an image or the whole machine is in the slow tier. `gpu`
+    tests run where a GPU is, or when asked for by marker; elsewhere they are deselected (counted in
+    pytest's summary line), never skipped silently."""
+    _slow_tier_marked(items)
     _longest_modules_first(items)
     wanted = "gpu" in (config.getoption("markexpr") or "")
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]

@@ -179,3 +179,24 @@ def test_benchmark_script_imports(script: str) -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_every_capability_named_in_the_readme_keeps_its_end_to_end_test_in_the_default_tier() -> None:
+    """README, "Tests": each capability names its real end-to-end test; the default tier (`-m "not
+    full"`) must still collect every one of them, or the list (or the tier) has gone wrong."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("**Every capability keeps a real end-to-end test") :]
+    section = section[: section.index("\n\n", section.index("| capability |"))]
+    named = sorted(set(re.findall(r"`(tests/[\w/]+\.py::\w+)`", section)))
+    assert len(named) >= 15, named
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    collected = subprocess.run(
+        [*collect, "-m", "not full", *named],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    ids = [line for line in collected.stdout.splitlines() if "::" in line]
+    missing = [name for name in named if not any(i == name or i.startswith(name + "[") for i in ids)]
+    assert missing == [], collected.stdout[-2000:] + collected.stderr[-2000:]

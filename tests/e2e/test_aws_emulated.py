@@ -311,6 +311,8 @@ def test_state_bucket_puts_each_runs_state_under_its_own_key_with_a_lockfile(aws
     assert not (run_dir / "terraform" / "stack" / "terraform.tfstate").exists()
 
 
+@pytest.mark.full  # a long heal (three attempts, each waiting out aws.heal_timeout); a heal that succeeds is
+# in the default tier: tests/e2e/test_controller.py
 def test_a_heal_that_keeps_failing_fails_the_run_with_exit_1_and_tears_down(aws_env: dict[str, Any]) -> None:
     """Here moto keeps a terminated instance's private IP (see below), so every re-apply for the
     replacement fails for real. After three attempts the run is FAILED, deploy exits 1 (a failed
@@ -391,6 +393,7 @@ def test_detached_aws_run_ends_alone_and_one_of_two_racing_watchers_removes_what
     assert destroyed.returncode == 0 and run_id not in destroyed.stdout, destroyed.stdout
 
 
+@pytest.mark.full  # two deploys on emulated instances; a local rerun is in the default tier (test_rerun)
 def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_parameter_resolved_then(
     aws_env: dict[str, Any], s3_own_files: str
 ) -> None:
@@ -478,6 +481,7 @@ def test_a_vpc_of_its_own_range_deploys_and_its_rerun_boots_the_ami_the_paramete
 # that also trained four local clusters and booted a VM (2026-11-25). Beside the shared phase, then,
 # with a 180 s timeout: what is proven is the order (the notice starts the heal, not the timeout),
 # which a wall-clock bound on a loaded machine cannot prove more of.
+@pytest.mark.full  # a heal on a notice; the notice itself is in the default tier: tests/e2e/test_spot.py
 def test_spot_notice_starts_the_replacement_before_its_heartbeat_timeout(
     aws_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,7 +32,7 @@ from dlinfra.targets.aws.vms import qemu_pid
 from e2e.conftest import aws_emulation, instance_state, left_of, s3_json, set_up_controller, wait_for
 from support import IMAGE_CACHE, aws_client, favour, run_cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm]
+pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm, pytest.mark.full]
 BUCKET = "dlinfra-controlled-vm"
 IDLE_MINUTES = 0.5
 

@@ -180,6 +180,7 @@ def test_an_environment_that_cannot_exist_is_refused_at_validate_with_nothing_cr
     assert not (tmp_path / "home" / "runs").exists()
 
 
+@pytest.mark.full  # the lock's way to an instance (the store); nodes running a lock is in the default tier
 @pytest.mark.terraform
 def test_aws_instances_install_the_runs_lock_from_the_store_and_run_the_users_package(
     index: PackageIndex, project: Path, moto_endpoint: str, tf_cli_config: Path, tmp_path: Path

@@ -19,7 +19,7 @@ from dlinfra.images import IMAGE_JSON_PATH, IMAGE_LOCK_PATH, VENV
 from dlinfra.runs.wheel import node_wheel
 from support import IMAGE_CACHE, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.images]
+pytestmark = [pytest.mark.slow, pytest.mark.images, pytest.mark.full]
 
 
 def _build(*flags: str) -> tuple[Path, str]:

@@ -130,6 +130,8 @@ def test_under_mirrored_a_flagged_worker_leaves_and_the_strategy_forms_again_wit
     assert "preflight, round 2" in done.stdout, done.stdout
 
 
+@pytest.mark.full  # two heals in a row (replaced at preflight, then as a straggler); the verdicts are in the
+# default tier, on local clusters, above and below
 @pytest.mark.terraform
 def test_on_aws_a_worker_flagged_at_preflight_is_replaced_once_and_a_straggler_is_replaced_too(
     moto_endpoint: str, tf_cli_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

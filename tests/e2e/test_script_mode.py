@@ -255,6 +255,7 @@ def test_a_typical_keras_regression_runs_on_one_node_with_its_own_metric(tmp_pat
     assert float(_in_plain_tensorflow(code, str(run.store / "model" / "model.keras"))) < 55
 
 
+@pytest.mark.full  # the guide on emulated instances; script mode and aws each keep theirs in the default tier
 @pytest.mark.terraform
 def test_the_mwms_guide_runs_unchanged_on_emulated_aws_instances_with_its_results_in_s3(
     tmp_path: Path, moto_endpoint: str, tf_cli_config: Path

@@ -3,31 +3,37 @@ and systemd, against a moto server: `--emulate-instances=vm`. What this stands i
 (the image is Debian bookworm built here, not the Deep Learning AMI). Everything inside a VM is real:
 cloud-init, the install script, the systemd unit and its restart rules, the agent, TensorFlow.
 
-Slow (minutes per test on two emulated cores): run alone with `-m vm`."""
+The slow tier (`scripts/test.sh --full`): minutes per test under emulation. The install path runs beside
+the other tests (one VM, most of a core: pip's work under emulation); the three VMs run alone."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dlinfra.images.vm import shell
+from dlinfra.images.wheelhouse import serve, wheelhouse
 from dlinfra.runs.preflight import JUDGED
 from e2e.conftest import Deployed, Live, start_deploy
+from package_index import PackageIndex
 from support import (
     FAKE_CREDS,
     IMAGE_CACHE,
     cgroup_cpu_limit,
     ec2_client,
+    host_address,
     run_cli,
     s3_client,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm]
+pytestmark = [pytest.mark.e2e, pytest.mark.terraform, pytest.mark.slow, pytest.mark.vm, pytest.mark.full]
 BUCKET = "dlinfra-vm-results"
 SLOW_VM_CPUS = 0.3
 # Below the default 0.8: three emulated VMs share two cores, and software emulation moves one VM's
@@ -183,3 +189,84 @@ def test_three_vms_train_from_the_baked_image_and_preflight_names_the_one_given_
         print("[preflight] worker-1 flagged: " + ", ".join(f"{f['figure']} {f['ratio']:.2f}" for f in flags))
     finally:
         _destroy(run_id, run.home, vm_env["env"])
+
+
+def test_install_path_on_a_base_image_and_systemd_restarts_a_killed_agent(
+    vm_env: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A VM without the baked venv: the user-data's install path fetches the run's lock and wheel
+    from S3, makes the venv and installs exactly the lock (uv off the lock, then `uv pip sync` with
+    hashes) from private indexes on this machine (no VM needs the internet): a wheelhouse, and the
+    user's own package from a second index. Then the agent's systemd unit starts. `kill -9` of the
+    agent: systemd starts it again, per the unit's Restart= rule."""
+    base = run_cli("image", "build", "--target", "local", "--flavor", "base", env=vm_env["env"], timeout=1800)
+    assert base.returncode == 0, base.stderr
+    from dlinfra.runs.wheel import node_wheel
+
+    monkeypatch.setenv("DLINFRA_IMAGE_CACHE", str(IMAGE_CACHE))
+    house = wheelhouse([f"{node_wheel()}[train,aws]"])
+    # one address the resolution here and the install in the VM both reach (not loopback)
+    host = host_address()
+    with serve(house, host) as port, PackageIndex(tmp_path / "index", host) as own:
+        own.publish("greeting", "1.0", {"greeting/__init__.py": "WORDS = 'hello'\n"})
+        args = [
+            *vm_env["args"],
+            "--strategy", "multi_worker_mirrored", "--workers", "1", "--steps", "60",
+            "--set", "aws.image=base",
+            "--set", f"aws.pip_index_url=http://{host}:{port}/simple",
+            "--set", "training.requirements=[greeting==1.0]",
+        ]  # fmt: skip
+        env = vm_env["env"] | {"PIP_EXTRA_INDEX_URL": own.url}
+        live = start_deploy(tmp_path, *args, env=env)
+        try:
+            run_dir = live.run_dir
+            # boot, then venv, the lock and the wheel from S3, the locked files from the indexes
+            status = _wait_for_status(live, "worker-0", lambda s: s and s.get("packages"), timeout=2400)
+            console = (run_dir / "vms" / "worker-0" / "console.log").read_text(errors="replace")
+            assert "no baked dlinfra image (/etc/dlinfra/image.json is missing): installing" in console
+            # the node runs exactly the run's lock, the user's package included, and says so
+            lock = json.loads((run_dir / "manifest.json").read_text())["environment"]["cpu"]
+            assert lock["packages"]["greeting"] == "1.0" and own.fetched("greeting-1.0-py3-none-any.whl")
+            assert status["packages"] == lock["packages"]
+            sock = run_dir / "vms" / "worker-0" / "shell.sock"
+            assert shell(sock, "systemctl is-active dlinfra-node").endswith("active")
+            before = int(shell(sock, "systemctl show -p NRestarts --value dlinfra-node"))
+            assert "killed" in shell(sock, "systemctl kill -s KILL dlinfra-node && echo killed")
+            restarted = _wait_for_status(live, "worker-0", lambda s: s and s["restarts"] > status["restarts"])
+            after = int(shell(sock, "systemctl show -p NRestarts --value dlinfra-node"))
+            journal = "journalctl -u dlinfra-node --no-pager -n 20"
+            assert after == before + 1, f"systemd restarts it (Restart=): {shell(sock, journal)}"
+            assert restarted["started"] > status["started"]
+        finally:
+            live.proc.send_signal(signal.SIGINT)  # proven: the run need not train to its end here
+            done = live.finish(timeout=600)
+    assert done.returncode == 130, done.stdout[-3000:] + done.stderr[-3000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    try:
+        # a verdict written before the Ctrl-C wins; deploy's output names it
+        assert manifest["status"] == "STOPPED", done.stdout[-2000:] + done.stderr[-2000:]
+        assert manifest["images"]["worker"]["digest"] is None  # a base image: the node installed at boot
+    finally:
+        _destroy(manifest["run_id"], live.home, vm_env["env"])
+
+
+def _wait_for_status(live: Live, node: str, ok: Any, timeout: float = 600) -> dict[str, Any]:
+    """The node's status as its agent published it to moto's S3."""
+    from dlinfra.runs.store import parse_s3_url
+
+    manifest = json.loads((live.run_dir / "manifest.json").read_text())
+    bucket, prefix = parse_s3_url(manifest["store"]["url"])
+    s3 = s3_client(manifest["store"]["endpoint_url"])
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        assert live.proc.poll() is None, live.proc.communicate()
+        try:
+            body = s3.get_object(Bucket=bucket, Key=f"{prefix}/status/{node}.json")["Body"].read()
+            status = json.loads(body)
+        except s3.exceptions.NoSuchKey:
+            status = None
+        if ok(status):
+            return status
+        time.sleep(3)
+    raise AssertionError(f"{node}: no such status in {timeout:.0f}s (last: {status})")

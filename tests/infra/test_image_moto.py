@@ -28,7 +28,7 @@ from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.images import LOCK, bake, find_baked
 from support import assert_valid_cloud_config, fixed_locks
 
-pytestmark = [pytest.mark.terraform, pytest.mark.slow]
+pytestmark = [pytest.mark.terraform, pytest.mark.slow, pytest.mark.full]  # image bakes
 
 BUCKET = f"dlinfra-results-image-{os.getpid()}"
 STORE_PREFIX = "runs"
