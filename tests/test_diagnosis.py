@@ -162,9 +162,17 @@ def test_summary_names_the_stopped_and_the_waiting() -> None:
 @pytest.fixture
 def sleeper(tmp_path: Path):
     script = tmp_path / "sleeper.py"
-    script.write_text("import time\n\ndef wait_for_the_peer():\n    time.sleep(600)\n\nwait_for_the_peer()\n")
-    proc = subprocess.Popen([sys.executable, str(script)])
-    time.sleep(1.0)  # let it reach the sleep
+    script.write_text(
+        "import time\n\ndef wait_for_the_peer():\n    print('waiting', flush=True)\n    time.sleep(600)\n\n"
+        "wait_for_the_peer()\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+    # it has reached the sleep when it said so and the kernel sees it asleep (a fixed second was a
+    # guess: Python's start takes longer than that on a loaded machine)
+    assert proc.stdout is not None and proc.stdout.readline() == b"waiting\n"
+    deadline = time.monotonic() + 30
+    while process_state(proc.pid) != "sleeping" and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield proc
     proc.kill()
     proc.wait()
