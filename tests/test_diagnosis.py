@@ -199,3 +199,31 @@ def test_beacon_ends_the_way_its_trainer_ended(trainer_ended: int) -> None:
     code = f"import sys\nfrom dlinfra.node.beacon import _end_like\nsys.exit(_end_like({trainer_ended}))\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == trainer_ended, done.stderr
+
+
+def test_a_life_ended_before_its_first_beat_still_counts_as_a_restart_of_the_next(tmp_path: Path) -> None:
+    """Every mirrored worker restarts when one dies. One that had not beaten yet (its beacon beats
+    every heartbeat_interval, up to 10 s) was in no record, so its next life said "first life" and
+    restarted its clocks (a CI run of the custom-loop guide). The next beacon records it first."""
+    from dlinfra.node.beacon import Beacon
+    from dlinfra.spec.model import TrainingSpec
+    from support import staging_node
+
+    cfg = staging_node("worker", 0, TrainingSpec(), tmp_path / "results", (tmp_path / "data").as_uri())
+    store = RunStore.open(cfg.store)
+    (tmp_path / "work").mkdir()
+    first = NodeStatus(store, cfg.name, cfg.role, cfg.index, tmp_path / "work")
+    first.update(state="running", step=45)
+    assert store.status(cfg.name) is None, "no beat yet: the store knows nothing of the first life"
+
+    Beacon(cfg, store, tmp_path / "work", None).record_earlier_life(dict(first.fields))
+    recorded = store.status(cfg.name)
+    assert recorded is not None and recorded.process == "gone" and recorded.step == 45
+    second = NodeStatus(store, cfg.name, cfg.role, cfg.index, tmp_path / "work")
+    assert second.fields["restarts"] == 1
+    assert second.fields["first_started"] == first.fields["started"]
+
+    # a life the store already has (its beacon's last beat, or a healer's word) is left as it is
+    store.put_status(NodeState(**second.fields, heartbeat=time.time(), process="running"))
+    Beacon(cfg, store, tmp_path / "work", None).record_earlier_life(dict(first.fields))
+    assert store.status(cfg.name).process == "running"  # type: ignore[union-attr]

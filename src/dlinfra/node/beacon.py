@@ -46,8 +46,9 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     cfg = NodeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
     work = work_dir or cfg.default_work_dir()
     work.mkdir(parents=True, exist_ok=True)
-    state_file(work).unlink(missing_ok=True)  # an earlier life's state is not this one's
     beacon = Beacon(cfg, RunStore.open(cfg.store), work, log_file)
+    beacon.record_earlier_life(read_state(state_file(work)))
+    state_file(work).unlink(missing_ok=True)  # an earlier life's state is not this one's
     trainer = beacon.start_trainer(config_path)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: _forward(trainer, signum))
@@ -67,6 +68,19 @@ class Beacon:
         with contextlib.suppress(Exception):  # a store outage must not end the node before it starts
             self.answered = store.stacks_request()  # requests older than this life are not ours
         self._log_size = -1
+
+    def record_earlier_life(self, fields: dict[str, Any] | None) -> None:
+        """An earlier life on this machine that ended before its beacon's first beat (a restart of
+        every mirrored worker seconds after they started) is in the store only through this: the new
+        life counts its restart, and keeps its first start, from the store's record of the last one."""
+        if fields is None:
+            return
+        try:
+            published = self.store.status(self.cfg.name)
+            if published is None or published.started < float(fields.get("started") or 0):
+                self.publish(int(fields.get("pid") or 0), fields, gone=True)
+        except Exception as exc:  # a store outage must not end the node before it starts
+            print(f"beacon {self.cfg.name}: earlier life not recorded: {exc}", file=sys.stderr, flush=True)
 
     def start_trainer(self, config_path: Path) -> subprocess.Popen[bytes]:
         args = [
