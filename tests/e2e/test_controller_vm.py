@@ -11,7 +11,7 @@ and a second boot (a deploy starting a stopped controller). Here: one boot, the 
 while the VM boots, the stack destroyed from inside, the idle stop.
 
 What this stands in for: EC2 itself (setup boots the instance's VM). Slow (the VM emulates every
-instruction): run alone with `-m vm`."""
+instruction): the slow tier, `scripts/test.sh --full`."""
 
 from __future__ import annotations
 
