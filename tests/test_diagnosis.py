@@ -227,3 +227,7 @@ def test_a_life_ended_before_its_first_beat_still_counts_as_a_restart_of_the_nex
     store.put_status(NodeState(**second.fields, heartbeat=time.time(), process="running"))
     Beacon(cfg, store, tmp_path / "work", None).record_earlier_life(dict(first.fields))
     assert store.status(cfg.name).process == "running"  # type: ignore[union-attr]
+    # and so is the state a node of another run left in a scratch dir of the same name
+    stranger = dict(second.fields, started=time.time() + 60, first_started=time.time() + 60, step=7)
+    Beacon(cfg, store, tmp_path / "work", None).record_earlier_life(stranger)
+    assert store.status(cfg.name).step == second.fields["step"]  # type: ignore[union-attr]

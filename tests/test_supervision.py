@@ -92,8 +92,11 @@ def _node(tmp_path: Path, max_restarts: int, status: dict | None = None, marker:
 
 
 def _run_node(config: Path) -> subprocess.CompletedProcess[str]:
+    # a scratch of its own: the default (<tmp>/dlinfra/<run id>/<node>) is every test's of run r-1,
+    # and one test's node left its state there for the next test's node to read as its earlier life
+    work = config.parent / "work"
     return subprocess.run(
-        [sys.executable, "-m", "dlinfra", "node", "run", str(config)],
+        [sys.executable, "-m", "dlinfra", "node", "run", str(config), "--work-dir", str(work)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -77,7 +77,12 @@ class Beacon:
             return
         try:
             published = self.store.status(self.cfg.name)
-            if published is None or published.started < float(fields.get("started") or 0):
+            newer = published is None or (
+                # of this node's lives (a scratch dir reused by another run of the same id is not)
+                published.first_started == fields.get("first_started")
+                and published.started < float(fields.get("started") or 0)
+            )
+            if newer:
                 self.publish(int(fields.get("pid") or 0), fields, gone=True)
         except Exception as exc:  # a store outage must not end the node before it starts
             print(f"beacon {self.cfg.name}: earlier life not recorded: {exc}", file=sys.stderr, flush=True)
