@@ -19,14 +19,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
+from hostile import all_cases  # noqa: E402
 from test_spec_errors import CASES, FILE_CASES  # noqa: E402
 
 GOAL_SECONDS, GOAL_MB, GOAL_STDERR = 2.0, 200.0, 8192
 
 
-def measure(args: list[str], source: Path | None, home: str) -> tuple[int, float, float, int]:
+def measure(
+    args: list[str], source: Path | None, home: str, extra_env: dict[str, str]
+) -> tuple[int, float, float, int]:
     """(exit code, seconds, peak RSS in MB, stderr bytes) of one fresh `dlinfra` process."""
-    env = dict(os.environ, DLINFRA_HOME=home)
+    env = dict(os.environ, DLINFRA_HOME=home, **extra_env)
     if source:
         env["PYTHONPATH"] = str(source / "src")
     with tempfile.TemporaryFile() as err:
@@ -63,23 +66,32 @@ OTHER_COMMANDS: list[tuple[str, list[str]]] = [
 ]
 
 
-def cases(workdir: Path) -> list[tuple[str, list[str]]]:
+Row = tuple[str, list[str], dict[str, str], int]  # name, arguments, extra environment, expected exit
+
+
+def cases(workdir: Path) -> list[Row]:
     (workdir / "a-file").write_text("not a directory\n")
-    out = [(name, [a.format(workdir=workdir) for a in args]) for name, args in OTHER_COMMANDS]
+    out: list[Row] = [
+        (name, [a.format(workdir=workdir) for a in args], {}, 2) for name, args in OTHER_COMMANDS
+    ]
     for name, text, extra, _ in CASES:
         args = ["validate", *extra]
         if text is not None:
             path = workdir / f"{name}.yaml"
             path.write_text(text)
             args.insert(1, str(path))
-        out.append((name, args))
+        out.append((name, args, {}, 2))
     for name, content, _ in FILE_CASES:
         path = workdir / f"file-{name}.yaml"
         if content is None:
             path.mkdir()
         else:
             path.write_bytes(content)
-        out.append((f"file-{name}", ["validate", str(path)]))
+        out.append((f"file-{name}", ["validate", str(path)], {}, 2))
+    for case in all_cases():  # issue 55's classes: each makes its files in a directory of its own
+        scratch = workdir / "hostile" / case.name
+        scratch.mkdir(parents=True)
+        out.append((case.name, case.args(scratch), case.env, case.code))
     return out
 
 
@@ -91,8 +103,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         rows = []
-        for name, args in cases(workdir):
-            rows.append((name, [measure(args, source, str(workdir / "home")) for _, source in sources]))
+        expected = {}
+        for name, args, extra_env, code in cases(workdir):
+            expected[name] = code
+            home = str(workdir / "home")
+            rows.append((name, [measure(args, source, home, extra_env) for _, source in sources]))
     header = f"{'case':34}" + "".join(f"{label:>30}" for label, _ in sources)
     print(header)
     print(f"{'':34}" + f"{'exit      s     MB  stderr B':>30}" * len(sources))
@@ -104,7 +119,9 @@ def main() -> None:
     for column, (label, _) in enumerate(sources):
         results = [r[column] for _, r in rows]
         off = [
-            n for n, r in rows if r[column][0] != 2 or r[column][1] > GOAL_SECONDS or r[column][2] > GOAL_MB
+            n
+            for n, r in rows
+            if r[column][0] != expected[n] or r[column][1] > GOAL_SECONDS or r[column][2] > GOAL_MB
         ]
         slowest = max(r[1] for r in results)
         print(
