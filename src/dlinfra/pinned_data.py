@@ -12,9 +12,10 @@ from dlinfra.contract import StoreConfig
 from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.run import home, package_version
-from dlinfra.runs.store import Store
+from dlinfra.runs.store import Listed, Store
 from dlinfra.spec.catalog import catalog
 from dlinfra.spec.dataset import is_listing
+from dlinfra.spec.input import shown
 from dlinfra.spec.model import Spec
 from dlinfra.training import staging, streaming
 from dlinfra.training.listing import listed_manifest, listing_bytes, listing_sha256
@@ -26,11 +27,13 @@ def absolute_dataset(spec: Spec, base: Path) -> Spec:
     directory."""
     ds = spec.training.dataset
     given = {name: uri for name, uri in (("uri", ds.uri), ("eval_uri", ds.eval_uri)) if uri}
-    update = {name: _absolute(uri, name, ds.format, base) for name, uri in given.items()}
+    update = {
+        name: _absolute(uri, name, ds.format, base, ds.outside_experiment_dir) for name, uri in given.items()
+    }
     return _with_dataset(spec, **update) if update != given else spec
 
 
-def _absolute(uri: str, field: str, fmt: str, base: Path) -> str:
+def _absolute(uri: str, field: str, fmt: str, base: Path, outside: bool) -> str:
     if not uri.startswith("file://") or Path(uri[len("file://") :]).is_absolute():
         return uri
     listing = is_listing(uri)
@@ -38,6 +41,16 @@ def _absolute(uri: str, field: str, fmt: str, base: Path) -> str:
         uri[len("file://") :].rpartition("/") if listing else (uri[len("file://") :], "", "")
     )
     local = (base / relative).resolve()
+    if not outside and not local.is_relative_to(base.resolve()):
+        # a relative path reads as "beside the experiment"; '..' or a link leading out of it is a
+        # path the user may not have meant (a shared experiment listing /etc as shards)
+        raise SpecError(
+            [
+                f"training.dataset.{field}: {shown(uri)} leads out of the experiment file's directory "
+                f"({base}) to {local}. Fix: keep the data under {base}, give it as an absolute "
+                "file:///path, or set training.dataset.outside_experiment_dir: true if you mean it"
+            ]
+        )
     staged = fmt in ("tfrecord", "files")
     if not (local.is_dir() if staged else local.is_file()):
         what = (
@@ -74,7 +87,7 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
     if not ds.staged or ds.uri is None:
         return spec, None, None
     where = StoreConfig.for_run(spec, ds.uri)
-    listing = None
+    listing, stored = None, None  # a listing's files are known by what it lists
     try:
         if is_listing(ds.uri):
             manifest = listed_manifest(ds, where.endpoint_url, where.region)
@@ -91,10 +104,13 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
         else:
             store = Store.from_url(where.url, where.endpoint_url, where.region)
             pinned = staging.read_manifest(store, ds.sha256)
+            stored = _stored(store)
     except SpecError:
         raise
     except DlinfraError as exc:  # the store's own errors (access, a missing bucket) and the pin's
         raise SpecError([str(exc)]) from None
+    if problems := staging.stored_problems(pinned.manifest, where.url, stored):
+        raise SpecError(problems)
     workers = spec.roles()["worker"].count
     builtin = not (spec.training.entrypoint or spec.training.command)
     if problems := staging.fit_problems(pinned.manifest, workers, ds.model_fields_set, builtin):
@@ -127,6 +143,15 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
     if problem:
         raise SpecError([problem])
     return _with_dataset(spec, sha256=pinned.sha256), note, listing
+
+
+def _stored(store: Store) -> list[Listed] | None:
+    """The packed directory's files, to check against its manifest; None when this identity may
+    read the shards but not list them (the nodes check each shard's sha256 as it lands)."""
+    try:
+        return store.files()
+    except DlinfraError:
+        return None
 
 
 def node_disk(spec: Spec, node: str) -> staging.NodeDisk:

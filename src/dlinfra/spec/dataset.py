@@ -37,6 +37,17 @@ def _listing_problem(uri: str, field: str) -> str | None:
     return None
 
 
+def _plain_key(uri: str) -> None:
+    """An S3 key is taken literally, but '..' and '.' read as a path (nodes stage under the key's
+    names, IAM grants by prefix): a key that looks like it leaves its prefix is refused."""
+    segments = uri.removeprefix("s3://").split("/")[1:]
+    if any(segment in (".", "..") for segment in segments):
+        raise ValueError(
+            f"{shown(uri)} has a '.' or '..' segment in its key, which S3 does not resolve. "
+            "Fix: name the prefix as it is, e.g. s3://data/imagenet/train-*"
+        )
+
+
 class FeaturesSpec(StrictModel):
     """Your files' tf.train.Example keys, for the built-in model (a program of your own parses
     `Shard.records()` itself)."""
@@ -100,6 +111,11 @@ class DatasetSpec(StrictModel):
         "(10**9 bytes): training starts when the first file lands, and files already read are evicted "
         "when the node's share does not fit. Unset: each node stages its whole share before training.",
     )
+    outside_experiment_dir: bool = Field(
+        False,
+        description="A relative file:// uri must stay inside the experiment file's directory (no '..' "
+        "or symlink out of it): true when you mean a path outside it. An absolute file:// uri is yours.",
+    )
 
     @field_validator("uri", "eval_uri")
     @classmethod
@@ -108,6 +124,8 @@ class DatasetSpec(StrictModel):
             raise ValueError(f"must start with one of {', '.join(DATA_SCHEMES)} (got {shown(v)})")
         if v is not None and v.startswith("http"):
             http_url(v)  # no credentials in a URL every node and log sees
+        if v is not None and v.startswith("s3://"):
+            _plain_key(v)
         return v
 
     @property

@@ -23,7 +23,7 @@ from dlinfra.contract import NodeConfig
 from dlinfra.errors import DlinfraError
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.layout import DATA_MANIFEST, RunStore
-from dlinfra.runs.store import Store
+from dlinfra.runs.store import Listed, Store
 from dlinfra.spec.dataset import is_listing
 from dlinfra.training.shards import ShardFile, ShardManifest
 
@@ -114,6 +114,32 @@ def fit_problems(manifest: ShardManifest, workers: int, given: set[str], builtin
             "training.dataset.shape: the packed images differ in size (packed as they were). Fix: set "
             "the shape every image is resized to, e.g. shape: [64, 64, 3]"
         )
+    return problems
+
+
+def stored_problems(manifest: ShardManifest, where: str, stored: list[Listed] | None) -> list[str]:
+    """What a node would find only once the cluster is up, known now from the manifest and a listing
+    of the store (`stored`, None when the planner may not list it): empty files, and a packed set's
+    shards missing or of another size than its manifest says (their sha256 is checked as they land)."""
+    problems = []
+    listed = manifest.locations is not None
+    sizes = {f.name: f.bytes for f in stored or []}
+    for split, files in ((split, manifest.splits[split].shards) for split in ("train", "eval")):
+        location = manifest.locations[split] if manifest.locations else where
+        field = "eval_uri" if listed and split == "eval" else "uri"
+        fix = "Fix: pack the set again (`dlinfra data pack`)" if not listed else ""
+        for shard in files:
+            name = f"{location}/{shard.name}"
+            if shard.bytes == 0 or shard.records == 0:
+                fix = fix or "Fix: remove it, or narrow the glob so that it does not match it"
+                problems.append(f"training.dataset.{field}: {name} is empty: nothing to read. {fix}")
+            elif stored is not None and not listed and shard.name not in sizes:
+                problems.append(f"training.dataset.uri: {name} is missing, and its manifest names it. {fix}")
+            elif stored is not None and not listed and sizes[shard.name] != shard.bytes:
+                problems.append(
+                    f"training.dataset.uri: {name} has {sizes[shard.name]} bytes, its manifest says "
+                    f"{shard.bytes}: it changed since it was packed. {fix}"
+                )
     return problems
 
 
