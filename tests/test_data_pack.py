@@ -121,3 +121,44 @@ def test_pack_from_the_cli_into_s3_and_its_refusals(tmp_path: Path, moto_endpoin
     cifar = run_cli("data", "pack", "cifar10", str(tmp_path / "z"), env=env)
     assert cifar.returncode == 2 and "--uri" in cifar.stderr
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists(), "nothing written on bad input"
+
+
+def _names(root: Path) -> set[str]:
+    return {p.name for p in root.iterdir()}
+
+
+def test_a_pack_lands_whole_replacing_an_earlier_one_or_changes_nothing(tmp_path: Path) -> None:
+    """Issue 55, class 6: a repack into the same DEST once left the earlier pack's extra shards
+    beside the new manifest, and every image file went in unread."""
+    _image_directory(tmp_path / "pets", 10)
+    (tmp_path / "pets" / "dogs" / "notes.txt").unlink()
+    out = Store.from_url(f"file://{tmp_path / 'out'}")
+    shards.pack(shards.directory_source(tmp_path / "pets", 0.2), out, 4, 2)
+    second = shards.pack(shards.directory_source(tmp_path / "pets", 0.2), out, 2, 1)
+    named = {s.name for split in second.splits.values() for s in split.shards}
+    assert _names(tmp_path / "out") == named | {"manifest.json"}, "no shard of the earlier pack left"
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+
+    # a PNG by its signature whose body is none: decoded at pack time, named, and DEST untouched
+    (tmp_path / "pets" / "cats" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    with pytest.raises(shards.PackError, match=r"cats/broken\.png: no image TensorFlow can decode"):
+        shards.pack(shards.directory_source(tmp_path / "pets", 0.2), out, 3, 1)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+    assert _names(tmp_path) == {"pets", "out"}, "nothing half-made beside DEST"
+
+
+def test_a_repack_into_s3_removes_the_earlier_packs_other_shards(
+    tmp_path: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in FAKE_CREDS.items():
+        monkeypatch.setenv(key, value)
+    s3 = s3_client(moto_endpoint)
+    s3.create_bucket(Bucket="repack")
+    s3.put_object(Bucket="repack", Key="pets/README.md", Body=b"the team's notes")
+    _image_directory(tmp_path / "pets", 10)
+    dest = Store.from_url("s3://repack/pets", endpoint_url=moto_endpoint, region="us-east-1")
+    shards.pack(shards.directory_source(tmp_path / "pets", 0.2), dest, 4, 2)
+    second = shards.pack(shards.directory_source(tmp_path / "pets", 0.2), dest, 2, 1)
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="repack", Prefix="pets/")["Contents"]}
+    named = {f"pets/{s.name}" for split in second.splits.values() for s in split.shards}
+    assert keys == named | {"pets/manifest.json", "pets/README.md"}, "what no pack wrote is kept"

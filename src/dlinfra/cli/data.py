@@ -54,6 +54,10 @@ def pack(
     if encoding not in ("png", "jpeg"):
         raise DlinfraError(f"--encoding {encoding}: use png or jpeg")
     store = Store.from_url(_store_url(dest), endpoint_url, region)
+    from dlinfra.training import pack_dest
+
+    # before a source is read or TensorFlow loaded: a DEST it cannot land in whole
+    pack_dest.check(store, None if source in BUILT_IN else Path(source))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices are not ours
     try:
         from dlinfra.training import shards as packing

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -22,17 +21,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from dlinfra import __version__
-from dlinfra.errors import DlinfraError
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.layout import DATA_MANIFEST
 from dlinfra.runs.store import Store
+from dlinfra.training import pack_dest
+from dlinfra.training.pack_dest import PackError
 
 PACK_SEED = 20161  # fixed: the same source packs into the same shards, byte for byte
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-
-
-class PackError(DlinfraError):
-    """A source that cannot be packed; the message says what to change."""
 
 
 class ShardFile(BaseModel):
@@ -77,8 +73,35 @@ class Example:
     image: Any  # what the source's encode turns into the record's bytes: pixels, or a file's path
 
 
-def _file_bytes(path: Any) -> bytes:
-    return Path(path).read_bytes()
+SIGNATURES = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
+
+
+def _image_bytes(path: Any) -> bytes:
+    """An image file's bytes, packed as they are once TensorFlow decoded them: an image that does
+    not decode fails here, naming its file, not in every trainer that reads the shard."""
+    import tensorflow as tf
+
+    data = Path(path).read_bytes()
+    try:
+        tf.io.decode_image(data, expand_animations=False)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as exc:
+        reason = exc.message.split("\n", 1)[0][:200]
+        raise PackError(
+            f"{path}: no image TensorFlow can decode ({reason}). Fix: remove or replace the file"
+        ) from None
+    return data
+
+
+def _refuse_no_image(path: Path) -> None:
+    """A file named like an image that is none (a text file named .png), known by its first bytes
+    before anything is decoded or written."""
+    with path.open("rb") as fh:
+        head = fh.read(8)
+    if not any(head.startswith(signature) for signature in SIGNATURES):
+        raise PackError(
+            f"{path}: named {path.suffix} but its first bytes are no PNG or JPEG signature. Fix: remove "
+            "it, or convert it to PNG or JPEG"
+        )
 
 
 @dataclass(frozen=True)
@@ -129,23 +152,36 @@ def directory_source(root: Path, eval_fraction: float) -> Source:
     if not root.is_dir():
         raise PackError(f"{root}: not a directory (give a directory of class sub-directories, or digits)")
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    for name in classes:
+        if (root / name / DATA_MANIFEST).exists():
+            raise PackError(
+                f"{root / name}: holds a {DATA_MANIFEST}, an earlier pack's, and would be packed as a "
+                f"class of images. Fix: move it out of {root}"
+            )
     if len(classes) < 2:
         raise PackError(f"{root}: {len(classes)} class sub-directories; a classifier needs at least 2")
     train: list[Example] = []
     held: list[Example] = []
     next_id = 0
     for label, name in enumerate(classes):
+        before = next_id
         for path in sorted((root / name).rglob("*")):
             if path.suffix.lower() not in IMAGE_SUFFIXES or not path.is_file():
                 continue
+            _refuse_no_image(path)
             relative = path.relative_to(root).as_posix()
             share = int(hashlib.sha256(relative.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
             (held if share < eval_fraction else train).append(Example(next_id, label, path))
             next_id += 1
+        if next_id == before:
+            raise PackError(
+                f"{root / name}: no .jpg, .jpeg or .png file, and every sub-directory is a class. Fix: "
+                "add its images, or move it out"
+            )
     if not train or not held:
         raise PackError(f"{root}: {len(train)} training and {len(held)} eval images: add images")
     return Source(
-        root.name, classes, "as-is", None, train, held, _file_bytes
+        root.name, classes, "as-is", None, train, held, _image_bytes
     )  # read as each shard is written
 
 
@@ -190,28 +226,25 @@ def _split(source: Source, split: str, examples: list[Example], shards: int, out
 
 
 def pack(source: Source, dest: Store, shards: int, eval_shards: int) -> ShardManifest:
-    """Write the shards and their manifest to `dest`; the manifest goes last, so a reader never
-    sees a manifest naming a shard that is not there yet."""
+    """Write the shards and their manifest to `dest`, which then holds this pack alone: whole or
+    unchanged (see pack_dest); the manifest goes last, so a reader never sees a manifest naming a
+    shard that is not there yet."""
     _refuse_empty_shards("train", source.train, shards)
     _refuse_empty_shards("eval", source.eval, eval_shards)
-    with tempfile.TemporaryDirectory(prefix="dlinfra-pack-") as tmp:
-        out = Path(tmp)
+    with pack_dest.landing(dest) as out:
         splits = {
             "train": _split(source, "train", source.train, shards, out),
             "eval": _split(source, "eval", source.eval, eval_shards, out),
         }
-        for split in splits.values():
-            for shard in split.shards:
-                dest.put_file(shard.name, out / shard.name)
-    manifest = ShardManifest(
-        source=source.name,
-        encoding=source.encoding,
-        shape=source.shape,
-        classes=source.classes,
-        splits=splits,
-        created=time.time(),
-    )
-    dest.put_json(DATA_MANIFEST, manifest.model_dump(mode="json"))
+        manifest = ShardManifest(
+            source=source.name,
+            encoding=source.encoding,
+            shape=source.shape,
+            classes=source.classes,
+            splits=splits,
+            created=time.time(),
+        )
+        pack_dest.write_manifest(out, manifest.model_dump(mode="json"))
     return manifest
 
 
