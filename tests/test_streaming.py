@@ -138,6 +138,11 @@ def test_a_file_that_cannot_come_fails_the_reader_and_the_stream_names_it(
     # what a parameter-server chief sees of a worker's failed stream, and the pointer it gets
     assert "its log says why (`data: streaming stopped: …`" in hint(str(failed.value)), failed.value
     assert staged.stream.error is not None and f"{gone} is missing from" in staged.stream.error
+    # issue 55, class 7: the run's verdict is that line, written before the reader failed (a
+    # parameter-server chief's remote TensorFlow error, many kB, came first and won)
+    marker = RunStore.open(cfg.store).marker()
+    assert marker is not None and (marker.marker, marker.verdict, marker.node) == ("FAILED", "data", cfg.name)
+    assert marker.error == staged.stream.error and "\n" not in marker.error and "Fix:" in marker.error
 
 
 def test_a_cache_too_small_for_the_readers_files_is_refused_with_the_size_that_works(

@@ -58,7 +58,13 @@ def stage_node(cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[]
         # dispatched with no cache_gb: files stay once read, up to all of them (the plan counted that)
         budget = cache_bytes(cache_gb) if cache_gb is not None else sum(s.bytes for s in mine.train)
         train_store = split_store(cfg, pinned.manifest, "train")
-        stream = Stream(train_store, mine.train, work, budget, ordered=not dispatched).start()
+
+        # the run's verdict is the file and the reason, written before any reader fails: else the
+        # first marker is a parameter-server chief's, a remote TensorFlow error of many kB
+        def failed(reason: str) -> None:
+            run.write_marker("FAILED", node=cfg.name, verdict="data", error=reason, traceback="")
+
+        stream = Stream(train_store, mine.train, work, budget, not dispatched, failed).start()
         evicts = "read ones evicted" if stream.evicts else "kept for every epoch"
         what = (
             f"{len(mine.train)} train shards, {size(sum(s.bytes for s in mine.train))}, streamed through "

@@ -31,6 +31,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -125,9 +126,16 @@ class Stream:
     that order; else it fetches the files the reader took from the dispatcher (dispatched_records)."""
 
     def __init__(
-        self, store: Store, shards: list[ShardFile], work: Path, budget: int, ordered: bool = True
+        self,
+        store: Store,
+        shards: list[ShardFile],
+        work: Path,
+        budget: int,
+        ordered: bool = True,
+        failed: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
+        self.failed = failed  # told why the stream stopped, before any reader fails of it
         self.ordered = ordered
         self.files = sorted(shards, key=lambda s: local_name(s, "tfrecord"))
         self.files_named = [local_name(s, "tfrecord") for s in self.files]
@@ -207,6 +215,9 @@ class Stream:
             except Exception as exc:  # said by the agent when its reader fails
                 self.error = str(exc)
                 print(f"data: streaming stopped: {exc}", flush=True)
+                if self.failed is not None:
+                    with contextlib.suppress(Exception):  # the readers fail below all the same
+                        self.failed(self.error)
                 for k in list(self.present):  # so that every reader fails at its next file
                     self._evict(k)
 
