@@ -226,6 +226,10 @@ def test_deploy_says_what_the_nodes_stage_and_where_and_refuses_a_volume_too_sma
             shard["bytes"] = 60 * staging.GIB
     (tmp_path / "big").mkdir()
     (tmp_path / "big" / "manifest.json").write_text(json.dumps(big))
+    for split in big["splits"].values():  # sparse: the plan compares the listed sizes to the manifest's
+        for shard in split["shards"]:
+            with (tmp_path / "big" / shard["name"]).open("wb") as fh:
+                fh.truncate(shard["bytes"])
     with pytest.raises(SpecError) as refused:
         pinned_shards(spec("aws", f"file://{tmp_path / 'big'}", **g5), own_disks=True)
     # the chief (m5.xlarge: EBS only) stages one train shard and the two eval ones on its root volume

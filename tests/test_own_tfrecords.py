@@ -130,6 +130,36 @@ def test_the_listing_pin_refuses_files_changed_added_or_cut_short(
     assert not any(p.name.endswith(".part") for p in (tmp_path / "w1" / staging.TRAIN_DIR).iterdir())
 
 
+def test_a_corrupt_record_is_named_by_its_file_as_it_lands(
+    tmp_path: Path, own_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 55, class 7: a record whose bytes changed (the size the listing pins kept) failed the
+    reader mid-epoch with TensorFlow's "corrupted record at N", which names no file."""
+    monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "home"))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in (own_files / "train").iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    held = f"file://{own_files}/validation/validation-*"
+    spec, _, listing = pinned_shards(_spec(f"file://{copy}/train-*", held), own_disks=False)
+    sha256 = spec.training.dataset.sha256
+    assert listing is not None and sha256 is not None
+    results = tmp_path / "results"
+    RunStore(Store.from_url(f"file://{results}")).put_data_listing(sha256, listing)
+    damaged = copy / "train-00004-of-00008"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    cfg = _node(spec, "worker", 1, results)
+    with pytest.raises(staging.DataError) as refused:
+        node_data.stage_node(cfg, RunStore.open(cfg.store), tmp_path / "w1", lambda: None)
+    message = str(refused.value)
+    assert message.startswith("training.dataset.uri: train-00004-of-00008 is no readable TFRecord file (")
+    assert "corrupted record at" in message and "Fix:" in message and "\n" not in message, message
+    left = {p.name for p in (tmp_path / "w1" / staging.TRAIN_DIR).iterdir()}
+    assert not any("00004" in name for name in left), "nothing of it left to read"
+
+
 def test_what_the_built_in_model_needs_of_your_files_is_asked_for_before_anything_runs(
     tmp_path: Path, own_files: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

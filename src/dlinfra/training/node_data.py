@@ -15,6 +15,7 @@ from dlinfra.training.staging import (
     EVAL_DIR,
     TRAIN_DIR,
     NodeShare,
+    checked_records,
     node_set,
     node_shares,
     pin_name,
@@ -48,11 +49,12 @@ def stage_node(cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[]
     # a dispatched worker reads any train file (the chief's fit check reads its one, staged)
     dispatched = mine.every_file
     fmt = pinned.manifest.format
-    held = stage(split_store(cfg, pinned.manifest, "eval"), mine.eval, work / EVAL_DIR, fmt)
+    records = checked_records(cfg)
+    held = stage(split_store(cfg, pinned.manifest, "eval"), mine.eval, work / EVAL_DIR, fmt, records)
     cache_gb = cfg.training.dataset.cache_gb
     stream = None
     if cache_gb is None and not dispatched:
-        train = stage(split_store(cfg, pinned.manifest, "train"), mine.train, work / TRAIN_DIR, fmt)
+        train = stage(split_store(cfg, pinned.manifest, "train"), mine.train, work / TRAIN_DIR, fmt, records)
         what = f"{len(train)} train + {len(held)} eval shards, {size(_bytes(train + held))}, staged"
     else:
         # dispatched with no cache_gb: files stay once read, up to all of them (the plan counted that)
@@ -64,7 +66,9 @@ def stage_node(cfg: NodeConfig, run: RunStore, work: Path, starting: Callable[[]
         def failed(reason: str) -> None:
             run.write_marker("FAILED", node=cfg.name, verdict="data", error=reason, traceback="")
 
-        stream = Stream(train_store, mine.train, work, budget, not dispatched, failed).start()
+        stream = Stream(train_store, mine.train, work, budget, ordered=not dispatched)
+        stream.failed, stream.records = failed, records
+        stream.start()
         evicts = "read ones evicted" if stream.evicts else "kept for every epoch"
         what = (
             f"{len(mine.train)} train shards, {size(sum(s.bytes for s in mine.train))}, streamed through "

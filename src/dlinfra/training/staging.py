@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,9 +269,24 @@ def _mismatch(path: Path, shard: ShardFile) -> str | None:
     return None if size == shard.bytes else f"has {size} bytes, {shard.bytes} when the run listed it"
 
 
-def fetch(store: Store, shard: ShardFile, into: Path, fmt: str) -> Path:
+def _unreadable(path: Path, compression: str) -> str | None:
+    """A TFRecord file of your own read through once, every record's CRC checked by TensorFlow: a
+    corrupt file is named as it lands, not met mid-epoch as a DataLossError that names no file."""
+    import tensorflow as tf
+
+    try:
+        records = tf.data.TFRecordDataset(str(path), compression_type=compression)
+        records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+    except tf.errors.OpError as exc:
+        reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:.*", "", exc.message.splitlines()[0])[:200]
+        return f"is no readable TFRecord file ({reason})"
+    return None
+
+
+def fetch(store: Store, shard: ShardFile, into: Path, fmt: str, records: str | None = None) -> Path:
     """One shard at `into`, checked against the run's pin; kept when an earlier life of the node
-    left it there whole."""
+    left it there whole. `records`: a file of your own is also read through, with this compression
+    (a packed shard's sha256 says it is the one `data pack` wrote)."""
     path = into / local_name(shard, fmt)
     # files land by rename, so a staged one is whole
     if path.is_file() and path.stat().st_size == shard.bytes and _mismatch(path, shard) is None:
@@ -286,11 +302,19 @@ def fetch(store: Store, shard: ShardFile, into: Path, fmt: str) -> Path:
     if problem := _mismatch(partial, shard):
         partial.unlink()
         raise DataError(f"training.dataset.uri: {shard.name} {problem}. {fix}")
+    if records is not None and shard.sha256 is None and (problem := _unreadable(partial, records)):
+        partial.unlink()
+        raise DataError(
+            f"training.dataset.uri: {shard.name} {problem}. Fix: write it again, or move it out of the "
+            "glob's directory, and deploy anew"
+        )
     partial.replace(path)
     return path
 
 
-def stage(store: Store, shards: list[ShardFile], into: Path, fmt: str = "tfrecord") -> list[Path]:
+def stage(
+    store: Store, shards: list[ShardFile], into: Path, fmt: str = "tfrecord", records: str | None = None
+) -> list[Path]:
     """Each shard at `into` (see fetch), several at a time."""
     into.mkdir(parents=True, exist_ok=True)
     wanted = {local_name(s, fmt) for s in shards}
@@ -299,7 +323,7 @@ def stage(store: Store, shards: list[ShardFile], into: Path, fmt: str = "tfrecor
         if stale.is_file() and stale.name not in wanted:
             stale.unlink()
     with ThreadPoolExecutor(max_workers=PARALLEL_OBJECTS) as pool:
-        return list(pool.map(lambda shard: fetch(store, shard, into, fmt), shards))
+        return list(pool.map(lambda shard: fetch(store, shard, into, fmt, records), shards))
 
 
 def node_set(cfg: NodeConfig, run: RunStore) -> Pinned:
@@ -317,6 +341,13 @@ def split_store(cfg: NodeConfig, manifest: ShardManifest, split: str) -> Store:
     assert cfg.data is not None
     where = manifest.locations[split] if manifest.locations else cfg.data.url
     return Store.from_url(where, cfg.data.endpoint_url, cfg.data.region)
+
+
+def checked_records(cfg: NodeConfig) -> str | None:
+    """The compression to read your own TFRecord files through with as they land (see fetch); None
+    where no TensorFlow of ours runs (a script's own, `training.command`) or the files are no TFRecords."""
+    ds = cfg.training.dataset
+    return ds.compression_type if ds.format == "tfrecord" and not cfg.training.command else None
 
 
 def stages(cfg: NodeConfig) -> bool:

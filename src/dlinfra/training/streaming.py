@@ -126,16 +126,11 @@ class Stream:
     that order; else it fetches the files the reader took from the dispatcher (dispatched_records)."""
 
     def __init__(
-        self,
-        store: Store,
-        shards: list[ShardFile],
-        work: Path,
-        budget: int,
-        ordered: bool = True,
-        failed: Callable[[str], None] | None = None,
+        self, store: Store, shards: list[ShardFile], work: Path, budget: int, ordered: bool = True
     ) -> None:
         self.store = store
-        self.failed = failed  # told why the stream stopped, before any reader fails of it
+        self.failed: Callable[[str], None] | None = None  # told why it stopped, before a reader fails
+        self.records: str | None = None  # your own TFRecord files' compression: see staging.fetch
         self.ordered = ordered
         self.files = sorted(shards, key=lambda s: local_name(s, "tfrecord"))
         self.files_named = [local_name(s, "tfrecord") for s in self.files]
@@ -199,7 +194,7 @@ class Stream:
 
     def _fetch(self, k: int) -> Path:
         try:
-            return fetch(self.store, self.files[k], self.work / TRAIN_DIR, "tfrecord")
+            return fetch(self.store, self.files[k], self.work / TRAIN_DIR, "tfrecord", self.records)
         finally:
             self._wake.set()  # a reader may be waiting for it
 
