@@ -112,13 +112,13 @@ def test_the_pin_refuses_a_changed_manifest(
 
 def test_fit_problems_name_the_field_and_the_fix(packed: tuple[Path, shards.ShardManifest]) -> None:
     _, manifest = packed
-    assert staging.fit_problems(manifest, 8, set(), builtin=True) == []
-    (few,) = staging.fit_problems(manifest, 9, set(), builtin=True)
+    assert staging.fit_problems(manifest, 8, set()) == []
+    (few,) = staging.fit_problems(manifest, 9, set())
     assert "8 train shards for 9 workers" in few and "--shards 9" in few
     mixed = manifest.model_copy(update={"shape": None})
-    (shape,) = staging.fit_problems(mixed, 2, set(), builtin=True)
+    (shape,) = staging.fit_problems(mixed, 2, set())
     assert shape.startswith("training.dataset.shape:")
-    assert staging.fit_problems(mixed, 2, {"shape"}, builtin=True) == []
+    assert staging.fit_problems(mixed, 2, {"shape"}) == []
 
 
 def test_the_built_in_program_reads_the_source_pixels_from_staged_shards(

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from pydantic import ValidationError
 
 from dlinfra.contract import NodeConfig
 from dlinfra.errors import SpecError
@@ -165,13 +166,12 @@ def test_what_the_built_in_model_needs_of_your_files_is_asked_for_before_anythin
 ) -> None:
     monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "home"))
     train = f"file://{own_files}/train/train-*"
-    bare = Spec.model_validate({"training": {"dataset": {"format": "tfrecord", "uri": train}}})
-    with pytest.raises(SpecError) as asked:
-        pinned_shards(bare, own_disks=False)
+    # the spec alone shows it: validate refuses it as deploy does (issue 55, class 9)
+    with pytest.raises(ValidationError) as asked:
+        Spec.model_validate({"training": {"dataset": {"format": "tfrecord", "uri": train}}})
     problems = str(asked.value)
-    assert "training.dataset.eval_uri: the built-in model evaluates on files of their own" in problems
-    assert "training.dataset.shape: your own files' image shape" in problems
-    assert "training.dataset.classes: your own files' number of classes" in problems
+    assert "the built-in model reads your own TFRecord files with training.dataset.eval_uri (" in problems
+    assert "shape (your images' shape, e.g. [224, 224, 3])" in problems and "classes (" in problems
     with pytest.raises(SpecError, match=r"8 train shards for 9 workers.*split your files into more"):
         pinned_shards(_spec(train, f"file://{own_files}/validation/*", workers=9), own_disks=False)
     with pytest.raises(SpecError, match=r"training.dataset.eval_uri: no file under .* matches 'val-\*'"):
@@ -280,9 +280,8 @@ def test_files_of_any_format_are_staged_by_name_for_the_users_own_reader(
         (parts / f"part-{p}.csv").write_text("".join(f"{p * 100 + i},{i % 2}\n" for i in range(5)))
     (parts / "part-4.json").write_text('{"id": 404}\n')
     uri = f"file://{parts}/part-*"
-    bare = Spec.model_validate({"training": {"dataset": {"format": "files", "uri": uri}}})
-    with pytest.raises(SpecError, match=r"training\.dataset\.format: files are read by a program or script"):
-        pinned_shards(bare, own_disks=False)
+    with pytest.raises(ValidationError, match=r"format files are read by a program or script of yours"):
+        Spec.model_validate({"training": {"dataset": {"format": "files", "uri": uri}}})
     given = Spec.model_validate(
         {"training": {"command": ["python", "train.py"], "dataset": {"format": "files", "uri": uri}}}
     )

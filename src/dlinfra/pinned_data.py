@@ -112,8 +112,7 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
     if problems := staging.stored_problems(pinned.manifest, where.url, stored):
         raise SpecError(problems)
     workers = spec.roles()["worker"].count
-    builtin = not (spec.training.entrypoint or spec.training.command)
-    if problems := staging.fit_problems(pinned.manifest, workers, ds.model_fields_set, builtin):
+    if problems := staging.fit_problems(pinned.manifest, workers, ds.model_fields_set):
         raise SpecError(problems)
     if ds.cache_gb is not None and (problem := streaming.cache_problem(pinned.manifest, ds.cache_gb)):
         raise SpecError([problem])

@@ -38,10 +38,12 @@ def image_tree(root: Path, per_class: int = 6) -> Path:
     return root
 
 
-def _experiment(work: Path, dataset: dict[str, object]) -> Path:
+def _experiment(work: Path, dataset: dict[str, object], script: bool = True) -> Path:
+    """`script`: a program of the user's reads the data (the built-in model asks more of own files)."""
     spec = work / "exp" / "experiment.yaml"
     spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(json.dumps({"training": {"dataset": dataset, "steps": 10}}))
+    training = {"dataset": dataset, "steps": 10} | ({"command": ["python", "-c", "pass"]} if script else {})
+    spec.write_text(json.dumps({"training": training}))
     return spec
 
 
@@ -74,15 +76,24 @@ def _s3_dotdot(work: Path) -> list[str]:
     return ["validate", str(spec)]
 
 
+def _files_for_builtin(work: Path) -> list[str]:
+    (work / "exp" / "data").mkdir(parents=True)
+    (work / "exp" / "data" / "part-0").write_text(SECRET_TEXT)
+    return ["validate", str(_experiment(work, {"format": "files", "uri": "file://data/part-*"}, False))]
+
+
+def _own_tfrecords_bare(work: Path) -> list[str]:
+    (work / "exp" / "data").mkdir(parents=True)
+    (work / "exp" / "data" / "part-0").write_text(SECRET_TEXT)
+    return ["validate", str(_experiment(work, {"format": "tfrecord", "uri": "file://data/part-*"}, False))]
+
+
 def _own_files(work: Path, sizes: dict[str, int]) -> Path:
     data = work / "exp" / "data"
     data.mkdir(parents=True)
     for name, size in sizes.items():
         (data / name).write_bytes(b"\x00" * size)
-    dataset = {"format": "tfrecord", "uri": "file://data/part-*"}
-    spec = _experiment(work, dataset)
-    spec.write_text(json.dumps({"training": {"dataset": dataset, "command": ["python", "-c", "pass"]}}))
-    return spec
+    return _experiment(work, {"format": "tfrecord", "uri": "file://data/part-*"})
 
 
 def _empty_file(work: Path) -> list[str]:
@@ -163,6 +174,8 @@ CASES = [
     Case("data-relative-uri-symlink-out", _symlink_out, ("training.dataset.uri", "outside_experiment_dir")),
     Case("data-relative-uri-dotdot-meant", _dotdot_meant, ("valid",), code=0),
     Case("data-s3-key-dotdot", _s3_dotdot, ("training.dataset.uri", "'..'", "Fix:")),
+    Case("data-validate-files-for-builtin", _files_for_builtin, ("training.command", "Fix:")),
+    Case("data-validate-own-tfrecords-bare", _own_tfrecords_bare, ("eval_uri", "shape", "classes", "Fix:")),
     Case("data-plan-empty-file", _empty_file, ("part-1", "empty", "Fix:"), absent=(SECRET_TEXT,)),
     Case("data-plan-shard-changed", _shard_changed, ("train-00001-of-00002.tfrecord", "7 bytes", "Fix:")),
     Case("data-plan-shard-missing", _shard_missing, ("train-00001-of-00002.tfrecord", "missing", "Fix:")),

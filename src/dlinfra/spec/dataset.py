@@ -128,6 +128,33 @@ class DatasetSpec(StrictModel):
             _plain_key(v)
         return v
 
+    def builtin_problem(self) -> str | None:
+        """What the built-in model needs of a staged set that the spec alone shows, so that validate
+        refuses what deploy would (a packed set's manifest names the rest, read at deploy)."""
+        if self.format == "files":
+            return (
+                "format files are read by a program or script of yours (the built-in model reads "
+                "TFRecords). Fix: set training.entrypoint or training.command, or pack images into "
+                "shards (`dlinfra data pack`)"
+            )
+        if self.format != "tfrecord" or not is_listing(self.uri):
+            return None
+        missing = [
+            f"{name} ({example})"
+            for name, example in (
+                ("eval_uri", "the glob of the files it evaluates on, e.g. s3://data/imagenet/validation-*"),
+                ("shape", "your images' shape, e.g. [224, 224, 3]"),
+                ("classes", "their number of classes, e.g. 1000"),
+            )
+            if name not in self.model_fields_set
+        ]
+        if not missing:
+            return None
+        return (
+            f"the built-in model reads your own TFRecord files with training.dataset.{', '.join(missing)} "
+            "given. Fix: set them, or train with training.entrypoint or training.command"
+        )
+
     @property
     def compression_type(self) -> str:
         """TensorFlow's name for it (TFRecordDataset's compression_type)."""

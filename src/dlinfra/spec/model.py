@@ -262,6 +262,12 @@ class TrainingSpec(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _builtin_reads_the_data(self) -> TrainingSpec:
+        if not (self.entrypoint or self.command) and (problem := self.dataset.builtin_problem()):
+            raise ValueError(problem)  # deploy refused it once the files were listed; validate passed it
+        return self
+
     def dispatches_files(self, strategy: str) -> bool:
         """Parameter-server workers take train files as they are free, from a tf.data dispatcher on
         the chief, instead of a fixed share each: of packed or listed TFRecords that dlinfra reads

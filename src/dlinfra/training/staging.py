@@ -73,10 +73,11 @@ def read_manifest(store: Store, pinned: str | None) -> Pinned:
         raise DataError(f"training.dataset.uri: {where} is not a data manifest: {exc}") from None
 
 
-def fit_problems(manifest: ShardManifest, workers: int, given: set[str], builtin: bool) -> list[str]:
+def fit_problems(manifest: ShardManifest, workers: int, given: set[str]) -> list[str]:
     """What keeps a data set from training on `workers` workers, each with its fix (checked when the
     run is prepared, before anything is provisioned). `given`: the training.dataset fields the spec
-    sets; `builtin`: the built-in model trains (no program of the user's parses the records)."""
+    sets. What the built-in model needs that the spec alone shows, the spec refuses itself
+    (DatasetSpec.builtin_problem)."""
     problems = []
     listed = manifest.locations is not None
     shards = len(manifest.splits["train"].shards)
@@ -86,27 +87,7 @@ def fit_problems(manifest: ShardManifest, workers: int, given: set[str], builtin
             f"training.dataset.uri: {shards} train shards for {workers} workers, and each worker reads "
             f"whole shards of its own. Fix: {more} (10 per worker keeps them even), or deploy fewer workers"
         )
-    if manifest.format == "files" and builtin:
-        problems.append(
-            "training.dataset.format: files are read by a program or script of yours (the built-in "
-            "model reads TFRecords). Fix: set training.entrypoint or training.command, or pack images "
-            "into shards (`dlinfra data pack`)"
-        )
-    elif listed and builtin:
-        if not manifest.splits["eval"].shards:
-            problems.append(
-                "training.dataset.eval_uri: the built-in model evaluates on files of their own. Fix: set "
-                "it to a glob of them, e.g. s3://data/imagenet/validation-*"
-            )
-        problems += [
-            f"training.dataset.{name}: your own files' {what}. Fix: set it, e.g. {name}: {example}"
-            for name, what, example in (
-                ("shape", "image shape", "[224, 224, 3]"),
-                ("classes", "number of classes", 1000),
-            )
-            if name not in given
-        ]
-    elif not listed and not manifest.splits["eval"].shards:
+    if not listed and not manifest.splits["eval"].shards:
         problems.append(
             "training.dataset.uri: the set has no eval shards. Fix: pack again with --eval-shards 1"
         )
