@@ -150,12 +150,11 @@ def test_a_pack_lands_whole_replacing_an_earlier_one_or_changes_nothing(tmp_path
 def test_a_repack_into_s3_removes_the_earlier_packs_other_shards(
     tmp_path: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key, value in FAKE_CREDS.items():
-        monkeypatch.setenv(key, value)
+    _image_directory(tmp_path / "pets", 10)
+    monkeypatch.setattr(os, "environ", {**os.environ, **FAKE_CREDS})  # what the store's client reads
     s3 = s3_client(moto_endpoint)
     s3.create_bucket(Bucket="repack")
     s3.put_object(Bucket="repack", Key="pets/README.md", Body=b"the team's notes")
-    _image_directory(tmp_path / "pets", 10)
     dest = Store.from_url("s3://repack/pets", endpoint_url=moto_endpoint, region="us-east-1")
     shards.pack(shards.directory_source(tmp_path / "pets", 0.2), dest, 4, 2)
     second = shards.pack(shards.directory_source(tmp_path / "pets", 0.2), dest, 2, 1)
