@@ -1,13 +1,13 @@
 """Which dlinfra the generated workflows install, and a dlinfra installed the normal way (a wheel in a
-fresh venv, not this checkout) planning through them.
+fresh venv, not this checkout) planning through them under act (tests/act_runner.py).
 
 `dlinfra init --github` pins the dlinfra that ran it (a git commit, a hosted wheel by sha256), or
-refuses without --install. The plan job's own steps then run for real from a venv that holds only
-a wheel of this worktree: the workflow's `Install dlinfra` step pip-installs it, the plan ships
-that running dlinfra to the nodes as a wheel repacked from the installed distribution (pinned by
-sha256 in the manifest, never asked of the index), and a failing plan fails the job. What stands in:
-setup-python (the fresh venv first on PATH), setup-terraform (the provider mirror), the
-dependencies uv puts into the venv beforehand (PyPI's downloads), and the artifact upload."""
+refuses without --install. The plan workflow then runs under act from a venv that holds dlinfra's
+dependencies only: its `Install dlinfra` step pip-installs the wheel, the plan ships that running
+dlinfra to the nodes as a wheel repacked from the installed distribution (pinned by sha256, never
+asked of the index), the comment workflow posts the review, and a failing plan or a failing API
+call makes its job red. What stands in: the actions that need the internet (act_runner.STAND_INS),
+GitHub's API, and the dependencies uv puts into the venv beforehand (PyPI's downloads)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from act_runner import run_act
 
-from dlinfra.github import PLAN
+from dlinfra.github import COMMENT, PLAN
 from dlinfra.github.install import pinned
 from support import REPO, git, review_repo
-from workflow_steps import run_job
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 GIT_PIN = f"dlinfra[aws,emulator] @ git+https://github.com/octo/dlinfra@{COMMIT}"
@@ -117,66 +117,87 @@ def test_init_github_from_an_installed_wheel_refuses_without_install_and_names_t
 
 @pytest.mark.terraform
 @pytest.mark.slow
-def test_plan_workflow_from_a_pip_installed_dlinfra_ships_its_wheel_and_a_failed_plan_is_red(
+def test_workflows_under_act_plan_from_a_pip_installed_dlinfra_and_go_red_when_they_fail(
     installed: Path, tmp_path: Path, tf_cli_config: Path
 ) -> None:
+    """The plan workflow and the comment workflow under act: a plan from a wheel-installed dlinfra
+    ships that dlinfra to the nodes and posts its review; a failing plan and a failing API call each
+    make their job red."""
     [wheel] = (installed / "dist").glob("dlinfra-*.whl")
     user = tmp_path / "user"
     user.mkdir()
     install = f"dlinfra[aws,emulator] @ {wheel.as_uri()}"
-    written = subprocess.run(
-        [sys.executable, "-m", "dlinfra", "init", "--github", "--install", install],
-        cwd=user,
-        capture_output=True,
-    )
-    assert written.returncode == 0, written.stderr
+    init = [sys.executable, "-m", "dlinfra", "init", "--github", "--install", install]  # this checkout's
+    assert subprocess.run(init, cwd=user, capture_output=True).returncode == 0
+    workflows = user / ".github" / "workflows"
     repo = tmp_path / "repo"
     base, head = review_repo(repo)
-    bin_dir = installed / "venv" / "bin"
+    git(repo, "remote", "add", "origin", "https://github.com/octo/experiments.git")  # github.repository
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "VIRTUAL_ENV", "PYTHON"))}
     env |= {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",  # setup-python's stand-in: the fresh venv
+        "STANDIN_PYTHON_BIN": str(installed / "venv" / "bin"),  # setup-python's stand-in puts it first
         "HOME": str(home),
-        "RUNNER_TEMP": str(tmp_path / "runner-temp"),
         "TF_CLI_CONFIG_FILE": str(tf_cli_config),  # setup-terraform's: the provider mirror
-        "PIP_NO_INDEX": "1",  # pip installs the wheel; its dependencies are in the venv already
+        "PIP_NO_INDEX": "1",  # the workflow's pip installs the wheel; its dependencies are there
         "DLINFRA_CACHE": str(tmp_path / "cache"),  # the repacked wheel is made by this very run
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
     }
-    github = {
-        "github.event.pull_request.base.sha": base,
-        "github.event.pull_request.head.sha": head,
-        "github.event.pull_request.number": "7",
+    pull = {
+        "number": 7,
+        "base": {"sha": base},
+        "head": {"sha": head, "repo": {"full_name": "octo/experiments"}},
     }
-    workflow = user / ".github" / "workflows" / PLAN
-    job = run_job(workflow, "plan", repo, github, env)
-    out = job.outputs["Plan the changed experiments"]
-    comment = (repo / "dlinfra-plan" / "comment.md").read_text()
-    assert "dlinfra plan failed" not in comment and "| worker | 3 → 5 (+2)" in comment, comment + out.stderr
-    located = subprocess.run(
-        [bin_dir / "python", "-c", "import dlinfra; print(dlinfra.__file__)"], capture_output=True, text=True
-    )
-    assert str(bin_dir.parent) in located.stdout, "the plan ran the installed dlinfra, not this checkout"
-    runs = sorted((tmp_path / "runner-temp" / "dlinfra-home" / "runs").iterdir())
-    assert runs
-    for run in runs:
-        manifest = json.loads((run / "manifest.json").read_text())
-        shipped = run / "code" / manifest["wheel"]["name"]
-        assert hashlib.sha256(shipped.read_bytes()).hexdigest() == manifest["wheel"]["sha256"]
-        with zipfile.ZipFile(shipped) as zf, zipfile.ZipFile(wheel) as built:
-            ours = {n: zf.read(n) for n in zf.namelist() if n.startswith("dlinfra/")}
-            assert ours == {n: built.read(n) for n in built.namelist() if n.startswith("dlinfra/")}
-        for lock in (run / "code").glob("env-*.lock"):
-            assert "dlinfra" not in lock.read_text(), "the lock never asks the index for dlinfra"
+    plan = run_act(workflows / PLAN, "pull_request", {"pull_request": pull}, repo, tmp_path / "act", env)
+    assert plan.returncode == 0 and "Job succeeded" in plan.stdout, plan.stdout[-6000:] + plan.stderr
+    review = tmp_path / "act" / "artifacts" / "dlinfra-plan"
+    comment = (review / "comment.md").read_text()
+    assert "dlinfra plan failed" not in comment and "| worker | 3 → 5 (+2)" in comment, comment
+    # the run dirs went with the job's RUNNER_TEMP; the wheel the plan shipped is in dlinfra's cache
+    [shipped] = (tmp_path / "cache").glob("wheels/installed-*/dlinfra-*.whl")
+    with zipfile.ZipFile(shipped) as zf, zipfile.ZipFile(wheel) as built:
+        ours = {n: zf.read(n) for n in zf.namelist() if n.startswith("dlinfra/")}
+        assert ours == {n: built.read(n) for n in built.namelist() if n.startswith("dlinfra/")}
+    # and the nodes install exactly it, by its sha256 (render: the same prepare, no terraform)
+    render = [installed / "venv" / "bin" / "dlinfra", "render", "--target", "aws", "--out", tmp_path / "out"]
+    rendered = subprocess.run(render, env=env | {"DLINFRA_HOME": str(tmp_path / "dh")}, capture_output=True)
+    assert rendered.returncode == 0, rendered.stderr
+    digest = hashlib.sha256(shipped.read_bytes()).hexdigest()
+    for user_data in (tmp_path / "out").glob("*.user-data.yaml"):
+        assert f"sha256:{digest}" in user_data.read_text()
 
-    # a pull request that breaks the experiment: its review says why, and the job is red
+    # the comment workflow posts it; then the head check fails (a rate limit): red, nothing posted
+    state = tmp_path / "github.json"
+    state.write_text(
+        json.dumps({"repo": "octo/experiments", "pulls": {"7": head}, "comments": [], "calls": []})
+    )
+    run = {
+        "event": "pull_request",
+        "conclusion": "success",
+        "head_sha": head,
+        "name": "dlinfra plan",
+        "id": 1,
+    }
+    run |= {"head_branch": "pr", "head_repository": {"full_name": "octo/experiments"}}
+    env["GITHUB_STANDIN_STATE"] = str(state)
+    posted = run_act(workflows / COMMENT, "workflow_run", {"workflow_run": run}, repo, tmp_path / "act", env)
+    assert posted.returncode == 0 and "Job succeeded" in posted.stdout, posted.stdout[-4000:]
+    [ours] = json.loads(state.read_text())["comments"]
+    assert "| worker | 3 → 5 (+2)" in ours["body"]
+    failing = json.loads(state.read_text()) | {
+        "fail": {"GET repos/octo/experiments/pulls/7": "rate limit (HTTP 403)"}
+    }
+    state.write_text(json.dumps(failing))
+    refused = run_act(workflows / COMMENT, "workflow_run", {"workflow_run": run}, repo, tmp_path / "act", env)
+    assert refused.returncode != 0 and "Job failed" in refused.stdout, refused.stdout[-4000:]
+    assert "could not read pull request #7" in refused.stdout and "forged" not in refused.stdout
+
+    # a pull request that breaks the experiment: red, and its review (saying why) is still uploaded
     (repo / "experiments" / "demo.yaml").write_text("name: demo\ncluster:\n  workers:\n    count: -3\n")
     git(repo, "commit", "-q", "-am", "no workers")
-    github["github.event.pull_request.base.sha"] = head
-    job = run_job(workflow, "plan", repo, github, env, check=False)
-    assert job.failed == "Plan the changed experiments"
-    assert "dlinfra plan failed for 1 of 1 experiment file(s)" in job.outputs[job.failed].stderr
-    assert "dlinfra plan failed" in (repo / "dlinfra-plan" / "comment.md").read_text()
-    assert job.skipped[-1].startswith("actions/upload-artifact"), "the failed review is still uploaded"
+    pull["base"]["sha"], pull["head"]["sha"] = head, git(repo, "rev-parse", "HEAD").strip()
+    broken = run_act(workflows / PLAN, "pull_request", {"pull_request": pull}, repo, tmp_path / "act", env)
+    assert broken.returncode != 0 and "Job failed" in broken.stdout, broken.stdout[-4000:]
+    assert "dlinfra plan failed for 1 of 1 experiment file(s)" in broken.stdout
+    assert "dlinfra plan failed" in (review / "comment.md").read_text()
