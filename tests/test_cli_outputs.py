@@ -131,7 +131,8 @@ def test_init_github_in_a_place_it_cannot_write_is_refused_and_writes_no_workflo
         where.mkdir()
         (where / ".github").write_text("a file where the workflows' folder goes\n")
     before = _snapshot(places)
-    result = cli("init", "--github", "--aws", cwd=where)
+    pin = "dlinfra[aws,emulator] @ git+https://github.com/octo/dlinfra@" + "a" * 40
+    result = cli("init", "--github", "--aws", "--install", pin, cwd=where)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--github " in result.stderr and "Fix: " in result.stderr and "internal error" not in result.stderr
     assert shown in result.stderr, result.stderr

@@ -1,7 +1,8 @@
 """`dlinfra init --github`: the workflows an experiment repository adopts in one step. They pass
-GitHub's workflow schema and zizmor's audit, pin every action by SHA and dlinfra by version, keep the
-plan job free of credentials and write access, and the comment step edits its one comment on every
-push. GitHub's API cannot be reached here: tests/data/github_api_standin.py stands in for `gh api`."""
+GitHub's workflow schema and zizmor's audit, pin every action by SHA and dlinfra as given, keep the
+plan job free of credentials and write access; the comment step edits its one comment on every push,
+and fails its job when it could not check the pull request. GitHub's API cannot be reached here:
+tests/data/github_api_standin.py stands in for `gh api`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from typing import Any
 import pytest
 import yaml
 
-from dlinfra import __version__
 from dlinfra.github import APPLY, COMMENT, PLAN, PLAN_AWS
 from support import REPO as ROOT
 from support import assert_valid_workflow, run_cli
@@ -26,13 +26,17 @@ from workflow_steps import run_job
 STANDIN = ROOT / "tests" / "data" / "github_api_standin.py"
 REPO = "octo/experiments"
 HEAD = "b" * 40
+# what a user passes when this dlinfra has no pin of its own (tests/test_workflow_install.py)
+INSTALL = "dlinfra[aws,emulator] @ git+https://github.com/octo/dlinfra@" + "a" * 40
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every workflow `init --github` can write: the default two, and the optional AWS plan and apply."""
     root = tmp_path_factory.mktemp("user-repo")
-    result = run_cli("init", "--github", "--aws", "--apply", cwd=root, env=dict(os.environ))
+    result = run_cli(
+        "init", "--github", "--aws", "--apply", "--install", INSTALL, cwd=root, env=dict(os.environ)
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return root / ".github" / "workflows"
 
@@ -44,12 +48,13 @@ def _doc(folder: Path, name: str) -> dict[str, Any]:
 
 
 def test_init_github_writes_the_two_review_workflows_and_asks_before_replacing(tmp_path: Path) -> None:
-    first = run_cli("init", "--github", cwd=tmp_path, env=dict(os.environ))
+    init = ("init", "--github", "--install", INSTALL)
+    first = run_cli(*init, cwd=tmp_path, env=dict(os.environ))
     assert first.returncode == 0, first.stderr
     assert sorted(p.name for p in (tmp_path / ".github" / "workflows").iterdir()) == [COMMENT, PLAN]
-    again = run_cli("init", "--github", cwd=tmp_path, env=dict(os.environ))
+    again = run_cli(*init, cwd=tmp_path, env=dict(os.environ))
     assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
-    assert run_cli("init", "--github", "--force", cwd=tmp_path, env=dict(os.environ)).returncode == 0
+    assert run_cli(*init, "--force", cwd=tmp_path, env=dict(os.environ)).returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -58,7 +63,10 @@ def test_init_github_writes_the_two_review_workflows_and_asks_before_replacing(t
 def test_init_github_refuses_what_would_break_out_of_the_yaml_or_the_repo(
     tmp_path: Path, flag: str, value: str
 ) -> None:
-    result = run_cli("init", "--github", flag, value, cwd=tmp_path, env=dict(os.environ))
+    args = {"--install": INSTALL, flag: value}
+    result = run_cli(
+        "init", "--github", *(x for kv in args.items() for x in kv), cwd=tmp_path, env=dict(os.environ)
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert flag in result.stderr and "Fix:" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / ".github").exists()
@@ -70,7 +78,7 @@ def test_generated_workflow_is_valid_for_github_actions(written: Path, name: str
 
 
 @pytest.mark.parametrize("name", [PLAN, COMMENT, PLAN_AWS, APPLY])
-def test_generated_workflow_pins_actions_like_the_repos_own_and_dlinfra_by_version(
+def test_generated_workflow_pins_actions_like_the_repos_own_and_dlinfra_as_given(
     written: Path, name: str
 ) -> None:
     own = {
@@ -84,7 +92,7 @@ def test_generated_workflow_pins_actions_like_the_repos_own_and_dlinfra_by_versi
     uses = [step["uses"] for job in doc["jobs"].values() for step in job["steps"] if "uses" in step]
     assert uses and all(u == own[u.split("@")[0]] for u in uses), uses
     if name != COMMENT:
-        assert doc["env"]["DLINFRA_INSTALL"] == f"dlinfra[aws,emulator]=={__version__}"
+        assert doc["env"]["DLINFRA_INSTALL"] == INSTALL
 
 
 def test_default_review_job_holds_no_credential_and_no_write_access(written: Path) -> None:
@@ -193,8 +201,11 @@ def test_workflows_pass_zizmor_as_auditor_with_each_exception_justified_inline(
 # ---------------------------------------------------------------- the comment step, run for real
 
 
-def _post(written: Path, tmp: Path, state: dict[str, Any], comment: str, head: str = HEAD) -> dict[str, Any]:
-    """The comment job's own steps, on an artifact holding `comment`, against the stand-in's state."""
+def _post(
+    written: Path, tmp: Path, state: dict[str, Any], comment: str, head: str = HEAD, failed: str | None = None
+) -> dict[str, Any]:
+    """The comment job's own steps, on an artifact holding `comment`, against the stand-in's state;
+    `failed`: the step the job must fail at (None: it must succeed)."""
     work = tmp / "job"
     (work / "dlinfra-plan").mkdir(parents=True, exist_ok=True)
     (work / "dlinfra-plan" / "comment.md").write_text(comment)
@@ -213,9 +224,12 @@ def _post(written: Path, tmp: Path, state: dict[str, Any], comment: str, head: s
         "github.event.workflow_run.id": "1",
     }
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GITHUB_STANDIN_STATE": str(state_file)}
-    job = run_job(written / COMMENT, "comment", work, github, env)
+    job = run_job(written / COMMENT, "comment", work, github, env, check=failed is None)
     assert job.skipped == ["actions/download-artifact@fa0a91b85d4f404e444e00e005971372dc801d16"]
-    return json.loads(state_file.read_text())
+    assert job.failed == failed
+    state = json.loads(state_file.read_text())
+    state["stderr"] = "".join(run.stderr for run in job.outputs.values())
+    return state
 
 
 def test_comment_step_creates_one_comment_then_edits_it_on_the_next_push(
@@ -248,3 +262,32 @@ def test_comment_step_posts_nothing_for_an_artifact_that_names_another_pull_requ
     state = {"repo": REPO, "pulls": {"7": "c" * 40}, "comments": [], "calls": []}
     state = _post(written, tmp_path, state, "forged\n")
     assert state["comments"] == [] and not any("--method" in call for call in state["calls"])
+    assert "refused on purpose" in state["stderr"], "told apart from an API call that failed"
+
+
+@pytest.mark.parametrize(
+    "error",
+    ["Bad credentials (HTTP 401)", "API rate limit exceeded for installation ID 1. (HTTP 403)"],
+)
+def test_comment_job_is_red_when_it_could_not_check_the_pull_request(
+    written: Path, tmp_path: Path, error: str
+) -> None:
+    """A failed head check (a token GitHub refuses, a rate limit, no network) posted nothing: the
+    job fails and says it could not check, never "forged artifact" and green."""
+    state = {"repo": REPO, "pulls": {"7": HEAD}, "comments": [], "calls": []}
+    state["fail"] = {f"GET repos/{REPO}/pulls/7": error}
+    state = _post(written, tmp_path, state, "a plan\n", failed="Post or update the plan comment")
+    assert state["comments"] == [] and error in state["stderr"]
+    assert "could not read pull request #7" in state["stderr"]
+    assert "forged" not in state["stderr"] and "refused" not in state["stderr"]
+
+
+def test_comment_workflow_posts_the_review_of_a_failed_plan_too(written: Path) -> None:
+    """The plan job is red when a plan failed (tests/test_workflow_install.py runs it); its review,
+    which shows why, still reaches the pull request."""
+    [job] = _doc(written, COMMENT)["jobs"].values()
+    assert "conclusion == 'failure'" in job["if"] and "conclusion == 'success'" in job["if"]
+    for name in (PLAN, PLAN_AWS):
+        [plan] = _doc(written, name)["jobs"].values()
+        [upload] = [s for s in plan["steps"] if "upload-artifact" in s.get("uses", "")]
+        assert upload["if"] == "${{ !cancelled() }}"

@@ -77,7 +77,8 @@ def test_workflow_steps_review_a_pull_request_that_grows_the_workers_and_edit_on
 ) -> None:
     written = tmp_path / "user"
     written.mkdir()
-    assert run_cli("init", "--github", cwd=written, env=no_aws_env).returncode == 0
+    install = ("--install", "dlinfra[aws,emulator] @ git+https://github.com/octo/dlinfra@" + "a" * 40)
+    assert run_cli("init", "--github", *install, cwd=written, env=no_aws_env).returncode == 0
     workflows = written / ".github" / "workflows"
     repo = tmp_path / "repo"
     base, head = review_repo(repo)

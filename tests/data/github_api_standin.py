@@ -1,6 +1,8 @@
 """Stands in for `gh api` (GitHub's REST API, which a test cannot reach): the calls the comment step
 makes, on a pull request and its comments kept in a JSON file ($GITHUB_STANDIN_STATE), every call
-recorded. `--jq` filters go through the real `jq`, as gh's own filter would."""
+recorded. `--jq` filters go through the real `jq`, as gh's own filter would. A call the state lists
+under "fail" ("METHOD path" → GitHub's message and status) fails as gh fails on an HTTP error: the
+message on stderr, exit 1, nothing on stdout."""
 
 from __future__ import annotations
 
@@ -34,6 +36,10 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"the stand-in does not know {arg}")
         else:
             path = arg
+    if failure := state.get("fail", {}).get(f"{method} {path}"):
+        state_path.write_text(json.dumps(state, indent=2))
+        sys.stderr.write(f"gh: {failure}\n")
+        return 1
     answer = respond(state, method, path, fields)
     state_path.write_text(json.dumps(state, indent=2))
     text = json.dumps(answer)

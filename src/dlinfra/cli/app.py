@@ -91,7 +91,10 @@ def init(
     ] = "experiments",
     install: Annotated[
         str | None,
-        typer.Option("--install", help="--github: what pip installs (default: this dlinfra, pinned)."),
+        typer.Option(
+            "--install",
+            help="--github: what pip installs (default: this dlinfra, at its commit or wheel sha256).",
+        ),
     ] = None,
     aws: Annotated[
         bool, typer.Option("--aws", help="--github: also a plan on AWS with a read-only role (OIDC).")

@@ -17,7 +17,8 @@ from pathlib import Path
 import jinja2
 
 from dlinfra import __version__
-from dlinfra.errors import DlinfraError, SpecError
+from dlinfra.errors import DlinfraError, SpecError, mask
+from dlinfra.github.install import default_install as default_install
 from dlinfra.spec.input import shown
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -35,14 +36,9 @@ DIRECTORY_RE = r"\.|[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*
 BRANCH_RE = r"[A-Za-z0-9_][A-Za-z0-9_./\-]{0,100}"
 
 
-def default_install() -> str:
-    """This very release, with the AWS client and the emulator a credential-free review needs."""
-    return f"dlinfra[aws,emulator]=={__version__}"
-
-
 @dataclass(frozen=True)
 class WorkflowSettings:
-    install: str  # what `pip install` gets: a pinned version, a wheel URL, or git+https://…@<sha>
+    install: str  # what `pip install` gets: git+https://…@<sha>, a wheel URL#sha256=…, or a version
     experiments: str = "experiments"  # the repository directory whose *.yaml files are experiments
     aws: bool = False  # also the credentialed plan behind the protected environment
     apply: bool = False  # also apply on merge, for experiments marked auto_apply
@@ -53,7 +49,14 @@ class WorkflowSettings:
         if not re.fullmatch(INSTALL_RE, self.install):
             found.append(
                 f"--install {shown(self.install)}: not a pip requirement. Fix: e.g. "
-                f"'{default_install()}' or 'dlinfra[aws,emulator] @ git+https://github.com/ORG/dlinfra@SHA'"
+                "'dlinfra[aws,emulator] @ git+https://github.com/ORG/dlinfra@SHA'"
+            )
+        elif mask(self.install) != self.install:
+            # the workflow file is committed and shown to every reader of the repository
+            found.append(
+                f"--install {shown(self.install)}: carries a credential, which would be committed in "
+                "the workflow file. Fix: a URL the runner reaches without one (a public repository "
+                "or wheel), or a private index the job's own secrets configure"
             )
         if not re.fullmatch(DIRECTORY_RE, self.experiments) or ".." in self.experiments.split("/"):
             found.append(
