@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from dlinfra.spec import pass_env
 from dlinfra.spec.aws import AwsSpec
 from dlinfra.spec.dataset import DatasetSpec
 from dlinfra.spec.grammar import INSTANCE_TYPE_RE, NAME_RE, S3_URL_RE, http_url
@@ -219,6 +220,19 @@ class TrainingSpec(StrictModel):
         "(the global batch grows with it); none uses it as given.",
     )
 
+    pass_env: list[str] = Field(
+        default_factory=list, max_length=pass_env.MAX_NAMES, description=pass_env.DESCRIPTION
+    )
+
+    @field_validator("pass_env")
+    @classmethod
+    def _pass_env_names(cls, v: list[str]) -> list[str]:
+        if problems := pass_env.problems(v):
+            raise ValueError(
+                f"{'; '.join(problems)}. Fix: name variables of your shell, e.g. [WANDB_API_KEY]"
+            )
+        return v
+
     @field_validator("requirements")
     @classmethod
     def _requirements_form(cls, v: list[str]) -> list[str]:
@@ -342,6 +356,8 @@ class Spec(StrictModel):
             raise ValueError(
                 "strategy parameter_server needs cluster.ps.count >= 1 (or use multi_worker_mirrored)"
             )
+        if self.target == "aws" and self.training.pass_env:
+            raise ValueError(pass_env.AWS_FIX)
         if self.training.jit_compile and self.strategy == "parameter_server":
             # the chief traces a step that runs on other machines: XLA there is untested, so refused
             raise ValueError(
