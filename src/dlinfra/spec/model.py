@@ -356,8 +356,6 @@ class Spec(StrictModel):
             raise ValueError(
                 "strategy parameter_server needs cluster.ps.count >= 1 (or use multi_worker_mirrored)"
             )
-        if self.target == "aws" and self.training.pass_env:
-            raise ValueError(pass_env.AWS_FIX)
         if self.training.jit_compile and self.strategy == "parameter_server":
             # the chief traces a step that runs on other machines: XLA there is untested, so refused
             raise ValueError(
