@@ -13,8 +13,9 @@ from dlinfra.node.beacon import Beacon
 from dlinfra.node.environ import node_environ, without_aws
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.runs.layout import RunStore
-from dlinfra.spec.model import TrainingSpec
-from support import FAKE_CREDS, staging_node
+from dlinfra.runs.run import Run
+from dlinfra.spec.model import Spec, TrainingSpec
+from support import FAKE_CREDS, Cli, staging_node
 
 SHAPELESS = "gh-not-shaped-like-any-key-4711"  # only its variable's name says it is a secret
 SHELL = {
@@ -110,3 +111,14 @@ def test_a_failure_others_read_is_masked(node_with_secrets) -> None:
     assert marker is not None and marker.error == "the script printed ***"
     assert marker.traceback is not None and SHAPELESS not in marker.traceback
     assert secret not in (store.status(cfg.name).error or "")  # type: ignore[union-attr]
+
+
+def test_dlinfra_logs_prints_a_local_nodes_log_masked_with_this_shells_secrets(cli: Cli, home: Path) -> None:
+    """A local node's own log in the run dir is unmasked (the store's copy is not): what `logs` (and a
+    failure's tail) print of it is masked with the secrets of the shell that asks."""
+    run = Run.create(Spec())
+    run.update_manifest(nodes=["worker-0"])
+    (run.dir / "logs").mkdir()
+    (run.dir / "logs" / "worker-0.log").write_text(f"step 1\nenv GITHUB_TOKEN is {SHAPELESS}\n")
+    result = cli("logs", run.id, "--node", "worker-0", extra_env={"GITHUB_TOKEN": SHAPELESS}, check=True)
+    assert result.stdout.splitlines() == ["step 1", "env GITHUB_TOKEN is ***"]
