@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dlinfra.errors import DlinfraError
+from dlinfra.node.masked_log import masker
 from dlinfra.prepare import Prepared
 from dlinfra.runs import preflight_history
 from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
@@ -201,7 +202,9 @@ def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) 
         outcome.startup = breakdown(statuses, metrics.strategy, started)
     outcome.stragglers = list(store.stragglers().named.values())
     if state == "FAILED" and outcome.failed_node:
-        outcome.log_tail = run.node_log(outcome.failed_node)[-LOG_TAIL_LINES:]
+        # the run dir's log is the node's own, unmasked: this shell's secrets are masked in what it prints
+        mask = masker()
+        outcome.log_tail = [mask(line) for line in run.node_log(outcome.failed_node)[-LOG_TAIL_LINES:]]
     if metrics:
         run.update_manifest(metrics=metrics.summary())
     return outcome

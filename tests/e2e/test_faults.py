@@ -87,7 +87,7 @@ def test_user_code_error_fails_fast(tmp_path: Path) -> None:
         "strategy: multi_worker_mirrored\n"
         "cluster: {workers: {count: 2}}\n"
         "training: {entrypoint: raising_program.py:program, "
-        "steps: 400, log_every: 5}\n"
+        "steps: 400, log_every: 5, pass_env: [RAISE_AT_FILE]}\n"  # a local node gets what is named
     )
     raised_at = tmp_path / "raised_at"
     live = start_deploy(tmp_path, str(spec), env={"RAISE_AT_FILE": str(raised_at)})

@@ -24,6 +24,7 @@ from typing import Any
 
 from dlinfra.contract import EXIT_STOPPED, NodeConfig
 from dlinfra.node import spot, watchdog
+from dlinfra.node.masked_log import MaskedLog
 from dlinfra.node.status import SPAWNED_AT, read_state, state_file
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
@@ -67,7 +68,7 @@ class Beacon:
         self.spot: spot.SpotWatch | None = None
         with contextlib.suppress(Exception):  # a store outage must not end the node before it starts
             self.answered = store.stacks_request()  # requests older than this life are not ours
-        self._log_size = -1
+        self._masked: MaskedLog | None = None
 
     def record_earlier_life(self, fields: dict[str, Any] | None) -> None:
         """An earlier life on this machine that ended before its beacon's first beat (a restart of
@@ -155,7 +156,7 @@ class Beacon:
                 notice=self.spot.text if self.spot else None,
             )
             self.store.put_status(state)
-            self._sync_log()
+            self._sync_log(final=gone)
         except Exception as exc:  # a store outage must not end the node; the next beat retries
             print(f"beacon {self.cfg.name}: could not publish: {exc}", file=sys.stderr, flush=True)
 
@@ -173,13 +174,14 @@ class Beacon:
         first = (fields or {}).get("first_started")
         return first is not None and time.time() > first + self.cfg.runs_for + WATCHDOG_GRACE
 
-    def _sync_log(self) -> None:
+    def _sync_log(self, final: bool) -> None:
+        """The store gets the log masked (masked_log): a script may print what it was not meant to."""
         if self.log_file is None or not self.log_file.exists():
             return
-        size = self.log_file.stat().st_size
-        if size != self._log_size:
-            self.store.put_log(self.cfg.name, self.log_file)
-            self._log_size = size
+        if self._masked is None:
+            self._masked = MaskedLog(self.log_file, self.work / "log.masked")
+        if self._masked.update(final):
+            self.store.put_log(self.cfg.name, self._masked.copy)
 
 
 def process_state(pid: int) -> str:

@@ -22,12 +22,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
 from dlinfra.node.beacon import die_with_parent, port_open
 from dlinfra.node.directory_sync import DirectorySync
+from dlinfra.node.environ import without_aws
 from dlinfra.node.events import EventScalars
 from dlinfra.node.script_progress import ScriptProgress
 from dlinfra.node.spot import holds_state
@@ -122,7 +124,7 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
         script = subprocess.Popen(
             argv,
             cwd=code,
-            env=script_environ(variables),
+            env=script_environ(variables, cfg.training.pass_env),
             stdin=subprocess.DEVNULL,
             preexec_fn=die_with_parent,  # the max_runtime watchdog ends this agent: the script too
         )
@@ -289,12 +291,14 @@ def staged_files(cfg: NodeConfig, work: Path, code: Path) -> dict[str, str]:
     return {TRAIN_FILES: str(up / train), EVAL_FILES: str(up / held)}
 
 
-def script_environ(variables: dict[str, str]) -> dict[str, str]:
-    """The script's environment: the node's, the DLINFRA_* variables, and the run's environment first
-    on PATH, so `python` (and any console script its packages install) is the locked one."""
+def script_environ(variables: dict[str, str], passed: Iterable[str] = ()) -> dict[str, str]:
+    """The script's environment: the node's (without the AWS settings the spec does not pass: see
+    node.environ), the DLINFRA_* variables, and the run's environment first on PATH, so `python` (and
+    any console script its packages install) is the locked one."""
     bin_dir = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
-    return dict(os.environ, **variables, PATH=f"{bin_dir}{os.pathsep}{path}" if path else bin_dir)
+    node = without_aws(os.environ, passed)
+    return dict(node, **variables, PATH=f"{bin_dir}{os.pathsep}{path}" if path else bin_dir)
 
 
 def expand(command: list[str], variables: dict[str, str]) -> list[str]:

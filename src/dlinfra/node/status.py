@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.contract import EXIT_FAILED, NodeConfig
+from dlinfra.node.masked_log import masker
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
 
@@ -90,6 +91,8 @@ class NodeStatus:
         # The stall clock starts when training does: a cluster that deadlocks before its first step
         # (a ps with one inter-op thread) is stalled, not forever "training".
         starts = fields.get("state") == "training" != self.fields.get("state")
+        if isinstance(fields.get("error"), str):  # a script's last error line: what it printed
+            fields["error"] = masker()(fields["error"])
         if starts or ("step" in fields and fields["step"] != self.fields.get("step")):
             fields["progress_at"] = time.time()
         with self._writing:
@@ -117,6 +120,10 @@ def give_up(
     cfg: NodeConfig, store: RunStore, status: NodeStatus, error: str, trace: str, verdict: str = "failed"
 ) -> int:
     print(f"node {cfg.name} failed: {error}", file=sys.stderr, flush=True)  # whole, in the node's log
+    # Masked whole, then cut: the status and the marker are read by others (the CLI prints them), and
+    # a script's last lines may hold what it printed; half a secret cut off is not recognized.
+    masked = masker()
+    error, trace = masked(error), masked(trace)
     if len(error) > 2 * MAX_ERROR:  # the marker holds its start and its end (where TF puts the cause)
         error = f"{error[:MAX_ERROR]} … ({len(error) - 2 * MAX_ERROR} characters cut) … {error[-MAX_ERROR:]}"
     status.stop(state="failed", error=error)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
+from dlinfra.node.masked_log import masker
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
 from dlinfra.runs.preflight import figures
@@ -63,10 +64,11 @@ def follow_logs(run_id: str, node: str | None, follow: bool) -> Iterator[str]:
     store = run.store()
     names = run.select_nodes(node)
     seen = dict.fromkeys(names, 0)
+    mask = masker()  # a local node's log in the run dir is its own, unmasked (node.masked_log)
     while True:
         for name in names:
             lines = run.node_log(name)
-            for line in lines[seen[name] :]:
+            for line in map(mask, lines[seen[name] :]):
                 yield line if node else f"{name} | {line}"
             seen[name] = len(lines)
         if not follow or store.marker() is not None:

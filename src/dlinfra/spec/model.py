@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from dlinfra.spec import pass_env
 from dlinfra.spec.aws import AwsSpec
 from dlinfra.spec.dataset import DatasetSpec
 from dlinfra.spec.grammar import INSTANCE_TYPE_RE, NAME_RE, S3_URL_RE, http_url
@@ -218,6 +219,19 @@ class TrainingSpec(StrictModel):
         description="multi_worker_mirrored: linear multiplies learning_rate by the replica count "
         "(the global batch grows with it); none uses it as given.",
     )
+
+    pass_env: list[str] = Field(
+        default_factory=list, max_length=pass_env.MAX_NAMES, description=pass_env.DESCRIPTION
+    )
+
+    @field_validator("pass_env")
+    @classmethod
+    def _pass_env_names(cls, v: list[str]) -> list[str]:
+        if problems := pass_env.problems(v):
+            raise ValueError(
+                f"{'; '.join(problems)}. Fix: name variables of your shell, e.g. [WANDB_API_KEY]"
+            )
+        return v
 
     @field_validator("requirements")
     @classmethod

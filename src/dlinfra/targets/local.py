@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from dlinfra.render.addresses import free_ports
 from dlinfra.spec.pricing import HourlyCost
 from dlinfra.targets import local_capacity, private_network, shaped_network
 from dlinfra.targets.base import Review, TargetOptions
+from dlinfra.targets.local_launch import NodeEnv, launch
 from dlinfra.targets.local_machine import read_machine
 
 if TYPE_CHECKING:
@@ -154,12 +154,6 @@ class NodeProcess:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
-
-
-@dataclass(frozen=True)
-class NodeEnv:
-    python: Path  # of the run's environment for a flavor
-    lock_file: Path  # the lock it was made from (the node checks itself against it)
 
 
 def node_environments(prepared: Prepared, log: Callable[[str], None]) -> dict[str, NodeEnv]:
@@ -301,41 +295,6 @@ class LocalCluster:
             )
             for name, cfg in configs.items()
         }
-
-
-def launch(
-    run_dir: Path, name: str, env: NodeEnv | None, namespace: private_network.NodeNetwork | None = None
-) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start one node from its config in the run dir (`nodes/<name>.json`), in a process group of
-    its own (teardown reaches TF's children too), its output appended to `logs/<name>.log`."""
-    log = run_dir / "logs" / f"{name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    argv = [
-        str(env.python) if env else sys.executable,
-        "-m",
-        "dlinfra",
-        "node",
-        "run",
-        str(run_dir / "nodes" / f"{name}.json"),
-        "--log-file",
-        str(log),
-        "--work-dir",
-        str(run_dir / "work" / name),
-    ]
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            namespace.command(name, argv) if namespace else argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=dict(
-                os.environ,
-                PYTHONUNBUFFERED="1",
-                **({"DLINFRA_LOCK_FILE": str(env.lock_file)} if env else {}),
-            ),
-            start_new_session=True,
-        )
-    return process, log
 
 
 @dataclass

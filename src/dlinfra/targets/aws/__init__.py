@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from dlinfra.environment.lock import Platform
+from dlinfra.errors import SpecError
 from dlinfra.images.vm import VM_PLATFORM
 from dlinfra.prepare import NodeInstall, release_requirement
 from dlinfra.render import AddressPlan, private_ip_plan
@@ -26,6 +27,7 @@ from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.records import ImagePin, PlanCounts
 from dlinfra.runs.store import parse_s3_url
 from dlinfra.spec.catalog import machine_of
+from dlinfra.spec.pass_env import AWS_FIX as AWS_PASS_ENV_FIX
 from dlinfra.spec.pricing import HourlyCost
 from dlinfra.targets.aws import amis, egress, emulator, preflight, review, stack, tfvars
 from dlinfra.targets.base import Review, TargetOptions
@@ -67,6 +69,8 @@ class AwsTarget:
         return Platform(spec.aws.python, machine_of(spec.cluster.workers.instance_type))
 
     def capacity(self, spec: Spec) -> list[str]:
+        if spec.training.pass_env:  # an instance gets its role, nothing of the deploying shell
+            raise SpecError([AWS_PASS_ENV_FIX])
         return []  # a machine per node, of the type it asks for; the plan checks the vCPU quotas
 
     def preflight(self, spec: Spec) -> None:
