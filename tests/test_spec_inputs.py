@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from dlinfra.environment.lock import Index, Platform, resolve
-from dlinfra.errors import SpecError
+from dlinfra.errors import SpecError, StoreError
+from dlinfra.runs.layout import RunStore
 from dlinfra.runs.layout.sizing import SizingHistory
+from dlinfra.runs.store import Store
 from dlinfra.spec.loading import load_spec
 from package_index import PackageIndex
 
@@ -77,3 +79,15 @@ def test_the_resolvers_explanation_is_cut_between_its_sentences(tmp_path: Path) 
     assert why.endswith("more of the resolver's sentences)"), why
     for sentence in sentences[1:]:
         assert re.fullmatch(r"(cause: )?(And b|B)ecause .+, we can conclude that .+", sentence), sentence
+
+
+@pytest.mark.parametrize(
+    "content", ["[1, 2]", '{"model": "m"}', '{"model": "m", "device": "d", "strategy": 3}']
+)
+def test_a_runs_prediction_of_the_wrong_shape_is_a_store_error(tmp_path: Path, content: str) -> None:
+    """A run's sizing.json, read by `compare` and by the watcher when the run ends: an error the
+    watcher reports as a warning and the CLI as exit 2, never an internal one."""
+    store = RunStore(Store.from_url(f"file://{tmp_path}"))
+    (tmp_path / "sizing.json").write_text(content)
+    with pytest.raises(StoreError, match=r"sizing.json: .*Fix: delete it"):
+        store.sizing()

@@ -46,6 +46,38 @@ class _Runs(_Record):
     runs: list[_Run] = []
 
 
+class _Prediction(_Record):
+    """A run's own `sizing.json`: the advisor's figures for its shape, made when it deployed."""
+
+    model: str
+    device: str
+    strategy: str
+    workers: int = Field(ge=1)
+    parameter_bytes: int | None = Field(None, ge=0)
+    gradient_bytes: int | None = Field(None, ge=0)
+
+
+def checked(found: Any, shape: type[_Record], uri: str) -> dict[str, Any] | None:
+    """`found` (a JSON object read from `uri`) as `shape` has it, keys it lacked still absent; None
+    when there is none. A StoreError (exit 2) names the object, the field and the fix."""
+    if found is None or found in ([], {}):  # none yet, or emptied: what either always meant here
+        return None
+    try:
+        return TypeAdapter(shape).validate_python(found).model_dump(exclude_unset=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        why = "Input should be a JSON object" if first["type"] == "model_type" else first["msg"]
+        raise StoreError(
+            f"{uri}: {field}: {why}, so this sizing record is not one dlinfra wrote. Fix: delete it "
+            "(the next profile, run or deploy records it anew), or restore it from a copy"
+        ) from None
+
+
+def prediction(found: Any, uri: str) -> dict[str, Any] | None:
+    return checked(found, _Prediction, uri)
+
+
 class SizingHistory:
     """Each object is read through its shape: the history is a bucket's, which anyone with write
     access (or a hand edit, or an older dlinfra) may have left in another form."""
@@ -77,17 +109,4 @@ class SizingHistory:
         self.store.put_json(f"runs/{model}.json", {"model": model, "runs": [*kept, record][-KEPT_RUNS:]})
 
     def _read(self, key: str, shape: type[_Record]) -> dict[str, Any] | None:
-        found = self.store.get_json(key)
-        if found is None or found in ([], {}):  # none yet, or emptied: what either always meant here
-            return None
-        try:
-            return TypeAdapter(shape).validate_python(found).model_dump(exclude_unset=True)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-            why = "Input should be a JSON object" if first["type"] == "model_type" else first["msg"]
-            raise StoreError(
-                f"{self.store.uri(key)}: {field}: {why}, so this sizing record is not one "
-                "dlinfra wrote. Fix: delete it (the next profile or run records it anew), or restore it "
-                "from a copy"
-            ) from None
+        return checked(self.store.get_json(key), shape, self.store.uri(key))
