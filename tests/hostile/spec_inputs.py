@@ -104,6 +104,23 @@ CASES = [
         _requirements(b"numpy\n" * 350_000),
         ("req.txt: over 1 MB", "training.requirements"),
     ),
+    Case(
+        "requirements-path-with-nul",
+        _spec('name: reqs\ntraining:\n  requirements: "req\\0.txt"\n'),
+        ("training.requirements", "is no path this machine can open (embedded null byte)"),
+    ),
+    Case(
+        "requirements-path-too-long",
+        _spec(f"name: reqs\ntraining:\n  requirements: {'r' * 5000}.txt\n"),
+        ("training.requirements", "(File name too long)", "(5006 characters)"),
+        absent=("r" * 100,),
+    ),
+    Case(
+        "experiment-path-too-long",
+        lambda work: ["validate", str(work / ("e" * 5000))],
+        ("is no path this machine can open (File name too long)",),
+        absent=("e" * 100,),
+    ),
     # class 8: internal errors
     Case(
         "sizing-history-runs-a-list",

@@ -27,6 +27,7 @@ Lines = dict[tuple[str | int, ...], int]
 
 def read_text(path: Path, source: str) -> str:
     """The file as text, or a SpecError saying why it cannot be one."""
+    checked_path(path, shown(source), "name the experiment file")
     if path.is_dir():
         raise SpecError(
             [f"{source}: is a directory. Fix: name the experiment file in it, e.g. {source}/experiment.yaml"]
@@ -37,6 +38,18 @@ def read_text(path: Path, source: str) -> str:
         "an experiment file is a few KB. Fix: keep data out of the spec (training.dataset.uri points at it)"
     )
     return bounded_text(path, source, too_big)
+
+
+def checked_path(path: Path, where: str, fix: str) -> None:
+    """A path this machine can look up at all: not one with a NUL byte, a name over 255 bytes or a
+    whole over PATH_MAX, which the file system refuses before it looks (an internal error else)."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass  # the caller says what is missing, in its own words
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise SpecError([f"{where}: is no path this machine can open ({why}). Fix: {fix}"]) from None
 
 
 def bounded_text(path: Path, where: str, too_big: str) -> str:

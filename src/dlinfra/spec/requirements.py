@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dlinfra.errors import SpecError
-from dlinfra.spec.input import MAX_VALUES, bounded_text, shown
+from dlinfra.spec.input import MAX_VALUES, bounded_text, checked_path, shown
 
 FIELD = "training.requirements"
 FORM_FIX = "write each as PEP 508, e.g. 'pandas>=2.2' or 'mytokenizer==1.4'"
@@ -43,8 +43,9 @@ def problem(text: str) -> str | None:
 def read_file(value: str, base: Path, source: str) -> list[str]:
     """The requirements a file lists (relative to `base`, the experiment file's directory). Refused
     whole, naming the file and never quoting it, when it is no requirements file."""
-    path = (base / value).resolve() if not Path(value).is_absolute() else Path(value)
     where = f"{source}: {FIELD}"
+    checked_path(base / value, f"{where}: {shown(value)}", "give the requirements file's path, or list them")
+    path = (base / value).resolve() if not Path(value).is_absolute() else Path(value)
     real = path.resolve()
     if any(real.is_relative_to(d) for d in SYSTEM_DIRS):
         raise SpecError(
