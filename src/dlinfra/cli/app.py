@@ -142,10 +142,10 @@ def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     target = target_for(resolved.target)
     for warning in target.capacity(resolved):  # what a deploy would refuse or warn about, word for word
         err.print(f"warning: {warning}", markup=False, highlight=False)
-    plan = target.addresses(resolved)
-    preview(resolved, target, spec)  # what only rendering shows: user-data over the target's limit
     # a results bucket's profiles: `advise` and `plan`; read before "valid", which a bad one would undo
     sizing = summary_lines(resolved, remote=False)
+    plan = target.addresses(resolved)
+    preview(resolved, target, spec)  # what only rendering shows: user-data over the target's limit
     out.print(
         f"{spec or '<built-in default>'}: valid · {resolved.target} · {resolved.strategy} · "
         f"{len(plan.nodes)} nodes ({', '.join(f'{k} {len(v)}' for k, v in plan.cluster().items())})",

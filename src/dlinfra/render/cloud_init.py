@@ -133,6 +133,17 @@ def render_cluster(
     return rendered
 
 
+def check_fits(configs: dict[str, NodeConfig], limit: int | None) -> None:
+    """Before the environment is resolved (seconds, and the network): the node whose spec weighs
+    most, rendered without the install lines, already over `limit` is over it with them too."""
+    if limit is None or not configs:
+        return
+    name = max(configs, key=lambda n: len(configs[n].model_dump_json()))
+    size = len(render_user_data(configs[name], None).encode())
+    if size > limit:
+        raise SpecError([_oversized(name, size, limit, configs[name], None, "at least ")])
+
+
 # What each spec field that can swell a user-data should become instead.
 SHRINK = {
     "training.model": "define a long model in code (training.entrypoint) instead of training.model",
@@ -145,7 +156,9 @@ SHRINK = {
 }
 
 
-def _oversized(name: str, size: int, limit: int, config: NodeConfig, install: Install | None) -> str:
+def _oversized(
+    name: str, size: int, limit: int, config: NodeConfig, install: Install | None, at_least: str = ""
+) -> str:
     """Name the spec field that weighs most in a user-data over the limit: each of training's own
     fields, so a long command is not blamed on the model."""
     training = config.training.model_dump(mode="json")
@@ -155,7 +168,7 @@ def _oversized(name: str, size: int, limit: int, config: NodeConfig, install: In
     field = max(parts, key=parts.__getitem__)
     fix = SHRINK.get(field, f"shorten {field}")
     return (
-        f"{field}: the user-data of node {name} is {size:,} bytes and the target accepts at most "
+        f"{field}: the user-data of node {name} is {at_least}{size:,} bytes and the target accepts at most "
         f"{limit:,} (EC2's user-data limit); {field} takes {parts[field]:,} of them. Fix: {fix}"
     )
 
