@@ -17,7 +17,10 @@ FIELD = "training.requirements"
 FORM_FIX = "write each as PEP 508, e.g. 'pandas>=2.2' or 'mytokenizer==1.4'"
 # A requirements file is a text file of the user's project: one that resolves into the system's own
 # directories is a mistake or a probe (a link to /etc/passwd), and is never read.
-SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/usr", "/bin", "/sbin", "/lib", "/var/lib")
+SYSTEM_DIRS = (
+    *("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/bin", "/sbin", "/lib", "/lib64", "/var/lib"),
+    *("/usr/bin", "/usr/sbin", "/usr/lib", "/usr/share", "/usr/include"),  # not /usr/src, /usr/local
+)
 SHOWN_LINES = 5  # bad lines named one by one; past them, the file is likely no requirements file at all
 
 
