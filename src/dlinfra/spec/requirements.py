@@ -34,8 +34,11 @@ def problem(text: str) -> str | None:
     try:
         req = Requirement(text)
     except InvalidRequirement as exc:
-        # packaging's first line is the grammar's complaint; the next ones quote the text
-        return f"is not a requirement ({str(exc).splitlines()[0][:120]})"
+        # packaging's first line is the grammar's complaint, the next ones quote the text; a bad
+        # version range is quoted on the first ("Invalid specifier: '>=1.*'"): only its kind is kept
+        first = str(exc).splitlines()[0]
+        kind = first.split(":", 1)[0] if "'" in first else first[:120]
+        return f"is not a requirement ({kind})"
     if req.url and req.url.startswith("file:"):
         return "names a file on this machine, which no node has"
     if req.name.lower().replace("_", "-") == "dlinfra":
