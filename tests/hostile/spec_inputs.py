@@ -63,6 +63,14 @@ def _spec(text: str, *args: str, command: str = "validate") -> Args:
     return make
 
 
+def _experiment_link(target: str) -> Args:
+    def make(work: Path) -> list[str]:
+        (work / "experiment.yaml").symlink_to(target)
+        return ["validate", str(work / "experiment.yaml")]
+
+    return make
+
+
 def _long_command(work: Path) -> list[str]:
     (work / "train.py").write_text("print('hi')\n")
     spec = work / "experiment.yaml"
@@ -114,6 +122,12 @@ CASES = [
         _spec(f"name: reqs\ntraining:\n  requirements: {'r' * 5000}.txt\n"),
         ("training.requirements", "(File name too long)", "(5006 characters)"),
         absent=("r" * 100,),
+    ),
+    Case(
+        "experiment-link-to-etc-shadow",
+        _experiment_link("/etc/shadow"),
+        ("experiment.yaml: is a system file (/etc/shadow), not an experiment",),
+        absent=("root:",),
     ),
     Case(
         "experiment-path-too-long",

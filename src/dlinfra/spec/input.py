@@ -22,12 +22,23 @@ MAX_DEPTH = 32
 MAX_DIGITS = 20  # an int64 has 19
 MAX_SHOWN = 80  # characters of a bad value echoed back in a message
 INT_TAG = "tag:yaml.org,2002:int"
+# The system's own directories: a user's file (an experiment, its requirements) that resolves into one
+# is a mistake or a probe (a link to /etc/shadow), and is never read, so never quoted back. Not /usr
+# as a whole (projects live in /usr/src/app in Docker's images), nor /var (DLINFRA_HOME may be there).
+SYSTEM_DIRS = (
+    *("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/bin", "/sbin", "/lib", "/lib64"),
+    *("/usr/bin", "/usr/sbin", "/usr/lib", "/usr/share", "/usr/include"),
+)
 Lines = dict[tuple[str | int, ...], int]
 
 
 def read_text(path: Path, source: str) -> str:
     """The file as text, or a SpecError saying why it cannot be one."""
     checked_path(path, shown(source), "name the experiment file")
+    if real := system_file(path):
+        raise SpecError(
+            [f"{source}: is a system file ({real}), not an experiment. Fix: name your experiment's YAML file"]
+        )
     if path.is_dir():
         raise SpecError(
             [f"{source}: is a directory. Fix: name the experiment file in it, e.g. {source}/experiment.yaml"]
@@ -50,6 +61,12 @@ def checked_path(path: Path, where: str, fix: str) -> None:
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
         raise SpecError([f"{where}: is no path this machine can open ({why}). Fix: {fix}"]) from None
+
+
+def system_file(path: Path) -> Path | None:
+    """Where `path` really is, if that is in one of the system's own directories."""
+    real = path.resolve()
+    return real if any(real.is_relative_to(d) for d in SYSTEM_DIRS) else None
 
 
 def bounded_text(path: Path, where: str, too_big: str) -> str:

@@ -11,16 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from dlinfra.errors import SpecError
-from dlinfra.spec.input import MAX_VALUES, bounded_text, checked_path, shown
+from dlinfra.spec.input import MAX_VALUES, bounded_text, checked_path, shown, system_file
 
 FIELD = "training.requirements"
 FORM_FIX = "write each as PEP 508, e.g. 'pandas>=2.2' or 'mytokenizer==1.4'"
-# A requirements file is a text file of the user's project: one that resolves into the system's own
-# directories is a mistake or a probe (a link to /etc/passwd), and is never read.
-SYSTEM_DIRS = (
-    *("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/bin", "/sbin", "/lib", "/lib64", "/var/lib"),
-    *("/usr/bin", "/usr/sbin", "/usr/lib", "/usr/share", "/usr/include"),  # not /usr/src, /usr/local
-)
 SHOWN_LINES = 5  # bad lines named one by one; past them, the file is likely no requirements file at all
 
 
@@ -52,8 +46,7 @@ def read_file(value: str, base: Path, source: str) -> list[str]:
     where = f"{source}: {FIELD}"
     checked_path(base / value, f"{where}: {shown(value)}", "give the requirements file's path, or list them")
     path = (base / value).resolve() if not Path(value).is_absolute() else Path(value)
-    real = path.resolve()
-    if any(real.is_relative_to(d) for d in SYSTEM_DIRS):
+    if real := system_file(path):
         raise SpecError(
             [
                 f"{where}: {shown(value)} is a system file ({real}), not a requirements file. Fix: give "
