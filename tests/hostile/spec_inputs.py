@@ -171,6 +171,16 @@ CASES = [
         absent=("UTF-16",),
     ),
     Case(
+        "control-character-in-the-spec",
+        _spec("name: a\x07b\n"),
+        ("experiment.yaml:1: holds the control character U+0007", "Fix: remove it"),
+    ),
+    Case(
+        "set-value-not-utf8",
+        lambda work: ["validate", "--set", "name=a\udcffb"],  # argv's byte 0xff, as Python keeps it
+        ("--set name: holds a byte that is not UTF-8",),
+    ),
+    Case(
         "aws-python-3-10-unquoted",
         _spec("target: aws\naws:\n  python: 3.10\n"),
         ("aws.python: 3.1 is a number to YAML", "quote the version: python: '3.10'"),

@@ -169,6 +169,16 @@ def _too_deep(where: str) -> SpecError:
     return SpecError([f"{where}: nested deeper than {MAX_DEPTH} levels. Fix: an experiment needs a handful"])
 
 
+def _unprintable(text: str, source: str, exc: yaml.reader.ReaderError) -> str:
+    """A character YAML refuses to read: a control character, or (from a flag) a byte of the
+    command line that was not UTF-8, which Python keeps as a lone surrogate."""
+    code = ord(exc.character) if isinstance(exc.character, str) else int(exc.character)
+    line = text[: exc.position].count("\n") + 1
+    where = source if source.startswith("-") else f"{source}:{line}"
+    what = "a byte that is not UTF-8" if 0xDC80 <= code <= 0xDCFF else f"the control character U+{code:04X}"
+    return f"{where}: holds {what}, which YAML does not take. Fix: remove it"
+
+
 def _unsafe(where: str, problem: str) -> str:
     """A document well formed but asking for more than plain data: a tag that would build an object
     (`!!python/object`, which safe loading refuses) or a key that is a list or a mapping."""
@@ -203,7 +213,10 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def _load(text: str, source: str) -> tuple[Any, Lines]:
-    loader = _BoundedLoader(text, source)
+    try:
+        loader = _BoundedLoader(text, source)  # its reader refuses a control character here already
+    except yaml.reader.ReaderError as exc:
+        raise SpecError([_unprintable(text, source, exc)]) from None
     try:
         root = loader.get_single_node()
         if root is None:
