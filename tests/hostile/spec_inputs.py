@@ -154,6 +154,15 @@ CASES = [
         absent=(": valid",),
     ),
     Case(
+        "sizing-profile-step-of-1e300-seconds",
+        _with_history(
+            "profiles/{model}/{device}.json",
+            {"step_seconds": 1e300, "parameters": 10, "trainable": 10},
+            ["advise"],
+        ),
+        ("step_seconds: Input should be less than or equal to 86400", "Fix: delete it"),
+    ),
+    Case(
         "shaped-link-scale-extreme",
         _spec(SHAPED),
         ("experiment.yaml:4: cluster.local_link_scale", "Fix: use a local_link_scale of at least"),

@@ -10,7 +10,7 @@ there (the results bucket on aws, DLINFRA_HOME/sizing for local runs without a s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -27,11 +27,13 @@ class _Record(BaseModel):
 
 
 class _Profile(_Record):
-    step_seconds: float = Field(gt=0, allow_inf_nan=False)
+    step_seconds: float = Field(
+        gt=0, le=86_400, allow_inf_nan=False
+    )  # over a day is no measurement (1e300 overflowed the advisor)
     parameters: int = Field(ge=0)
     trainable: int = Field(ge=0)
     gradient_elements: int | None = Field(None, ge=0)
-    variables: list[Any] = []
+    variables: list[Annotated[int, Field(ge=0)]] = []
 
 
 class _Run(_Record):
