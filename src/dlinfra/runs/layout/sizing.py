@@ -27,9 +27,8 @@ class _Record(BaseModel):
 
 
 class _Profile(_Record):
-    step_seconds: float = Field(
-        gt=0, le=86_400, allow_inf_nan=False
-    )  # over a day is no measurement (1e300 overflowed the advisor)
+    # over a day is no measurement (1e300 overflowed the advisor)
+    step_seconds: float = Field(gt=0, le=86_400, allow_inf_nan=False)
     parameters: int = Field(ge=0)
     trainable: int = Field(ge=0)
     gradient_elements: int | None = Field(None, ge=0)
