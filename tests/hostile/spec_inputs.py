@@ -195,6 +195,12 @@ CASES = [
         ("aws.python: 3.1 is a number to YAML", "quote the version: python: '3.10'"),
     ),
     Case(
+        "tag-value-a-number",
+        _spec("target: aws\naws:\n  tags:\n    version: 1.10\n"),
+        ("aws.tags.version", "Fix: quote the value as it was meant"),
+        absent=("dlinfra schema",),
+    ),
+    Case(
         "section-not-a-mapping",
         _spec("storage: 5\n"),
         ("storage: Input should be a mapping of keys", "endpoint_url, url"),

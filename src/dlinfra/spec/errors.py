@@ -56,6 +56,9 @@ def _fix(error: ErrorDetails, loc: tuple[Any, ...], root: type[BaseModel]) -> st
         close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         return f"{hint}remove it; valid keys here: {', '.join(allowed)}"
+    if kind == "string_type" and isinstance(error.get("input"), int | float):
+        # YAML took the text for a number, and may have changed it doing so: 1.10 is read as 1.1
+        return "quote the value as it was meant (YAML reads an unquoted number as one, and 1.10 as 1.1)"
     if kind == "model_type":
         model = _model_at(root, loc)
         if model.__name__ == (error.get("ctx") or {}).get("class_name"):
