@@ -113,6 +113,12 @@ CASES = [
         ("req.txt: over 1 MB", "training.requirements"),
     ),
     Case(
+        "requirements-one-line-of-900-kb",
+        _requirements(b"a" * 900_000 + b"\n"),
+        ("req.txt:1: the line is 900,000 characters long",),
+        absent=("a" * 100,),
+    ),
+    Case(
         "requirements-path-with-nul",
         _spec('name: reqs\ntraining:\n  requirements: "req\\0.txt"\n'),
         ("training.requirements", "is no path this machine can open (embedded null byte)"),

@@ -15,6 +15,7 @@ from dlinfra.spec.input import MAX_VALUES, bounded_text, checked_path, shown, sy
 
 FIELD = "training.requirements"
 FORM_FIX = "write each as PEP 508, e.g. 'pandas>=2.2' or 'mytokenizer==1.4'"
+MAX_LENGTH = 1000  # a name, extras, a version range, a marker, or a URL: a few hundred at most
 SHOWN_LINES = 5  # bad lines named one by one; past them, the file is likely no requirements file at all
 
 
@@ -25,6 +26,10 @@ def problem(text: str) -> str | None:
     # requirements, every spec `advise` or `--help` reads, never needs
     from packaging.requirements import InvalidRequirement, Requirement
 
+    if len(text) > MAX_LENGTH:  # else the resolver asks the index for a project of that name
+        return (
+            f"is {len(text):,} characters long, far past any requirement (a name, a version range, a marker)"
+        )
     try:
         req = Requirement(text)
     except InvalidRequirement as exc:
