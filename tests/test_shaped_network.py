@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dlinfra.spec.hardware import MIN_SHAPED_BPS
 from dlinfra.targets import shaped_network
 from dlinfra.targets.shaped_network import ShapedNetwork
 
@@ -160,3 +161,12 @@ def test_a_machine_whose_namespaces_refuse_tbf_is_told_so(
     assert "qdisc kind is unknown" in (shaped_network.problem() or "")
     with pytest.raises(shaped_network.Unavailable, match="qdisc kind is unknown"):
         ShapedNetwork({"chief-0": 10e6})
+
+
+def test_the_slowest_link_a_spec_may_ask_for_is_one_tc_makes() -> None:
+    """The floor `validate` holds cluster.local_link_scale to (spec.hardware) is a real link; far
+    under it tc refuses (1 bit/s: 'the "rate" parameter is mandatory'), after the run was made."""
+    net = ShapedNetwork({"chief-0": MIN_SHAPED_BPS, "worker-0": MIN_SHAPED_BPS})
+    net.close()
+    with pytest.raises(shaped_network.Unavailable, match="tbf"):
+        ShapedNetwork({"chief-0": 1.0})

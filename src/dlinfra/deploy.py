@@ -19,7 +19,7 @@ from dlinfra.environment.lock import Flavor, Lock
 from dlinfra.errors import DlinfraError, RunFailed
 from dlinfra.pinned_data import absolute_dataset
 from dlinfra.prepare import Environment, NodeInstall, Prepared, boot_install, checked_rate, prepare
-from dlinfra.render import AddressPlan, build_node_configs, render_cluster
+from dlinfra.render import AddressPlan, build_node_configs, check_fits, render_cluster
 from dlinfra.render.configs import settle_preflight
 from dlinfra.runs import preflight_history
 from dlinfra.runs.compare import lock_changes
@@ -69,6 +69,7 @@ def preview(
         own_machines=target.own_machines,
         usd_per_hour=rate,
     )
+    check_fits(configs, target.user_data_limit)  # a user-data too big is refused before the resolver runs
     # the run's environment is resolved as a deploy would: a conflict is refused here already
     install = target.node_install(spec)
     env = Environment.of(spec, configs, install, None)

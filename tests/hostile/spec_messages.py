@@ -14,5 +14,10 @@ def _python_tag(work: Path) -> list[str]:
 
 
 CASES = [
-    Case("yaml-python-tag", _python_tag, expected=("experiment.yaml",)),
+    Case(
+        "yaml-python-tag",
+        _python_tag,
+        expected=("experiment.yaml:1", "Fix: remove the tag"),
+        absent=("indentation",),
+    ),
 ]

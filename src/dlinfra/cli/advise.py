@@ -47,12 +47,16 @@ def advice_for(spec: Spec, remote: bool = True) -> Advice | str:
     return sizing_advice(spec, readable_history(spec, remote))
 
 
-def print_summary(spec: Spec, remote: bool = True) -> None:
-    """plan's and validate's few lines."""
+def summary_lines(spec: Spec, remote: bool = True) -> list[str]:
+    """plan's and validate's few lines (a history that cannot be read stops here: exit 2)."""
     from dlinfra.cli.advise_view import summary
 
     advice = advice_for(spec, remote)
-    for line in [advice] if isinstance(advice, str) else summary(advice):
+    return [advice] if isinstance(advice, str) else summary(advice)
+
+
+def print_summary(spec: Spec, remote: bool = True) -> None:
+    for line in summary_lines(spec, remote):
         out.print(line, markup=False, highlight=False)
 
 

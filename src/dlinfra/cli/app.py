@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dlinfra import __version__
-from dlinfra.cli.advise import advise, print_summary, profile
+from dlinfra.cli.advise import advise, profile, summary_lines
 from dlinfra.cli.console import ColorMode, err, out, set_color
 from dlinfra.cli.console import error as _error
 from dlinfra.cli.controller import controller_app, setup
@@ -145,6 +145,8 @@ def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     target = target_for(resolved.target)
     for warning in target.capacity(resolved):  # what a deploy would refuse or warn about, word for word
         err.print(f"warning: {warning}", markup=False, highlight=False)
+    # a results bucket's profiles: `advise` and `plan`; read before "valid", which a bad one would undo
+    sizing = summary_lines(resolved, remote=False)
     plan = target.addresses(resolved)
     preview(resolved, target, spec)  # what only rendering shows: user-data over the target's limit
     out.print(
@@ -154,7 +156,8 @@ def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
     )
     for role, hw in cluster_hardware(resolved, target.uses_instance_types).items():
         out.print(f"  {role:<7} {hw.count:>3} x {hw.describe(target.uses_instance_types)}", markup=False)
-    print_summary(resolved, remote=False)  # a results bucket's profiles: `advise` and `plan`
+    for line in sizing:
+        out.print(line, markup=False, highlight=False)
 
 
 @app.command()

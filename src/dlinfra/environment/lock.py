@@ -237,10 +237,10 @@ def _failure(
     if network:
         return DlinfraError(
             f"could not reach the package index to lock the run's environment ({index.shown()}): "
-            f"{' '.join(lines[-3:])[:600]}. Fix: check the network, or point PIP_INDEX_URL / "
+            f"{_whole_lines(lines[-3:], 600)}. Fix: check the network, or point PIP_INDEX_URL / "
             "aws.pip_index_url at a mirror this machine reaches"
         )
-    why = "; ".join(line.rstrip(".") for line in lines[:12])[:1500]
+    why = _whole_lines(lines, 1500)
     where = FIELD if requirements else "dlinfra's own dependencies"
     return SpecError(
         [
@@ -249,3 +249,23 @@ def _failure(
             "names, or publish the package to the index"
         ]
     )
+
+
+def _whole_lines(lines: list[str], budget: int) -> str:
+    """The resolver's explanation joined, cut between its sentences, never inside one: a sentence
+    cut short names half a package or half a version range."""
+    sentences: list[str] = []
+    for line in (line.strip() for line in lines):
+        # uv wraps a long sentence over lines; a label ("cause:") or a capital starts a new one
+        wrapped = sentences and not sentences[-1].endswith((".", ":")) and not re.match(r"[A-Z]|\w+: ", line)
+        if wrapped:
+            sentences[-1] += f" {line}"
+        else:
+            sentences.append(line)
+    kept: list[str] = []
+    for line in sentences:
+        if len("; ".join([*kept, line])) > budget and kept:
+            break
+        kept.append(line.rstrip(".:") if len(line) <= budget else f"{line[:budget]}…")
+    rest = len(sentences) - len(kept)
+    return "; ".join(kept) + (f" (and {rest} more of the resolver's sentences)" if rest else "")

@@ -133,25 +133,43 @@ def render_cluster(
     return rendered
 
 
+def check_fits(configs: dict[str, NodeConfig], limit: int | None) -> None:
+    """Before the environment is resolved (seconds, and the network): the node whose spec weighs
+    most, rendered without the install lines, already over `limit` is over it with them too."""
+    if limit is None or not configs:
+        return
+    name = max(configs, key=lambda n: len(configs[n].model_dump_json()))
+    size = len(render_user_data(configs[name], None).encode())
+    if size > limit:
+        raise SpecError([_oversized(name, size, limit, configs[name], None, "at least ")])
+
+
 # What each spec field that can swell a user-data should become instead.
 SHRINK = {
-    "training": "define a long model in code (training.entrypoint) instead of training.model",
+    "training.model": "define a long model in code (training.entrypoint) instead of training.model",
+    "training.command": "give the script its long settings in a file beside it (the code travels in the "
+    "store, not in user-data), and name that file on the command",
+    "training.requirements": "list only the packages the program imports (the lock adds theirs), or "
+    "bake them into an image (`dlinfra image build`)",
     "aws.pip_extra_ca": "give only the CA certificate the mirror needs (one is about 2 KB)",
     "aws.pip_index_url": "use a shorter index URL",
 }
 
 
-def _oversized(name: str, size: int, limit: int, config: NodeConfig, install: Install | None) -> str:
-    """Name the spec field that weighs most in a user-data over the limit."""
-    parts = {
-        "training": len(config.training.model_dump_json()),
-        "aws.pip_extra_ca": len(install.extra_ca or "") if install else 0,
-        "aws.pip_index_url": len(install.index_url or "") if install else 0,
-    }
+def _oversized(
+    name: str, size: int, limit: int, config: NodeConfig, install: Install | None, at_least: str = ""
+) -> str:
+    """Name the spec field that weighs most in a user-data over the limit: each of training's own
+    fields, so a long command is not blamed on the model."""
+    training = config.training.model_dump(mode="json")
+    parts = {f"training.{key}": len(json.dumps(value)) for key, value in training.items()}
+    parts["aws.pip_extra_ca"] = len(install.extra_ca or "") if install else 0
+    parts["aws.pip_index_url"] = len(install.index_url or "") if install else 0
     field = max(parts, key=parts.__getitem__)
+    fix = SHRINK.get(field, f"shorten {field}")
     return (
-        f"{field}: the user-data of node {name} is {size:,} bytes and the target accepts at most "
-        f"{limit:,} (EC2's user-data limit); {field} takes {parts[field]:,} of them. Fix: {SHRINK[field]}"
+        f"{field}: the user-data of node {name} is {at_least}{size:,} bytes and the target accepts at most "
+        f"{limit:,} (EC2's user-data limit); {field} takes {parts[field]:,} of them. Fix: {fix}"
     )
 
 

@@ -8,7 +8,7 @@ import ipaddress
 import itertools
 import re
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -19,6 +19,8 @@ from dlinfra.spec.input import StrictModel, shown
 TAG_KEY = re.compile(r"[\w .:/=+\-@]{1,128}")
 TAG_VALUE = re.compile(r"[\w .:/=+\-@]{0,256}")
 MAX_TAGS = 46
+Python = Literal["3.10", "3.11", "3.12", "3.13"]
+PYTHONS: tuple[str, ...] = get_args(Python)
 # AWS: VPCs and subnets are /16 to /28.
 PREFIXES = range(16, 29)
 # The NAT gateway's public subnet needs few addresses; a /24 keeps the derived range easy to read.
@@ -80,7 +82,7 @@ class AwsSpec(StrictModel):
         "an ARM one); default: the Deep Learning Base OSS Nvidia Driver GPU AMI's. A run records the "
         "AMI it resolved, and its reruns boot that one.",
     )
-    python: Literal["3.10", "3.11", "3.12", "3.13"] = Field(
+    python: Python = Field(
         "3.12",
         description="The Python of the nodes' image, which the run's environment is locked for "
         "(3.12: the default Deep Learning AMI's, Ubuntu 24.04).",
@@ -132,6 +134,21 @@ class AwsSpec(StrictModel):
     pip_extra_ca: str | None = Field(
         None, description="PEM certificate nodes trust besides the system's (a mirror's or a proxy's CA)."
     )
+
+    @field_validator("python", mode="before")
+    @classmethod
+    def _python_as_written(cls, v: Any) -> Any:
+        """YAML reads an unquoted 3.10 as the number 3.1: the version the user meant is recoverable
+        only as a hint, never silently (3.1 itself is no version dlinfra knows)."""
+        if isinstance(v, float | int) and not isinstance(v, bool):
+            if repr(v) in PYTHONS:
+                return repr(v)  # 3.12 unquoted can mean nothing else
+            meant = [p for p in PYTHONS if float(p) == v] or [PYTHONS[-1]]
+            raise ValueError(
+                f"{v!r} is a number to YAML, which reads 3.10 as 3.1. Fix: quote the version: "
+                f"python: '{meant[0]}'"
+            )
+        return v
 
     @field_validator("pip_extra_ca")
     @classmethod

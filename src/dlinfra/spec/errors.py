@@ -21,6 +21,8 @@ def describe(
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     # a validator that knows the fix says it after ". Fix: "
     msg, _, fix = error["msg"].removeprefix("Value error, ").partition(". Fix: ")
+    if error["type"] == "model_type":  # pydantic names the model class, which no user ever wrote
+        msg = "Input should be a mapping of keys"
     got = error.get("input")
     quiet = error["type"] in ("missing", "extra_forbidden", "value_error") or isinstance(got, dict | list)
     echoed = "" if quiet else f" (got {shown(got)})"
@@ -54,6 +56,14 @@ def _fix(error: ErrorDetails, loc: tuple[Any, ...], root: type[BaseModel]) -> st
         close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         return f"{hint}remove it; valid keys here: {', '.join(allowed)}"
+    if kind == "string_type" and isinstance(error.get("input"), int | float):
+        # YAML took the text for a number, and may have changed it doing so: 1.10 is read as 1.1
+        return "quote the value as it was meant (YAML reads an unquoted number as one, and 1.10 as 1.1)"
+    if kind == "model_type":
+        model = _model_at(root, loc)
+        if model.__name__ == (error.get("ctx") or {}).get("class_name"):
+            return f"write it as a mapping of its keys: {', '.join(sorted(model.model_fields))}"
+        return "write it as a mapping; `dlinfra schema` lists its keys"
     if kind == "missing":
         return "add this key"
     if kind in ("int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type"):

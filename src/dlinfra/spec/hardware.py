@@ -20,6 +20,7 @@ from dlinfra.spec.model import Spec
 AUTO = "auto"
 TRAINING_ROLE = "worker"
 GPU_TYPES_HINT = "`dlinfra instances --gpu` lists the GPU types"
+MIN_SHAPED_BPS = 1e6
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ def problems(spec: Spec, typed: bool) -> list[Problem]:
                 "set lr_scaling: none, or use strategy: multi_worker_mirrored",
             )
         )
+    found += _link_problems(spec, typed)
     if found:
         return found
     gpus = cluster_hardware(spec, typed)[TRAINING_ROLE].gpus
@@ -133,6 +135,28 @@ def problems(spec: Spec, typed: bool) -> list[Problem]:
             )
         )
     return found
+
+
+def _link_problems(spec: Spec, typed: bool) -> list[Problem]:
+    """A shaped local link slower than dlinfra makes one: tc's tbf takes whole bits a second (an
+    extreme scale rounds to none), and the advisor's figures overflow. The field's own bound is only
+    > 0: the floor depends on the types' bandwidth."""
+    c = spec.cluster
+    if typed or c.local_network != "shaped":
+        return []
+    known = [k for k in (catalog().get(r.instance_type) for r in spec.roles().values()) if k is not None]
+    slowest = min(known, key=lambda k: k.network_baseline_gbps, default=None)
+    if slowest is None or slowest.network_baseline_gbps * 1e9 * c.local_link_scale >= MIN_SHAPED_BPS:
+        return []
+    least = MIN_SHAPED_BPS / (slowest.network_baseline_gbps * 1e9)
+    return [
+        Problem(
+            ("cluster", "local_link_scale"),
+            f"{c.local_link_scale:g} would give {slowest.name} ({slowest.network_baseline_gbps:g} Gb/s) "
+            f"a link under {MIN_SHAPED_BPS / 1e6:g} Mb/s, the slowest link dlinfra shapes",
+            f"use a local_link_scale of at least {least:.2g}",
+        )
+    ]
 
 
 def warnings(spec: Spec, typed: bool) -> list[str]:

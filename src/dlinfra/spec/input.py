@@ -7,6 +7,7 @@ expands to billions of values, a 50,000-deep nesting overflows the composer's re
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,40 +22,86 @@ MAX_DEPTH = 32
 MAX_DIGITS = 20  # an int64 has 19
 MAX_SHOWN = 80  # characters of a bad value echoed back in a message
 INT_TAG = "tag:yaml.org,2002:int"
+# The system's own directories: a user's file (an experiment, its requirements) that resolves into one
+# is a mistake or a probe (a link to /etc/shadow), and is never read, so never quoted back. Not /usr
+# as a whole (projects live in /usr/src/app in Docker's images), nor /var (DLINFRA_HOME may be there).
+SYSTEM_DIRS = (
+    *("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/bin", "/sbin", "/lib", "/lib64"),
+    *("/usr/bin", "/usr/sbin", "/usr/lib", "/usr/share", "/usr/include"),
+)
 Lines = dict[tuple[str | int, ...], int]
 
 
 def read_text(path: Path, source: str) -> str:
     """The file as text, or a SpecError saying why it cannot be one."""
+    checked_path(path, shown(source), "name the experiment file")
+    if real := system_file(path):
+        raise SpecError(
+            [f"{source}: is a system file ({real}), not an experiment. Fix: name your experiment's YAML file"]
+        )
     if path.is_dir():
         raise SpecError(
             [f"{source}: is a directory. Fix: name the experiment file in it, e.g. {source}/experiment.yaml"]
         )
     if not path.exists():
         raise SpecError([f"{source}: no such file. Fix: check the path, or run `dlinfra init {source}`"])
+    too_big = (
+        "an experiment file is a few KB. Fix: keep data out of the spec (training.dataset.uri points at it)"
+    )
+    return bounded_text(path, source, too_big)
+
+
+def checked_path(path: Path, where: str, fix: str) -> None:
+    """A path this machine can look up at all: not one with a NUL byte, a name over 255 bytes or a
+    whole over PATH_MAX, which the file system refuses before it looks (an internal error else)."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass  # the caller says what is missing, in its own words
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise SpecError([f"{where}: is no path this machine can open ({why}). Fix: {fix}"]) from None
+
+
+def system_file(path: Path) -> Path | None:
+    """Where `path` really is, if that is in one of the system's own directories."""
+    real = path.resolve()
+    return real if any(real.is_relative_to(d) for d in SYSTEM_DIRS) else None
+
+
+def bounded_text(path: Path, where: str, too_big: str) -> str:
+    """A user's text file read within the spec's size limit, as UTF-8, or a SpecError naming `where`
+    and why it is no text file; never a line of it, which may be anything (a key, /etc/shadow)."""
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_BYTES + 1)  # bounded: a FIFO or /dev/zero never ends
     except OSError as exc:
         raise SpecError(
-            [f"{source}: cannot be read ({exc.strerror}). Fix: check the file's permissions and owner"]
+            [f"{where}: cannot be read ({exc.strerror}). Fix: check the file's permissions and owner"]
         ) from None
     if len(raw) > MAX_BYTES:
+        raise SpecError([f"{where}: over {MAX_BYTES // 1_000_000} MB; {too_big}"])
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or _utf16_without_bom(raw[:64]):
+        raise SpecError([f"{where}: is UTF-16 text. Fix: save it as UTF-8 (iconv -f UTF-16 -t UTF-8)"])
+    if b"\x00" in raw:
+        # a NUL alone says binary (an archive, a model, /proc's environ), not another encoding
+        line = raw[: raw.index(b"\x00")].count(b"\n") + 1
         raise SpecError(
-            [
-                f"{source}: over {MAX_BYTES // 1_000_000} MB; an experiment file is a few KB. "
-                "Fix: keep data out of the spec (training.dataset.uri points at it)"
-            ]
+            [f"{where}:{line}: holds a NUL byte, so it is no text file. Fix: name the text file meant"]
         )
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw[:64]:
-        raise SpecError([f"{source}: is UTF-16 text. Fix: save it as UTF-8 (iconv -f UTF-16 -t UTF-8)"])
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise SpecError(
-            [f"{source}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}). Fix: save the file as UTF-8"]
+            [f"{where}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}). Fix: save the file as UTF-8"]
         ) from None
+
+
+def _utf16_without_bom(head: bytes) -> bool:
+    """ASCII written as UTF-16: a NUL beside every character, on the same side of each pair."""
+    pairs = [head[i : i + 2] for i in range(0, len(head) - 1, 2)]
+    return len(pairs) >= 2 and any(all(p[i] == 0 and p[1 - i] for p in pairs) for i in (0, 1))
 
 
 def parse_document(text: str, source: str) -> tuple[dict[str, Any], Lines]:
@@ -122,6 +169,29 @@ def _too_deep(where: str) -> SpecError:
     return SpecError([f"{where}: nested deeper than {MAX_DEPTH} levels. Fix: an experiment needs a handful"])
 
 
+def _unprintable(text: str, source: str, exc: yaml.reader.ReaderError) -> str:
+    """A character YAML refuses to read: a control character, or (from a flag) a byte of the
+    command line that was not UTF-8, which Python keeps as a lone surrogate."""
+    code = ord(exc.character) if isinstance(exc.character, str) else int(exc.character)
+    line = text[: exc.position].count("\n") + 1
+    where = source if source.startswith("-") else f"{source}:{line}"
+    what = "a byte that is not UTF-8" if 0xDC80 <= code <= 0xDCFF else f"the control character U+{code:04X}"
+    return f"{where}: holds {what}, which YAML does not take. Fix: remove it"
+
+
+def _unsafe(where: str, problem: str) -> str:
+    """A document well formed but asking for more than plain data: a tag that would build an object
+    (`!!python/object`, which safe loading refuses) or a key that is a list or a mapping."""
+    tag = re.search(r"constructor for the tag '([^']*)'", problem)
+    if tag:
+        written = re.sub(r"^tag:yaml\.org,2002:", "!!", tag.group(1))
+        return (
+            f"{where}: the YAML tag {shown(written)} is not allowed: an experiment file holds "
+            "plain values (mappings, lists, text, numbers), never objects. Fix: remove the tag"
+        )
+    return f"{where}: {problem}: an experiment file's keys are plain words. Fix: write the key as text"
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """SafeLoader that stops composing at the limits, before a huge document is in memory."""
 
@@ -143,7 +213,10 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def _load(text: str, source: str) -> tuple[Any, Lines]:
-    loader = _BoundedLoader(text, source)
+    try:
+        loader = _BoundedLoader(text, source)  # its reader refuses a control character here already
+    except yaml.reader.ReaderError as exc:
+        raise SpecError([_unprintable(text, source, exc)]) from None
     try:
         root = loader.get_single_node()
         if root is None:
@@ -154,6 +227,8 @@ def _load(text: str, source: str) -> tuple[Any, Lines]:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if isinstance(exc, yaml.constructor.ConstructorError):
+            raise SpecError([_unsafe(where, problem)]) from None
         raise SpecError(
             [f"{where}: YAML syntax error: {problem}. Fix: check indentation and quoting"]
         ) from None

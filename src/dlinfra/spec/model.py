@@ -236,7 +236,9 @@ class TrainingSpec(StrictModel):
     @field_validator("requirements")
     @classmethod
     def _requirements_form(cls, v: list[str]) -> list[str]:
-        problems = [f"[{i}] {why}" for i, text in enumerate(v) if (why := requirement_problem(text))]
+        problems = [
+            f"[{i}] {shown(text)} {why}" for i, text in enumerate(v) if (why := requirement_problem(text))
+        ]
         if problems:
             raise ValueError(f"{'; '.join(problems)}. Fix: {REQUIREMENT_FIX}")
         return v

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from dlinfra.contract import StoreConfig
 from dlinfra.errors import StoreError
+from dlinfra.runs.layout.sizing import prediction
 from dlinfra.runs.preflight import NodeFigures, Verdict
 from dlinfra.runs.records import (
     MARKERS,
@@ -321,7 +322,7 @@ class RunStore:
         self.store.put_json(SIZING, prediction)
 
     def sizing(self) -> dict[str, Any] | None:
-        return self.store.get_json(SIZING)
+        return prediction(self.store.get_json(SIZING), self.store.uri(SIZING))
 
     # ---------------------------------------------------------------- code and pins
 
