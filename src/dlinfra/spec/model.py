@@ -179,6 +179,14 @@ class TrainingSpec(StrictModel):
         "'3'], from the experiment file's directory, with TF_CONFIG and the DLINFRA_* variables set "
         "(README: Bring your own script). One of entrypoint or command.",
     )
+    outputs_max_gb: float = Field(
+        20,
+        gt=0,
+        le=100_000,
+        description="Script mode: the most a script's model, checkpoint or TensorBoard directory may hold "
+        "(GB, sparse files at their full length) for the node to upload it; past it the run fails naming "
+        "this field. Only regular files under a directory are uploaded: a link out of it is refused.",
+    )
     requirements: list[str] = Field(
         default_factory=list,
         description="Packages the entrypoint imports beyond dlinfra's own (PEP 508 strings), or the path "
