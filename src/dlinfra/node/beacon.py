@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.contract import EXIT_STOPPED, NodeConfig
-from dlinfra.node import spot, watchdog
+from dlinfra.node import reaper, spot, watchdog
 from dlinfra.node.status import SPAWNED_AT, read_state, state_file
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
@@ -49,6 +49,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     beacon = Beacon(cfg, RunStore.open(cfg.store), work, log_file)
     beacon.record_earlier_life(read_state(state_file(work)))
     state_file(work).unlink(missing_ok=True)  # an earlier life's state is not this one's
+    reaper.become_subreaper()  # what the trainer leaves (its script's daemons) stays below, to be ended
     trainer = beacon.start_trainer(config_path)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: _forward(trainer, signum))
@@ -121,8 +122,10 @@ class Beacon:
             pid = int((fields or {}).get("pid") or trainer.pid)
             self.publish(pid, fields, gone=code is not None)
             if code is not None:
+                reaper.end_descendants()
                 return self.spot.finish() if self.spot is not None and leaving else _end_like(code)
             self.answer_stack_requests(pid)
+            reaper.reap_orphans(keep=trainer.pid)
             if self._past_its_limit(fields):
                 limit = watchdog.binding_limit(self.cfg)
                 self.store.write_marker(
@@ -133,6 +136,7 @@ class Beacon:
                 )
                 _forward(trainer, signal.SIGKILL)
                 trainer.wait()
+                reaper.end_descendants()
                 return EXIT_STOPPED
             with contextlib.suppress(subprocess.TimeoutExpired):
                 trainer.wait(self.cfg.heartbeat_interval)
