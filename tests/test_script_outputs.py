@@ -7,6 +7,9 @@ script planting all of it is tests/e2e/test_script_failures.py."""
 from __future__ import annotations
 
 import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +126,46 @@ def test_s3_receives_the_regular_files_as_listed(
     ]
     body = s3.get_object(Bucket="outputs-test", Key=f"runs/r-1/{MODEL}/weights.bin")["Body"].read()
     assert body == b"weights"
+
+
+READERS = """
+import sys
+from pathlib import Path
+from dlinfra.node.events import EventScalars
+from dlinfra.progress import read_report
+root = Path(sys.argv[1])
+print(read_report(root / "progress.json"), EventScalars(root / "tensorboard").read())
+"""
+
+
+def _read_in_a_child(root: Path) -> subprocess.CompletedProcess[str]:
+    def bounded() -> None:  # an endless read must fail in the child, not fill the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31))
+
+    return subprocess.run(
+        [sys.executable, "-c", READERS, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        preexec_fn=bounded,
+    )
+
+
+def test_the_agents_readers_of_a_scripts_files_follow_no_link_and_wait_on_no_fifo(tmp_path: Path) -> None:
+    """The agent reads a script's progress file and event files while it runs: a link to an endless
+    device must not spin it, a FIFO must not block it, a record's length must not size a read. In a
+    child with a deadline: the agent's old readers hung on every one of these."""
+    (tmp_path / "progress.json").symlink_to("/dev/zero")
+    board = tmp_path / "tensorboard"
+    (board / "run").mkdir(parents=True)
+    (board / "events.out.tfevents.1.zero").symlink_to("/dev/zero")
+    os.mkfifo(board / "events.out.tfevents.2.fifo")
+    # a record header claiming 2**62 bytes
+    (board / "run" / "events.out.tfevents.3.huge").write_bytes((2**62).to_bytes(8, "little") + b"\0" * 8)
+    done = _read_in_a_child(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "False"]
+    os.unlink(tmp_path / "progress.json")
+    os.mkfifo(tmp_path / "progress.json")
+    done = _read_in_a_child(tmp_path)
+    assert done.stdout.split() == ["None", "False"], done.stderr
