@@ -4,7 +4,9 @@ nothing left running. The script (tests/data/scripts/misbehaving.py) imports no 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,57 @@ def test_a_command_that_does_not_exist_fails_on_the_node_naming_it(tmp_path: Pat
     failed = failed_marker(deploy_project(tmp_path, project, "--workers", "2"))
     assert failed["verdict"] == "command"
     assert "'trian-typo'" in str(failed["error"]) and "No such file" in str(failed["error"])
+
+
+def test_a_script_that_links_out_of_its_directories_and_daemonizes_leaks_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 55, classes 1 and 4, in one real run: each worker's script links a file outside the
+    node's directories into its model, checkpoint and TensorBoard directories, leaves a FIFO in its
+    model and starts a daemon (fork, setsid, fork) before it exits 0."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text(SECRET)
+    pids = tmp_path / "daemons"
+    pids.mkdir()
+    project = user_project(
+        tmp_path,
+        "misbehaving.py",
+        "name: leave-behind\nstrategy: multi_worker_mirrored\ntraining:\n  command: [python, train.py, "
+        f"--mode, leave-behind, --outside, {outside}, --pids, {pids}]\n",
+    )
+    run = deploy_project(tmp_path, project, "--workers", "2")
+    daemons = {p.name: int(p.read_text()) for p in pids.iterdir()}
+    try:
+        assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+        assert sorted(daemons) == ["worker-0", "worker-1"], "each worker's script started its daemon"
+        assert _alive(daemons) == [], "a daemon outlived its run"
+        stored = [p for p in run.store.rglob("*") if p.is_file()]
+        assert not [p for p in stored if SECRET.encode() in p.read_bytes()], "a file outside was stored"
+        assert (run.store / "model" / "model.txt").is_file()
+        refused = run.metrics["outputs_refused"]
+        for where in ("DLINFRA_MODEL_DIR", "DLINFRA_CHECKPOINT_DIR", "DLINFRA_TENSORBOARD_DIR"):
+            assert f"{where}: 'leak-worker-0' is a link out of it: refused, not uploaded" in refused
+        assert (
+            "DLINFRA_MODEL_DIR: 'pipe' is not a regular file (a FIFO, socket or device): skipped" in refused
+        )
+        assert "DLINFRA_MODEL_DIR: 'leak-worker-0' is a link out of it" in run.result.stdout
+        log = (run.store / "logs" / "worker-1.log").read_text()
+        assert "ended 1 processes the script left running" in log
+    finally:
+        for pid in _alive(daemons):
+            os.kill(pid, signal.SIGKILL)
+
+
+SECRET = "the node's own file, not the script's output"
+
+
+def _alive(daemons: dict[str, int]) -> list[int]:
+    """The daemons still running (a pid is theirs while its command line names them)."""
+    alive = []
+    for node, pid in daemons.items():
+        try:
+            if f"daemon-of-{node}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                alive.append(pid)
+        except OSError:
+            pass
+    return alive

@@ -10,7 +10,11 @@ import sys
 import time
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--mode", required=True, choices=["exit-on-worker-1", "hang", "alone", "no-model"])
+parser.add_argument(
+    "--mode", required=True, choices=["exit-on-worker-1", "hang", "alone", "no-model", "leave-behind"]
+)
+parser.add_argument("--outside", help="leave-behind: a file outside the node's directories to link to")
+parser.add_argument("--pids", help="leave-behind: where to write the daemon's pid")
 args = parser.parse_args()
 node = os.environ["DLINFRA_NODE"]
 config = json.loads(os.environ["TF_CONFIG"])
@@ -50,3 +54,21 @@ elif args.mode == "alone":  # trains on its own copy of the data, never looking 
 elif args.mode == "no-model":
     server = serve_like_tensorflow()
     time.sleep(5)  # serving as a training run would, long enough for its agent's look (every 0.5 s)
+elif args.mode == "leave-behind":  # a model, with links out of every output directory, and a daemon
+    server = serve_like_tensorflow()
+    env = os.environ
+    with open(os.path.join(env["DLINFRA_MODEL_DIR"], "model.txt"), "w") as out:
+        out.write("a model\n")
+    for directory in ("DLINFRA_MODEL_DIR", "DLINFRA_CHECKPOINT_DIR", "DLINFRA_TENSORBOARD_DIR"):
+        os.symlink(args.outside, os.path.join(env[directory], f"leak-{node}"))
+    os.mkfifo(os.path.join(env["DLINFRA_MODEL_DIR"], "pipe"))
+    if os.fork() == 0:  # the classic daemon: fork, setsid, fork again, the middle one exits
+        os.setsid()
+        if os.fork() == 0:
+            daemon = ["python", "-c", "import time; time.sleep(600)", f"daemon-of-{node}"]
+            with open(os.path.join(args.pids, node), "w") as out:
+                out.write(str(os.getpid()))
+            os.execvp("python", daemon)
+        os._exit(0)
+    os.wait()
+    time.sleep(5)  # serving, as a training run would, long enough for its agent's look
