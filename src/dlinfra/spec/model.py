@@ -268,6 +268,11 @@ class TrainingSpec(StrictModel):
                 "$DLINFRA_TRAIN_FILES, staged whole. Fix: remove cache_gb, or train with a Program "
                 "(training.entrypoint)"
             )
+        if "outputs_max_gb" in self.model_fields_set and not self.command:
+            raise ValueError(
+                "outputs_max_gb caps what a script's directories upload; without training.command "
+                "dlinfra's loop writes the model itself. Fix: remove outputs_max_gb, or set command"
+            )
         return self
 
     def dispatches_files(self, strategy: str) -> bool:
