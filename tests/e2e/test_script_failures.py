@@ -68,6 +68,21 @@ def test_a_command_that_does_not_exist_fails_on_the_node_naming_it(tmp_path: Pat
     assert "'trian-typo'" in str(failed["error"]) and "No such file" in str(failed["error"])
 
 
+def test_a_checkpoint_directory_past_the_cap_fails_the_run_naming_the_cap(tmp_path: Path) -> None:
+    project = user_project(
+        tmp_path,
+        "misbehaving.py",
+        "name: sparse\nstrategy: multi_worker_mirrored\ntraining:\n"
+        "  command: [python, train.py, --mode, sparse-checkpoint]\n  outputs_max_gb: 1\n",
+    )
+    run = deploy_project(tmp_path, project, "--workers", "2")
+    failed = failed_marker(run)
+    assert failed["verdict"] == "outputs" and failed["node"] == "worker-0", failed
+    assert "DLINFRA_CHECKPOINT_DIR holds 2 GB" in str(failed["error"])
+    assert "training.outputs_max_gb (1 GB)" in str(failed["error"])
+    assert not (run.store / "checkpoints").exists(), "nothing of it was uploaded"
+
+
 def test_a_script_that_links_out_of_its_directories_and_daemonizes_leaks_and_leaves_nothing(
     tmp_path: Path,
 ) -> None:

@@ -11,7 +11,9 @@ import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument(
-    "--mode", required=True, choices=["exit-on-worker-1", "hang", "alone", "no-model", "leave-behind"]
+    "--mode",
+    required=True,
+    choices=["exit-on-worker-1", "hang", "alone", "no-model", "leave-behind", "sparse-checkpoint"],
 )
 parser.add_argument("--outside", help="leave-behind: a file outside the node's directories to link to")
 parser.add_argument("--pids", help="leave-behind: where to write the daemon's pid")
@@ -72,3 +74,11 @@ elif args.mode == "leave-behind":  # a model, with links out of every output dir
         os._exit(0)
     os.wait()
     time.sleep(5)  # serving, as a training run would, long enough for its agent's look
+elif args.mode == "sparse-checkpoint":  # 2 GB that take no disk, read as 2 GB of zeros
+    server = serve_like_tensorflow()
+    if node == "worker-0":
+        with open(
+            os.path.join(os.environ["DLINFRA_CHECKPOINT_DIR"], "ckpt-1.data-00000-of-00001"), "wb"
+        ) as f:
+            f.truncate(2 * 10**9)
+    hang_forever()  # its agent ends it once the sync finds the directory past the cap
