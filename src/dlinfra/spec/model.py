@@ -164,6 +164,9 @@ class ClusterSpec(StrictModel):
 # ---------------------------------------------------------------- training
 
 
+OUTPUTS_MAX_GB = 20.0
+
+
 class TrainingSpec(StrictModel):
     model: ModelSpec = ModelSpec()
     dataset: DatasetSpec = DatasetSpec()
@@ -180,7 +183,7 @@ class TrainingSpec(StrictModel):
         "(README: Bring your own script). One of entrypoint or command.",
     )
     outputs_max_gb: float = Field(
-        20,
+        OUTPUTS_MAX_GB,
         gt=0,
         le=100_000,
         description="Script mode: the most a script's model, checkpoint or TensorBoard directory may hold "
@@ -268,7 +271,8 @@ class TrainingSpec(StrictModel):
                 "$DLINFRA_TRAIN_FILES, staged whole. Fix: remove cache_gb, or train with a Program "
                 "(training.entrypoint)"
             )
-        if "outputs_max_gb" in self.model_fields_set and not self.command:
+        # its default is written out with every spec and node config: only another value is refused
+        if self.outputs_max_gb != OUTPUTS_MAX_GB and not self.command:
             raise ValueError(
                 "outputs_max_gb caps what a script's directories upload; without training.command "
                 "dlinfra's loop writes the model itself. Fix: remove outputs_max_gb, or set command"
