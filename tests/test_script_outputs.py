@@ -169,3 +169,18 @@ def test_the_agents_readers_of_a_scripts_files_follow_no_link_and_wait_on_no_fif
     os.mkfifo(tmp_path / "progress.json")
     done = _read_in_a_child(tmp_path)
     assert done.stdout.split() == ["None", "False"], done.stderr
+
+
+def test_a_restore_writes_nothing_through_a_folder_an_earlier_life_linked_out(tmp_path: Path) -> None:
+    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    local = tmp_path / "ckpt"
+    (local / "sub").mkdir(parents=True)
+    (local / "sub" / "ckpt-1.index").write_bytes(b"index")
+    (local / "checkpoint").write_bytes(b"state")
+    assert DirectorySync(store, local, SCRIPT_CHECKPOINTS).push(final=True) == 2
+    (local / "sub" / "ckpt-1.index").unlink()
+    (local / "sub").rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    (local / "sub").symlink_to(tmp_path / "elsewhere")
+    assert DirectorySync(store, local, SCRIPT_CHECKPOINTS).pull() == 1
+    assert list((tmp_path / "elsewhere").iterdir()) == []

@@ -69,8 +69,12 @@ class DirectorySync:
         """Every file of the prefix into the local directory (a restarted node's restore), each
         written whole under its name (a process reading the directory never sees half a file)."""
         got = 0
+        real = self.local.resolve()
         for rel in self.store.synced(self.prefix):
             path = self.local / rel
+            if not path.parent.resolve().is_relative_to(real):  # an earlier life linked a folder out
+                print(f"{self.what}: {rel!r} not restored: its folder is a link out of it", flush=True)
+                continue
             partial = path.with_name(f".{path.name}.pulling")
             if self.store.get_synced(self.prefix, rel, partial):
                 partial.replace(path)
