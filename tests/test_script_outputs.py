@@ -16,7 +16,7 @@ import pytest
 
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.runs.layout import MODEL, SCRIPT_CHECKPOINTS, RunStore
-from dlinfra.runs.local_files import OutputsTooBig, open_beneath
+from dlinfra.runs.local_files import OutputsTooBig, open_beneath, regular_files
 from dlinfra.runs.store import Store
 from dlinfra.spec.model import TrainingSpec
 from support import FAKE_CREDS, aws_client
@@ -184,3 +184,18 @@ def test_a_restore_writes_nothing_through_a_folder_an_earlier_life_linked_out(tm
     (local / "sub").symlink_to(tmp_path / "elsewhere")
     assert DirectorySync(store, local, SCRIPT_CHECKPOINTS).pull() == 1
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_directory_nested_past_the_recursion_limit_is_listed(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    deep = model
+    model.mkdir()
+    for _ in range(1100):  # deeper than Python's recursion limit (1000), within PATH_MAX
+        deep = deep / "d"
+        deep.mkdir()  # one at a time: mkdir(parents=True) itself recurses
+    (deep / "weights.bin").write_bytes(b"deep")
+    [found] = regular_files(model, "DLINFRA_MODEL_DIR").files
+    assert found.size == 4 and found.rel.endswith("/d/weights.bin")
+    opened = open_beneath(model, found.source)
+    assert opened is not None and opened.read() == b"deep"
+    opened.close()

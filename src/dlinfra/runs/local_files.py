@@ -65,26 +65,30 @@ def regular_files(root: Path, what: str) -> Listing:
 
 
 def _walk(real: str, directory: str, prefix: str, what: str, listing: Listing) -> None:
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
-    except OSError:  # removed meanwhile (a checkpoint manager's max_to_keep)
-        return
-    for entry in entries:
-        rel = prefix + entry.name
+    # a stack, not recursion: a script may nest its directories deeper than Python's recursion limit
+    todo = [(directory, prefix)]
+    while todo:
+        folder, above = todo.pop()
         try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name, reverse=True)
+        except OSError:  # removed meanwhile (a checkpoint manager's max_to_keep)
             continue
-        if stat.S_ISDIR(st.st_mode):
-            _walk(real, entry.path, rel + "/", what, listing)
-        elif stat.S_ISREG(st.st_mode):
-            listing.files.append(LocalFile(rel, rel, st.st_size, st.st_mtime_ns))
-        elif stat.S_ISLNK(st.st_mode):
-            _link(real, entry.path, rel, what, listing)
-        else:
-            listing.refused.append(
-                f"{what}: {shown(rel)} is not a regular file (a FIFO, socket or device): skipped"
-            )
+        for entry in entries:
+            rel = above + entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                todo.append((entry.path, rel + "/"))
+            elif stat.S_ISREG(st.st_mode):
+                listing.files.append(LocalFile(rel, rel, st.st_size, st.st_mtime_ns))
+            elif stat.S_ISLNK(st.st_mode):
+                _link(real, entry.path, rel, what, listing)
+            else:
+                listing.refused.append(
+                    f"{what}: {shown(rel)} is not a regular file (a FIFO, socket or device): skipped"
+                )
 
 
 def _link(real: str, path: str, rel: str, what: str, listing: Listing) -> None:
