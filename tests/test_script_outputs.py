@@ -188,14 +188,19 @@ def test_a_restore_writes_nothing_through_a_folder_an_earlier_life_linked_out(tm
 
 def test_a_directory_nested_past_the_recursion_limit_is_listed(tmp_path: Path) -> None:
     model = tmp_path / "model"
-    deep = model
     model.mkdir()
-    for _ in range(1100):  # deeper than Python's recursion limit (1000), within PATH_MAX
-        deep = deep / "d"
-        deep.mkdir()  # one at a time: mkdir(parents=True) itself recurses
-    (deep / "weights.bin").write_bytes(b"deep")
-    [found] = regular_files(model, "DLINFRA_MODEL_DIR").files
-    assert found.size == 4 and found.rel.endswith("/d/weights.bin")
-    opened = open_beneath(model, found.source)
-    assert opened is not None and opened.read() == b"deep"
-    opened.close()
+    levels = [model]
+    try:
+        for _ in range(1100):  # deeper than Python's recursion limit (1000), within PATH_MAX
+            levels.append(levels[-1] / "d")
+            levels[-1].mkdir()  # one at a time: mkdir(parents=True) itself recurses
+        (levels[-1] / "weights.bin").write_bytes(b"deep")
+        [found] = regular_files(model, "DLINFRA_MODEL_DIR").files
+        assert found.size == 4 and found.rel.endswith("/d/weights.bin")
+        opened = open_beneath(model, found.source)
+        assert opened is not None and opened.read() == b"deep"
+        opened.close()
+    finally:  # shutil.rmtree recurses too: pytest's own clean-up of old temp dirs would fail on it
+        (levels[-1] / "weights.bin").unlink(missing_ok=True)
+        for level in reversed(levels):
+            level.rmdir()
