@@ -122,6 +122,29 @@ def test_a_script_that_links_out_of_its_directories_and_daemonizes_leaks_and_lea
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_script_and_its_daemon_that_ignore_the_stop_leave_nothing_after_done(tmp_path: Path) -> None:
+    """Worker 0 ends the run DONE; worker 1's script ignores SIGTERM, as does the daemon it left. The
+    launcher SIGKILLs a node's beacon 10 s after its SIGTERM, which would orphan the daemon to init:
+    the beacon ends it first (issue 55, class 4)."""
+    pids = tmp_path / "daemons"
+    pids.mkdir()
+    project = user_project(
+        tmp_path,
+        "misbehaving.py",
+        "name: ignore-term\nstrategy: multi_worker_mirrored\ntraining:\n"
+        f"  command: [python, train.py, --mode, ignore-term, --pids, {pids}]\n",
+    )
+    run = deploy_project(tmp_path, project, "--workers", "2")
+    daemons = {p.name: int(p.read_text()) for p in pids.iterdir()}
+    try:
+        assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+        assert list(daemons) == ["worker-1"]
+        assert _alive(daemons) == [], "the daemon outlived its run"
+    finally:
+        for pid in _alive(daemons):
+            os.kill(pid, signal.SIGKILL)
+
+
 SECRET = "the node's own file, not the script's output"
 
 

@@ -75,9 +75,12 @@ def descendants(root: int) -> dict[int, tuple[int, str]]:
     return found
 
 
-def end_descendants(grace: float = TERM_GRACE, within: float = 30.0) -> list[int]:
-    """End every process below this one: SIGTERM, then SIGKILL after `grace`, until none is left
-    (a process forking as it is ended is found at the next look). Returns the pids that were running."""
+def end_descendants(
+    grace: float = TERM_GRACE, within: float = 30.0, keep: frozenset[int] = frozenset()
+) -> list[int]:
+    """End every process below this one but `keep`: SIGTERM, then SIGKILL after `grace`, until none
+    is left (a process forking as it is ended is found at the next look). Returns the pids that were
+    running."""
     me = os.getpid()
     ended: list[int] = []
     started = time.monotonic()
@@ -88,7 +91,7 @@ def end_descendants(grace: float = TERM_GRACE, within: float = 30.0) -> list[int
             if parent == me and state == "Z":
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
-        alive = [pid for pid, (_, state) in below.items() if state != "Z"]
+        alive = [pid for pid, (_, state) in below.items() if state != "Z" and pid not in keep]
         if not alive or time.monotonic() - started > within:
             return ended
         for pid in alive:
