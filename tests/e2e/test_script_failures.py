@@ -3,10 +3,12 @@ nothing left running. The script (tests/data/scripts/misbehaving.py) imports no 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -91,17 +93,7 @@ def test_a_script_that_links_out_of_its_directories_and_daemonizes_leaks_and_lea
     model and starts a daemon (fork, setsid, fork) before it exits 0."""
     outside = tmp_path / "outside.txt"
     outside.write_text(SECRET)
-    pids = tmp_path / "daemons"
-    pids.mkdir()
-    project = user_project(
-        tmp_path,
-        "misbehaving.py",
-        "name: leave-behind\nstrategy: multi_worker_mirrored\ntraining:\n  command: [python, train.py, "
-        f"--mode, leave-behind, --outside, {outside}, --pids, {pids}]\n",
-    )
-    run = deploy_project(tmp_path, project, "--workers", "2")
-    daemons = {p.name: int(p.read_text()) for p in pids.iterdir()}
-    try:
+    with _daemonizing_run(tmp_path, "leave-behind", "--outside", str(outside)) as (run, daemons):
         assert run.result.returncode == 0, run.result.stdout + run.result.stderr
         assert sorted(daemons) == ["worker-0", "worker-1"], "each worker's script started its daemon"
         assert _alive(daemons) == [], "a daemon outlived its run"
@@ -117,29 +109,30 @@ def test_a_script_that_links_out_of_its_directories_and_daemonizes_leaks_and_lea
         assert "DLINFRA_MODEL_DIR: 'leak-worker-0' is a link out of it" in run.result.stdout
         log = (run.store / "logs" / "worker-1.log").read_text()
         assert "ended 1 processes the script left running" in log
-    finally:
-        for pid in _alive(daemons):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_script_and_its_daemon_that_ignore_the_stop_leave_nothing_after_done(tmp_path: Path) -> None:
     """Worker 0 ends the run DONE; worker 1's script ignores SIGTERM, as does the daemon it left. The
     launcher SIGKILLs a node's beacon 10 s after its SIGTERM, which would orphan the daemon to init:
     the beacon ends it first (issue 55, class 4)."""
-    pids = tmp_path / "daemons"
-    pids.mkdir()
-    project = user_project(
-        tmp_path,
-        "misbehaving.py",
-        "name: ignore-term\nstrategy: multi_worker_mirrored\ntraining:\n"
-        f"  command: [python, train.py, --mode, ignore-term, --pids, {pids}]\n",
-    )
-    run = deploy_project(tmp_path, project, "--workers", "2")
-    daemons = {p.name: int(p.read_text()) for p in pids.iterdir()}
-    try:
+    with _daemonizing_run(tmp_path, "ignore-term") as (run, daemons):
         assert run.result.returncode == 0, run.result.stdout + run.result.stderr
         assert list(daemons) == ["worker-1"]
         assert _alive(daemons) == [], "the daemon outlived its run"
+
+
+@contextlib.contextmanager
+def _daemonizing_run(tmp: Path, mode: str, *flags: str) -> Iterator[tuple[Deployed, dict[str, int]]]:
+    """A run of misbehaving.py's `mode`, its scripts' daemons by node; whatever the test found, those
+    still running after it are killed."""
+    pids = tmp / "daemons"
+    pids.mkdir()
+    command = ", ".join(["python", "train.py", "--mode", mode, *flags, "--pids", str(pids)])
+    spec = f"name: {mode}\nstrategy: multi_worker_mirrored\ntraining:\n  command: [{command}]\n"
+    run = deploy_project(tmp, user_project(tmp, "misbehaving.py", spec), "--workers", "2")
+    daemons = {p.name: int(p.read_text()) for p in pids.iterdir()}
+    try:
+        yield run, daemons
     finally:
         for pid in _alive(daemons):
             os.kill(pid, signal.SIGKILL)
