@@ -228,8 +228,7 @@ def _train(
     results, _ = export.export(outcome.model, program, outcome.objective, work / "model")
     accuracy = export.accuracy_of(results)
     progress.final(results, outcome.step)
-    store.put_model(work / "model")  # dlinfra's own export: no cap, no link in it to refuse
-    model_uri = store.model_uri()
+    model_uri = store.put_model(work / "model")
     metrics = Metrics(
         eval_accuracy=accuracy,
         scalars={f"eval_{name}": value for name, value in results.items()},

@@ -30,6 +30,7 @@ from dlinfra.node import reaper
 from dlinfra.node.beacon import die_with_parent, port_open
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.events import EventScalars
+from dlinfra.node.script_log import RUNNING, TAIL_LINES, last_error, log_tail, tail_text
 from dlinfra.node.script_progress import ScriptProgress
 from dlinfra.node.spot import holds_state
 from dlinfra.node.status import NodeStatus, give_up
@@ -54,9 +55,6 @@ POLL_SECONDS = 0.5
 MARKER_SECONDS = 1.0  # how often a node looks for the run's end in the store
 SYNC_SECONDS = 10.0
 STOP_GRACE = 30.0  # after the run ended elsewhere: SIGTERM, then this long before SIGKILL
-TAIL_LINES = 40
-RUNNING = "running "  # the agent's line before its script starts: where this life's log begins
-TAIL_BYTES = 4000
 
 
 @dataclass(frozen=True)
@@ -218,14 +216,14 @@ def _ended(
                 "the script lost a peer (TensorFlow's UnavailableError and kin): exiting for a restart",
                 flush=True,
             )
-            status.stop(state="lost peer", error=_last_error(tail))
+            status.stop(state="lost peer", error=last_error(tail))
             return EXIT_RETRY
         return give_up(
             cfg,
             store,
             status,
-            f"the script exited with code {exit_code} on {cfg.name}: {_last_error(tail)}",
-            _tail_text(tail),
+            f"the script exited with code {exit_code} on {cfg.name}: {last_error(tail)}",
+            tail_text(tail),
             verdict="script",
         )
     status.stop(state="done", step=progress.step or 0)
@@ -269,13 +267,13 @@ def _finish(
             verdict="no model",
         )
     status.update(state="exporting")
+    refused: list[str] = []
     try:
-        listing = store.put_model(dirs.model, cfg.training.outputs_max_gb)
+        model_uri = store.put_model(dirs.model, cfg.training.outputs_max_gb, refused)
     except OutputsTooBig as exc:
         return give_up(cfg, store, status, f"on {cfg.name}: {exc}", "", verdict="outputs")
-    for line in listing.refused:
+    for line in refused:
         print(line, flush=True)
-    model_uri = store.model_uri()
     scalars = {k: v for k, v in progress.scalars.items() if v is not None}
     metrics = Metrics(
         mode="script",
@@ -295,7 +293,7 @@ def _finish(
         final_loss=scalars.get("loss"),
         model_uri=model_uri,
         checkpoint=store.synced_uri(SCRIPT_CHECKPOINTS) if checkpoints.files else None,
-        outputs_refused=[*listing.refused, *checkpoints.refused, *tensorboard.refused],
+        outputs_refused=[*refused, *checkpoints.refused, *tensorboard.refused],
     )
     store.put_metrics(metrics)
     store.write_marker("DONE", node=cfg.name, step=progress.step, eval_accuracy=metrics.eval_accuracy)
@@ -370,28 +368,3 @@ def _die_by(signum: int) -> None:
     os.kill(os.getpid(), signum)
     time.sleep(1)
     os._exit(128 + signum)
-
-
-def log_tail(log_file: Path | None) -> list[str]:
-    """This life's last lines of the node's log (the script writes to the same log as its agent;
-    an earlier life's lines, before the agent's `running` line, are not this script's)."""
-    if log_file is None or not log_file.is_file():
-        return []
-    with open(log_file, "rb") as fh:
-        fh.seek(max(0, fh.seek(0, os.SEEK_END) - 64 * 1024))
-        lines = fh.read().decode(errors="replace").splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith(RUNNING)]
-    return lines[starts[-1] + 1 if starts else 0 :][-TAIL_LINES * 4 :]
-
-
-def _last_error(tail: list[str]) -> str:
-    """The line a user wants first: the exception a traceback ends with, else the last line."""
-    lines = [line.strip() for line in tail if line.strip()]
-    for line in reversed(lines):
-        if ("Error" in line or "Exception" in line) and ":" in line and not line.startswith("File "):
-            return line[:500]
-    return lines[-1][:500] if lines else "it printed nothing"
-
-
-def _tail_text(tail: list[str]) -> str:
-    return "\n".join(tail[-TAIL_LINES:])[-TAIL_BYTES:]

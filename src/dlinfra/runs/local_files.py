@@ -17,7 +17,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from dlinfra.errors import StoreError
 from dlinfra.spec.input import shown
@@ -105,6 +105,22 @@ def _link(real: str, path: str, rel: str, what: str, listing: Listing) -> None:
     elif not stat.S_ISDIR(st.st_mode):
         listing.refused.append(f"{what}: {shown(rel)} is a link to a special file: skipped")
     # a link to a directory inside is not followed: its files are sent under their own names
+
+
+class Sink(Protocol):
+    def put_opened(self, key: str, fh: BinaryIO, tags: dict[str, str] | None = None) -> None: ...
+
+
+def upload(store: Sink, local: Path, prefix: str, what: str, cap_gb: float | None = None) -> Listing:
+    """The regular files under `local` into `prefix` of the store, none of them once they add up to
+    more than `cap_gb`; what was refused or skipped is in the listing."""
+    listing = regular_files(local, what)
+    check_cap(listing, cap_gb, what)
+    for found in listing.files:
+        if (fh := open_beneath(local, found.source)) is not None:
+            with fh:
+                store.put_opened(f"{prefix}/{found.rel}", bounded(fh, found.size))
+    return listing
 
 
 def check_cap(listing: Listing, cap_gb: float | None, what: str) -> None:

@@ -20,7 +20,6 @@ from typing import Any, BinaryIO, NamedTuple, TypeVar
 from urllib.parse import urlencode
 
 from dlinfra.errors import StoreError
-from dlinfra.runs.local_files import Listing, bounded, check_cap, open_beneath, regular_files
 from dlinfra.spec.input import shown
 
 T = TypeVar("T")
@@ -128,17 +127,6 @@ class Store:
     def put_opened(self, key: str, fh: BinaryIO, tags: dict[str, str] | None = None) -> None:
         """A file already opened (see runs.local_files: opened with no link followed), from its start."""
         raise NotImplementedError
-
-    def upload_dir(self, local: Path, prefix: str, what: str, cap_gb: float | None = None) -> Listing:
-        """The regular files under `local` (no link out, no special file: see runs.local_files), none
-        of them once they add up to more than `cap_gb`."""
-        listing = regular_files(local, what)
-        check_cap(listing, cap_gb, what)
-        for found in listing.files:
-            if (fh := open_beneath(local, found.source)) is not None:
-                with fh:
-                    self.put_opened(f"{prefix}/{found.rel}", bounded(fh, found.size))
-        return listing
 
 
 class FileStore(Store):

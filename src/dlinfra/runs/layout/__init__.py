@@ -42,7 +42,7 @@ from pydantic import ValidationError
 
 from dlinfra.contract import StoreConfig
 from dlinfra.errors import StoreError
-from dlinfra.runs.local_files import Listing
+from dlinfra.runs.local_files import upload
 from dlinfra.runs.preflight import NodeFigures, Verdict
 from dlinfra.runs.records import (
     MARKERS,
@@ -198,15 +198,20 @@ class RunStore:
     def checkpoint_uri(self, prefix: str) -> str:
         return self.store.uri(f"{CHECKPOINTS}/{prefix}")
 
-    def put_model(self, directory: Path, cap_gb: float | None = None) -> Listing:
-        """Its regular files (see runs.local_files); what was refused or skipped is in the listing."""
-        return self.store.upload_dir(directory, MODEL, "DLINFRA_MODEL_DIR", cap_gb)
+    def put_model(
+        self, directory: Path, cap_gb: float | None = None, refused: list[str] | None = None
+    ) -> str:
+        """Its regular files (runs.local_files); a line for each link out or special file into `refused`."""
+        listing = upload(self.store, directory, MODEL, "DLINFRA_MODEL_DIR", cap_gb)
+        if refused is not None:
+            refused.extend(listing.refused)
+        return self.model_uri()
 
     def model_uri(self) -> str:
         return self.store.uri(MODEL)
 
     def put_tensorboard(self, directory: Path) -> None:
-        self.store.upload_dir(directory, TENSORBOARD, "tensorboard")
+        upload(self.store, directory, TENSORBOARD, "tensorboard")
 
     def tensorboard_uri(self) -> str:
         return self.store.uri(TENSORBOARD)
