@@ -198,7 +198,7 @@ def test_tensorboard_scalars_are_read_without_tensorflow_as_they_are_appended(tm
 
 
 def test_the_log_tail_is_this_lifes_and_names_the_error_a_traceback_ends_with(tmp_path: Path) -> None:
-    from dlinfra.node.script import RUNNING, _last_error, log_tail
+    from dlinfra.node.script_log import RUNNING, last_error, log_tail
 
     log = tmp_path / "worker-1.log"
     log.write_text(
@@ -213,8 +213,8 @@ def test_the_log_tail_is_this_lifes_and_names_the_error_a_traceback_ends_with(tm
     )
     tail = log_tail(log)
     assert tail[0] == "Traceback (most recent call last):", "the earlier life's lost peer is not this one's"
-    assert _last_error(tail) == "ValueError: label 11 is not below 10"
-    assert log_tail(None) == [] and _last_error([]) == "it printed nothing"
+    assert last_error(tail) == "ValueError: label 11 is not below 10"
+    assert log_tail(None) == [] and last_error([]) == "it printed nothing"
 
 
 def test_a_long_failure_keeps_its_start_and_its_cause_in_the_marker(tmp_path: Path) -> None:

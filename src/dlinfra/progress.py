@@ -14,12 +14,14 @@ import atexit
 import json
 import math
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 PROGRESS_FILE = "DLINFRA_PROGRESS_FILE"  # set by the node agent for the script it runs
 MIN_INTERVAL = 0.5
+MAX_REPORT_BYTES = 1_000_000  # a step and its scalars; more is not a report
 
 
 class _Reporter:
@@ -66,9 +68,20 @@ def report(step: int, **scalars: Any) -> None:
 
 
 def read_report(path: Path) -> dict[str, Any] | None:
-    """The newest report a script wrote (the agent's side), or None."""
+    """The newest report a script wrote (the agent's side), or None. The script owns the file: a link
+    there is not followed, a FIFO not waited on, and no more than a report's size is read."""
     try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = fh.read(MAX_REPORT_BYTES + 1)
+    if len(data) > MAX_REPORT_BYTES:
+        return None
+    try:
+        found = json.loads(data.decode("utf-8"))
+    except ValueError:
         return None
     return found if isinstance(found, dict) and isinstance(found.get("step"), int) else None

@@ -41,7 +41,23 @@ class Inspect(keras.layers.Layer):
         return y
 
 
+def _daemonize_on_worker_1() -> None:
+    """Issue 55, class 4: a Program's code that leaves a daemon (fork, setsid, fork) behind; its pid
+    goes beside $RAISE_AT_FILE. The node's beacon must end it with the run."""
+    if json.loads(os.environ.get("TF_CONFIG", "{}")).get("task") != {"type": "worker", "index": 1}:
+        return
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(os.environ["RAISE_AT_FILE"] + ".daemon", "w") as fh:
+                fh.write(str(os.getpid()))
+            os.execvp("python", ["python", "-c", "import time; time.sleep(600)", "daemon-of-a-program"])
+        os._exit(0)
+    os.wait()
+
+
 def program(training):
+    _daemonize_on_worker_1()
     digits = load_digits()
     x = (digits.data / 16.0).astype("float32")
     y = digits.target.astype("int64")

@@ -101,6 +101,10 @@ def test_user_code_error_fails_fast(tmp_path: Path) -> None:
     assert "Traceback" in done.stderr and "bad record at step 5" in done.stderr
     assert json.loads((live.store / "FAILED").read_text())["node"] == "worker-1"
     assert alive_node_pids(str(live.run_dir)) == []
+    daemon = Path(f"/proc/{(tmp_path / 'raised_at.daemon').read_text()}/cmdline")
+    if daemon.exists() and b"daemon-of-a-program" in daemon.read_bytes():
+        os.kill(int(daemon.parent.name), signal.SIGKILL)
+        raise AssertionError("the daemon the program's code started outlived its run")
     report("user code raises at step 5", seconds_to_failed_and_torn_down=round(seconds, 1))
 
 

@@ -3,8 +3,12 @@ nothing left running. The script (tests/data/scripts/misbehaving.py) imports no 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,3 +68,86 @@ def test_a_command_that_does_not_exist_fails_on_the_node_naming_it(tmp_path: Pat
     failed = failed_marker(deploy_project(tmp_path, project, "--workers", "2"))
     assert failed["verdict"] == "command"
     assert "'trian-typo'" in str(failed["error"]) and "No such file" in str(failed["error"])
+
+
+def test_a_checkpoint_directory_past_the_cap_fails_the_run_naming_the_cap(tmp_path: Path) -> None:
+    project = user_project(
+        tmp_path,
+        "misbehaving.py",
+        "name: sparse\nstrategy: multi_worker_mirrored\ntraining:\n"
+        "  command: [python, train.py, --mode, sparse-checkpoint]\n  outputs_max_gb: 1\n",
+    )
+    run = deploy_project(tmp_path, project, "--workers", "2")
+    failed = failed_marker(run)
+    assert failed["verdict"] == "outputs" and failed["node"] == "worker-0", failed
+    assert "DLINFRA_CHECKPOINT_DIR holds 2 GB" in str(failed["error"])
+    assert "training.outputs_max_gb (1 GB)" in str(failed["error"])
+    assert not (run.store / "checkpoints").exists(), "nothing of it was uploaded"
+
+
+def test_a_script_that_links_out_of_its_directories_and_daemonizes_leaks_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 55, classes 1 and 4, in one real run: each worker's script links a file outside the
+    node's directories into its model, checkpoint and TensorBoard directories, leaves a FIFO in its
+    model and starts a daemon (fork, setsid, fork) before it exits 0."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text(SECRET)
+    with _daemonizing_run(tmp_path, "leave-behind", "--outside", str(outside)) as (run, daemons):
+        assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+        assert sorted(daemons) == ["worker-0", "worker-1"], "each worker's script started its daemon"
+        assert _alive(daemons) == [], "a daemon outlived its run"
+        stored = [p for p in run.store.rglob("*") if p.is_file()]
+        assert not [p for p in stored if SECRET.encode() in p.read_bytes()], "a file outside was stored"
+        assert (run.store / "model" / "model.txt").is_file()
+        refused = run.metrics["outputs_refused"]
+        for where in ("DLINFRA_MODEL_DIR", "DLINFRA_CHECKPOINT_DIR", "DLINFRA_TENSORBOARD_DIR"):
+            assert f"{where}: 'leak-worker-0' is a link out of it: refused, not uploaded" in refused
+        assert (
+            "DLINFRA_MODEL_DIR: 'pipe' is not a regular file (a FIFO, socket or device): skipped" in refused
+        )
+        assert "DLINFRA_MODEL_DIR: 'leak-worker-0' is a link out of it" in run.result.stdout
+        log = (run.store / "logs" / "worker-1.log").read_text()
+        assert "ended 1 processes the script left running" in log
+
+
+def test_a_script_and_its_daemon_that_ignore_the_stop_leave_nothing_after_done(tmp_path: Path) -> None:
+    """Worker 0 ends the run DONE; worker 1's script ignores SIGTERM, as does the daemon it left. The
+    launcher SIGKILLs a node's beacon 10 s after its SIGTERM, which would orphan the daemon to init:
+    the beacon ends it first (issue 55, class 4)."""
+    with _daemonizing_run(tmp_path, "ignore-term") as (run, daemons):
+        assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+        assert list(daemons) == ["worker-1"]
+        assert _alive(daemons) == [], "the daemon outlived its run"
+
+
+@contextlib.contextmanager
+def _daemonizing_run(tmp: Path, mode: str, *flags: str) -> Iterator[tuple[Deployed, dict[str, int]]]:
+    """A run of misbehaving.py's `mode`, its scripts' daemons by node; whatever the test found, those
+    still running after it are killed."""
+    pids = tmp / "daemons"
+    pids.mkdir()
+    command = ", ".join(["python", "train.py", "--mode", mode, *flags, "--pids", str(pids)])
+    spec = f"name: {mode}\nstrategy: multi_worker_mirrored\ntraining:\n  command: [{command}]\n"
+    run = deploy_project(tmp, user_project(tmp, "misbehaving.py", spec), "--workers", "2")
+    daemons = {p.name: int(p.read_text()) for p in pids.iterdir()}
+    try:
+        yield run, daemons
+    finally:
+        for pid in _alive(daemons):
+            os.kill(pid, signal.SIGKILL)
+
+
+SECRET = "the node's own file, not the script's output"
+
+
+def _alive(daemons: dict[str, int]) -> list[int]:
+    """The daemons still running (a pid is theirs while its command line names them)."""
+    alive = []
+    for node, pid in daemons.items():
+        try:
+            if f"daemon-of-{node}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                alive.append(pid)
+        except OSError:
+            pass
+    return alive

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from dlinfra.node.status import read_state, state_file
 from support import alive_node_pids, aws_client, run_cli
 
 from .conftest import Live, aws_emulation, start_deploy
-from .script_projects import deploy_project, digits_beside, user_project
+from .script_projects import SCRIPTS, deploy_project, digits_beside, user_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -261,14 +262,20 @@ def test_the_mwms_guide_runs_unchanged_on_emulated_aws_instances_with_its_result
     tmp_path: Path, moto_endpoint: str, tf_cli_config: Path
 ) -> None:
     """The aws target against the emulator: each instance boots from its user-data (the command
-    travels in its node config), and the model and the script's checkpoint land in S3."""
+    travels in its node config), and the model and the script's checkpoint land in S3. The guide's
+    command is wrapped by a hostile one (issue 55, classes 1 and 4): a link out of the model directory
+    and a daemon on each instance, neither of which may outlive or leak out of the run."""
+    outside, pids = tmp_path / "outside.txt", tmp_path / "daemons"
+    outside.write_text("an instance's own file")
+    pids.mkdir()
     project = user_project(
         tmp_path,
         "mwms_custom_loop.py",
         "name: guide-aws\nstrategy: multi_worker_mirrored\ntraining:\n"
-        "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
-        "            --model_dir, $DLINFRA_MODEL_DIR, --report]\n",
+        f"  command: [python, leave_daemon.py, {pids}, {outside}, python, train.py, --data, digits.npz,\n"
+        "            --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR, --model_dir, $DLINFRA_MODEL_DIR, --report]\n",
     )
+    shutil.copy(SCRIPTS / "leave_daemon.py", project)
     digits_beside(project)
     bucket = "dlinfra-scripts"
     aws = aws_emulation(moto_endpoint, tf_cli_config, tmp_path / "home", bucket)
@@ -290,3 +297,20 @@ def test_the_mwms_guide_runs_unchanged_on_emulated_aws_instances_with_its_result
     model = tmp_path / "model.keras"
     model.write_bytes(s3.get_object(Bucket=bucket, Key=prefix + "model/model.keras")["Body"].read())
     assert _accuracy_on_held_out_digits(model, project) > 0.7
+    daemons = {p.name: int(p.read_text()) for p in pids.iterdir()}
+    assert sorted(daemons) == ["worker-0", "worker-1"]
+    alive = [pid for name, pid in daemons.items() if _runs(pid, f"daemon-of-{name}")]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert alive == [], "a daemon outlived its emulated instance's run"
+    assert "model/leak-worker-0" not in keys
+    assert metrics["outputs_refused"] == [
+        "DLINFRA_MODEL_DIR: 'leak-worker-0' is a link out of it: refused, not uploaded"
+    ]
+
+
+def _runs(pid: int, marker: str) -> bool:
+    try:
+        return marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False

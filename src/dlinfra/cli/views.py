@@ -246,7 +246,7 @@ def result_view(outcome: Outcome) -> Group:
     """The result table, then the model's URI (and a script's command) on lines of their own: what a
     user copies, which a table cell would wrap or cut to fit the screen."""
     model = outcome.metrics.model_uri if outcome.metrics else "-"
-    lines = [Text(f"model: {model}")]
+    lines = [Text(f"model: {model}"), *map(Text, outcome.metrics.outputs_refused if outcome.metrics else [])]
     if outcome.metrics is not None and (advice := input_bound(outcome.metrics.input_wait)):
         lines.append(Text(advice))
     if outcome.metrics is not None and outcome.metrics.command:  # a script run: its command, whole

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.contract import EXIT_STOPPED, NodeConfig
-from dlinfra.node import spot, watchdog
+from dlinfra.node import reaper, spot, watchdog
 from dlinfra.node.masked_log import MaskedLog
 from dlinfra.node.status import SPAWNED_AT, read_state, state_file
 from dlinfra.runs.layout import RunStore
@@ -40,6 +40,8 @@ PROCESS_STATES = {
     "Z": "zombie",
 }
 STACK_DUMP_TIMEOUT = 30.0
+# A stop request's SIGKILL follows 10 s on (the local launcher's grace): its detached processes end first
+STOP_SWEEP_AFTER = 5.0
 WATCHDOG_GRACE = 30.0  # the trainer's own watchdog fires first; this one ends a trainer too stuck to
 
 
@@ -50,9 +52,10 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     beacon = Beacon(cfg, RunStore.open(cfg.store), work, log_file)
     beacon.record_earlier_life(read_state(state_file(work)))
     state_file(work).unlink(missing_ok=True)  # an earlier life's state is not this one's
+    reaper.become_subreaper()  # what the trainer leaves (its script's daemons) stays below, to be ended
     trainer = beacon.start_trainer(config_path)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: _forward(trainer, signum))
+        signal.signal(sig, lambda signum, frame: beacon.ask_stop(trainer, signum))
     if cfg.spot:
         beacon.spot = spot.SpotWatch(cfg, beacon.store, lambda: _forward(trainer, signal.SIGTERM)).start()
     if cfg.spot_in_cluster and cfg.is_chief:
@@ -69,6 +72,23 @@ class Beacon:
         with contextlib.suppress(Exception):  # a store outage must not end the node before it starts
             self.answered = store.stacks_request()  # requests older than this life are not ours
         self._masked: MaskedLog | None = None
+        self.stop_asked: float | None = None
+
+    def ask_stop(self, trainer: subprocess.Popen[bytes], signum: int) -> None:
+        """A stop request (the launcher's teardown, systemd's): passed on to the trainer, and timed."""
+        self.stop_asked = self.stop_asked or time.monotonic()
+        _forward(trainer, signum)
+
+    def _sweep_if_stopping(self, trainer: int, script: int) -> float:
+        """Once a stop request is STOP_SWEEP_AFTER old, end every process below but the trainer and its
+        script: the launcher's SIGKILL of this beacon would orphan them to init (a trainer and script
+        that ignore the request still die with it, by PR_SET_PDEATHSIG). How long to wait next."""
+        if self.stop_asked is None:
+            return self.cfg.heartbeat_interval
+        left = self.stop_asked + STOP_SWEEP_AFTER - time.monotonic()
+        if left <= 0:
+            reaper.end_descendants(grace=0, within=1, keep=frozenset({trainer, script}))
+        return max(0.1, min(1.0, left if left > 0 else 1.0))
 
     def record_earlier_life(self, fields: dict[str, Any] | None) -> None:
         """An earlier life on this machine that ended before its beacon's first beat (a restart of
@@ -122,8 +142,10 @@ class Beacon:
             pid = int((fields or {}).get("pid") or trainer.pid)
             self.publish(pid, fields, gone=code is not None)
             if code is not None:
+                reaper.end_descendants()
                 return self.spot.finish() if self.spot is not None and leaving else _end_like(code)
             self.answer_stack_requests(pid)
+            reaper.reap_orphans(keep=trainer.pid)
             if self._past_its_limit(fields):
                 limit = watchdog.binding_limit(self.cfg)
                 self.store.write_marker(
@@ -134,9 +156,10 @@ class Beacon:
                 )
                 _forward(trainer, signal.SIGKILL)
                 trainer.wait()
+                reaper.end_descendants()
                 return EXIT_STOPPED
             with contextlib.suppress(subprocess.TimeoutExpired):
-                trainer.wait(self.cfg.heartbeat_interval)
+                trainer.wait(self._sweep_if_stopping(trainer.pid, pid))
 
     def publish(self, pid: int, fields: dict[str, Any] | None, gone: bool) -> None:
         if fields is None:  # the trainer is still importing TensorFlow: nothing to say yet

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from dlinfra.runs.local_files import open_beneath, regular_files
+
 # TensorFlow's DataType numbers for the scalars a summary holds
 _DTYPES = {1: "<f", 2: "<d", 3: "<i", 9: "<q", 19: "<e"}
 
@@ -31,12 +33,17 @@ class EventScalars:
     def read(self) -> bool:
         """Read what was appended since the last call; whether anything new was found."""
         found = False
-        for path in sorted(self.root.rglob("events.out.tfevents.*")):
+        for listed in regular_files(self.root, "tensorboard").files:  # no link out, no FIFO: class 1
+            if not listed.rel.rsplit("/", 1)[-1].startswith("events.out.tfevents."):
+                continue
+            path = self.root / listed.rel
             rel = path.parent.relative_to(self.root).as_posix()
             prefix = "" if rel == "." else f"{rel}/"
-            with open(path, "rb") as fh:
+            if (opened := open_beneath(self.root, listed.source)) is None:
+                continue
+            with opened as fh:
                 fh.seek(self._offsets.get(path, 0))
-                while (record := _record(fh)) is not None:
+                while (record := _record(fh, listed.size)) is not None:
                     step, scalars = _event(record)
                     if scalars:
                         found = True
@@ -46,13 +53,16 @@ class EventScalars:
         return found
 
 
-def _record(fh: BinaryIO) -> bytes | None:
+def _record(fh: BinaryIO, size: int) -> bytes | None:
     start = fh.tell()
     header = fh.read(12)
     if len(header) < 12:
         fh.seek(start)
         return None
     (length,) = struct.unpack("<Q", header[:8])
+    if start + 16 + length > size:  # not all there yet, or a length no file of this size holds
+        fh.seek(start)
+        return None
     body = fh.read(length + 4)
     if len(body) < length + 4:  # the writer is still at it: read this record next time
         fh.seek(start)

@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
+from dlinfra.node import reaper
 from dlinfra.node.beacon import die_with_parent, port_open
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.environ import without_aws
 from dlinfra.node.events import EventScalars
+from dlinfra.node.script_log import RUNNING, TAIL_LINES, last_error, log_tail, tail_text
 from dlinfra.node.script_progress import ScriptProgress
 from dlinfra.node.spot import holds_state
 from dlinfra.node.status import NodeStatus, give_up
@@ -38,6 +40,7 @@ from dlinfra.node.supervision import CLEAN_STOP_SIGNALS, TRANSIENT_TF_ERRORS
 from dlinfra.progress import PROGRESS_FILE
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, TENSORBOARD, RunStore
+from dlinfra.runs.local_files import OutputsTooBig, regular_files
 from dlinfra.runs.records import Metrics
 from dlinfra.training import staging
 
@@ -54,9 +57,6 @@ POLL_SECONDS = 0.5
 MARKER_SECONDS = 1.0  # how often a node looks for the run's end in the store
 SYNC_SECONDS = 10.0
 STOP_GRACE = 30.0  # after the run ended elsewhere: SIGTERM, then this long before SIGKILL
-TAIL_LINES = 40
-RUNNING = "running "  # the agent's line before its script starts: where this life's log begins
-TAIL_BYTES = 4000
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,9 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     assert cfg.bundle is not None
     code = bundle.unpack(store, cfg.bundle, work)
     dirs = ScriptDirs.under(work)
-    checkpoints = DirectorySync(store, dirs.checkpoint, SCRIPT_CHECKPOINTS)
-    tensorboard = DirectorySync(store, dirs.tensorboard, TENSORBOARD)
+    cap = cfg.training.outputs_max_gb
+    checkpoints = DirectorySync(store, dirs.checkpoint, SCRIPT_CHECKPOINTS, CHECKPOINT_DIR, cap)
+    tensorboard = DirectorySync(store, dirs.tensorboard, TENSORBOARD, TENSORBOARD_DIR, cap)
     # The nodes that hold state send their checkpoint files (the owner's, each ps's shards; other
     # workers' are TensorFlow's temporary copies); those that restore from them read them back.
     sends = cfg.is_chief or cfg.role == "ps"
@@ -120,6 +121,7 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     variables = dirs.environ(cfg) | staged_files(cfg, work, code)
     argv = expand(command, variables)
     print(f"{RUNNING}{shlex.join(argv)} in {code}", flush=True)
+    reaper.become_subreaper()  # what the script daemonizes stays below this agent, to be ended with it
     try:
         script = subprocess.Popen(
             argv,
@@ -147,38 +149,52 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     served = not alone_check
     started = time.time()
     synced = marker_read = 0.0
+    too_big: OutputsTooBig | None = None
     while True:
         try:
             exit_code = script.wait(POLL_SECONDS)
             break
         except subprocess.TimeoutExpired:
             pass
+        reaper.reap_orphans(keep=script.pid)
         progress.read()
         progress.busy(script.pid)
         served = served or port_open(cfg.address)
         now = time.monotonic()
-        if sends:  # looked at every poll, sent once settled: a restart finds the newest checkpoint
-            _push(checkpoints)
-        if owner and now - synced > SYNC_SECONDS:
-            _push(tensorboard, final=True)  # event files only grow: what is there is worth sending
-            synced = now
+        try:
+            if sends:  # looked at every poll, sent once settled: a restart finds the newest checkpoint
+                _push(checkpoints)
+            if owner and now - synced > SYNC_SECONDS:
+                _push(tensorboard, final=True)  # event files only grow: what is there is worth sending
+                synced = now
+        except OutputsTooBig as exc:
+            too_big = exc
+            exit_code = _stop(script)
+            break
         if not stopping and now - marker_read > MARKER_SECONDS:
             marker_read = now
             if (marker := store.marker()) is not None:  # the run ended elsewhere: this node is done
                 _stop(script)
+                _end_left_behind()
                 status.stop(state=marker.marker.lower())
                 return EXIT_DONE
     took = time.time() - started
+    _end_left_behind()  # before the outputs are read: a daemon left running could still change them
     status.update(pid=os.getpid())
     progress.read()
-    _push(checkpoints if sends else None, tensorboard if owner else None, final=True)
+    try:
+        _push(checkpoints if sends else None, tensorboard if owner else None, final=True)
+    except OutputsTooBig as exc:
+        too_big = too_big or exc
     if stopping:  # told to stop (a spot notice, teardown): end as the trainer would have
         status.stop(state="stopped")
         _die_by(stopping[0])
+    if too_big is not None:
+        return give_up(cfg, store, status, f"on {cfg.name}: {too_big}", "", verdict="outputs")
     if exit_code == 0 and owner and not served:
         return _alone(cfg, store, status)
     if exit_code == 0 and owner:
-        return _finish(cfg, store, status, dirs, progress, checkpoints, took)
+        return _finish(cfg, store, status, dirs, progress, (checkpoints, tensorboard), took)
     return _ended(cfg, store, status, exit_code, progress, log_file)
 
 
@@ -202,14 +218,14 @@ def _ended(
                 "the script lost a peer (TensorFlow's UnavailableError and kin): exiting for a restart",
                 flush=True,
             )
-            status.stop(state="lost peer", error=_last_error(tail))
+            status.stop(state="lost peer", error=last_error(tail))
             return EXIT_RETRY
         return give_up(
             cfg,
             store,
             status,
-            f"the script exited with code {exit_code} on {cfg.name}: {_last_error(tail)}",
-            _tail_text(tail),
+            f"the script exited with code {exit_code} on {cfg.name}: {last_error(tail)}",
+            tail_text(tail),
             verdict="script",
         )
     status.stop(state="done", step=progress.step or 0)
@@ -236,11 +252,12 @@ def _finish(
     status: NodeStatus,
     dirs: ScriptDirs,
     progress: ScriptProgress,
-    checkpoints: DirectorySync,
+    syncs: tuple[DirectorySync, DirectorySync],
     took: float,
 ) -> int:
     """The owner's script exited 0: its model, metrics and the DONE marker, or why there are none."""
-    if not any(p.is_file() for p in dirs.model.rglob("*")):
+    checkpoints, tensorboard = syncs
+    if not regular_files(dirs.model, MODEL_DIR).files:
         return give_up(
             cfg,
             store,
@@ -252,7 +269,13 @@ def _finish(
             verdict="no model",
         )
     status.update(state="exporting")
-    model_uri = store.put_model(dirs.model)
+    refused: list[str] = []
+    try:
+        model_uri = store.put_model(dirs.model, cfg.training.outputs_max_gb, refused)
+    except OutputsTooBig as exc:
+        return give_up(cfg, store, status, f"on {cfg.name}: {exc}", "", verdict="outputs")
+    for line in refused:
+        print(line, flush=True)
     scalars = {k: v for k, v in progress.scalars.items() if v is not None}
     metrics = Metrics(
         mode="script",
@@ -272,6 +295,7 @@ def _finish(
         final_loss=scalars.get("loss"),
         model_uri=model_uri,
         checkpoint=store.synced_uri(SCRIPT_CHECKPOINTS) if checkpoints.files else None,
+        outputs_refused=[*refused, *checkpoints.refused, *tensorboard.refused],
     )
     store.put_metrics(metrics)
     store.write_marker("DONE", node=cfg.name, step=progress.step, eval_accuracy=metrics.eval_accuracy)
@@ -317,17 +341,28 @@ def _push(*syncs: DirectorySync | None, final: bool = False) -> None:
         for sync in syncs:
             if sync is not None:
                 sync.push(final=final)
+    except OutputsTooBig:
+        raise
     except Exception as exc:  # a store outage must not end the script; the next sync retries
         print(f"could not sync to the store: {exc}", file=sys.stderr, flush=True)
 
 
-def _stop(script: subprocess.Popen[bytes]) -> None:
+def _stop(script: subprocess.Popen[bytes]) -> int:
     script.terminate()
     try:
-        script.wait(STOP_GRACE)
+        return script.wait(STOP_GRACE)
     except subprocess.TimeoutExpired:
         script.kill()
-        script.wait()
+        return script.wait()
+
+
+def _end_left_behind() -> None:
+    if ended := reaper.end_descendants():
+        print(
+            f"ended {len(ended)} processes the script left running (pids {' '.join(map(str, ended))}): "
+            "every process a node starts ends with its run",
+            flush=True,
+        )
 
 
 def _die_by(signum: int) -> None:
@@ -337,28 +372,3 @@ def _die_by(signum: int) -> None:
     os.kill(os.getpid(), signum)
     time.sleep(1)
     os._exit(128 + signum)
-
-
-def log_tail(log_file: Path | None) -> list[str]:
-    """This life's last lines of the node's log (the script writes to the same log as its agent;
-    an earlier life's lines, before the agent's `running` line, are not this script's)."""
-    if log_file is None or not log_file.is_file():
-        return []
-    with open(log_file, "rb") as fh:
-        fh.seek(max(0, fh.seek(0, os.SEEK_END) - 64 * 1024))
-        lines = fh.read().decode(errors="replace").splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith(RUNNING)]
-    return lines[starts[-1] + 1 if starts else 0 :][-TAIL_LINES * 4 :]
-
-
-def _last_error(tail: list[str]) -> str:
-    """The line a user wants first: the exception a traceback ends with, else the last line."""
-    lines = [line.strip() for line in tail if line.strip()]
-    for line in reversed(lines):
-        if ("Error" in line or "Exception" in line) and ":" in line and not line.startswith("File "):
-            return line[:500]
-    return lines[-1][:500] if lines else "it printed nothing"
-
-
-def _tail_text(tail: list[str]) -> str:
-    return "\n".join(tail[-TAIL_LINES:])[-TAIL_BYTES:]

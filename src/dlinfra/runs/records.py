@@ -222,6 +222,8 @@ class Metrics(Record):
     final_loss: float | None = None
     model_uri: str
     checkpoint: str | None = None
+    # a script's outputs not uploaded: links out of their directory, special files (runs.local_files)
+    outputs_refused: list[str] = Field(default_factory=list)
     interruptions: list[Notice] = Field(default_factory=list)  # spot notices the nodes acted on
     rebalances: int = 0  # rebalance recommendations seen (only logged unless act_on_rebalance)
 

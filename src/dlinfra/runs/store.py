@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, BinaryIO, NamedTuple, TypeVar
 from urllib.parse import urlencode
 
 from dlinfra.errors import StoreError
@@ -124,13 +124,9 @@ class Store:
         except json.JSONDecodeError:
             return None  # a half-synced object on an eventually consistent store: read again later
 
-    def upload_dir(self, local: Path, prefix: str) -> list[str]:
-        keys = []
-        for path in sorted(p for p in local.rglob("*") if p.is_file()):
-            key = f"{prefix}/{path.relative_to(local).as_posix()}"
-            self.put_file(key, path)
-            keys.append(key)
-        return keys
+    def put_opened(self, key: str, fh: BinaryIO, tags: dict[str, str] | None = None) -> None:
+        """A file already opened (see runs.local_files: opened with no link followed), from its start."""
+        raise NotImplementedError
 
 
 class FileStore(Store):
@@ -190,13 +186,17 @@ class FileStore(Store):
         )
 
     def put_file(self, key: str, path: Path, tags: dict[str, str] | None = None) -> None:
-        dest = self._path(key)
-        if dest.resolve() == path.resolve():
+        if self._path(key).resolve() == path.resolve():
             return
+        with open(path, "rb") as fh:
+            self.put_opened(key, fh)
+
+    def put_opened(self, key: str, fh: BinaryIO, tags: dict[str, str] | None = None) -> None:
+        dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-        os.close(fd)
-        shutil.copyfile(path, tmp)
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(fh, out)
         os.replace(tmp, dest)
 
     def files(self, starting: str = "") -> list[Listed]:
@@ -377,3 +377,12 @@ class S3Store(Store):
         self._retrying(
             lambda: self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs=extra), "upload"
         )
+
+    def put_opened(self, key: str, fh: BinaryIO, tags: dict[str, str] | None = None) -> None:
+        extra = {"Tagging": urlencode(tags)} if tags else None
+
+        def put() -> None:
+            fh.seek(0)  # a retry sends the file again from its start
+            self.client.upload_fileobj(fh, self.bucket, self._key(key), ExtraArgs=extra)
+
+        self._retrying(put, "upload")

@@ -165,6 +165,9 @@ class ClusterSpec(StrictModel):
 # ---------------------------------------------------------------- training
 
 
+OUTPUTS_MAX_GB = 20.0
+
+
 class TrainingSpec(StrictModel):
     model: ModelSpec = ModelSpec()
     dataset: DatasetSpec = DatasetSpec()
@@ -179,6 +182,14 @@ class TrainingSpec(StrictModel):
         description="Script mode: the program every node runs as it is, e.g. [python, train.py, --epochs, "
         "'3'], from the experiment file's directory, with TF_CONFIG and the DLINFRA_* variables set "
         "(README: Bring your own script). One of entrypoint or command.",
+    )
+    outputs_max_gb: float = Field(
+        OUTPUTS_MAX_GB,
+        gt=0,
+        le=100_000,
+        description="Script mode: the most a script's model, checkpoint or TensorBoard directory may hold "
+        "(GB, sparse files at their full length) for the node to upload it; past it the run fails naming "
+        "this field. Only regular files under a directory are uploaded: a link out of it is refused.",
     )
     requirements: list[str] = Field(
         default_factory=list,
@@ -275,6 +286,12 @@ class TrainingSpec(StrictModel):
                 "dataset.cache_gb streams files to Shard.records(); a script reads "
                 "$DLINFRA_TRAIN_FILES, staged whole. Fix: remove cache_gb, or train with a Program "
                 "(training.entrypoint)"
+            )
+        # its default is written out with every spec and node config: only another value is refused
+        if self.outputs_max_gb != OUTPUTS_MAX_GB and not self.command:
+            raise ValueError(
+                "outputs_max_gb caps what a script's directories upload; without training.command "
+                "dlinfra's loop writes the model itself. Fix: remove outputs_max_gb, or set command"
             )
         return self
 

@@ -36,13 +36,14 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from pydantic import ValidationError
 
 from dlinfra.contract import StoreConfig
 from dlinfra.errors import StoreError
 from dlinfra.runs.layout.sizing import prediction
+from dlinfra.runs.local_files import upload
 from dlinfra.runs.preflight import NodeFigures, Verdict
 from dlinfra.runs.records import (
     MARKERS,
@@ -198,24 +199,29 @@ class RunStore:
     def checkpoint_uri(self, prefix: str) -> str:
         return self.store.uri(f"{CHECKPOINTS}/{prefix}")
 
-    def put_model(self, directory: Path) -> str:
-        self.store.upload_dir(directory, MODEL)
+    def put_model(
+        self, directory: Path, cap_gb: float | None = None, refused: list[str] | None = None
+    ) -> str:
+        """Its regular files (runs.local_files); a line for each link out or special file into `refused`."""
+        listing = upload(self.store, directory, MODEL, "DLINFRA_MODEL_DIR", cap_gb)
+        if refused is not None:
+            refused.extend(listing.refused)
         return self.model_uri()
 
     def model_uri(self) -> str:
         return self.store.uri(MODEL)
 
     def put_tensorboard(self, directory: Path) -> None:
-        self.store.upload_dir(directory, TENSORBOARD)
+        upload(self.store, directory, TENSORBOARD, "tensorboard")
 
     def tensorboard_uri(self) -> str:
         return self.store.uri(TENSORBOARD)
 
     # ---------------------------------------------------------------- script mode: synced directories
 
-    def put_synced(self, prefix: str, rel: str, path: Path) -> None:
+    def put_synced(self, prefix: str, rel: str, fh: BinaryIO) -> None:
         tags = CHECKPOINT_TAGS if prefix == SCRIPT_CHECKPOINTS else None
-        self.store.put_file(f"{prefix}/{rel}", path, tags=tags)
+        self.store.put_opened(f"{prefix}/{rel}", fh, tags=tags)
 
     def synced(self, prefix: str) -> list[str]:
         """The files under `prefix`, relative to it."""
