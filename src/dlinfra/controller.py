@@ -33,6 +33,8 @@ from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease, claim
 from dlinfra.runs.records import ControllerInfo, Handover
 from dlinfra.runs.run import home, utc_now
+from dlinfra.runs.sealing import key_parameter, read_key, verified
+from dlinfra.spec.grammar import RUN_ID_RE
 from dlinfra.targets.base import TargetOptions
 
 LOG_SYNC_SECONDS = 30.0
@@ -54,8 +56,13 @@ class Controller:
     log_file: Path = field(default_factory=lambda: home() / "controller.log")
     # ControllerInfo.emulated, as `setup` registered it: kept in every record the controller writes
     emulated: Literal["process", "vm"] | None = None
+    # the hand-over key (runs.sealing); None: read from SSM at the first look that needs it
+    key: bytes | None = None
     _owned: dict[str, threading.Thread] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # what was quarantined (or could not be moved) and said once: never read or said again
+    _refused: set[str] = field(default_factory=set)
+    _keyless: bool = False  # said once that the key cannot be read
 
     @property
     def holder(self) -> str:
@@ -101,7 +108,7 @@ class Controller:
         whether the controller runs (and starts it if not), so one of the two sees the other."""
         try:
             self.store.put_info(self._info("stopped", []))
-            if not self.store.handovers():
+            if not self._handed_over():
                 return True
         except StoreError as exc:
             self.log(f"cannot read {self.store.uri()}: {exc}; not stopping blind")
@@ -112,13 +119,65 @@ class Controller:
     def _look(self) -> bool:
         """Take up what was handed over and is not owned here yet; say so in the bucket. Whether
         anything is handed over or owned."""
-        handovers = self.store.handovers()
+        handovers = self._handed_over()
         for handover in handovers:
             if not self._owns(handover.run_id):
                 self._take(handover)
         owned = self._alive()
         self.store.put_info(self._info("running", owned))
         return bool(owned or handovers)
+
+    def _handed_over(self) -> list[Handover]:
+        """The hand-overs this account's dlinfra sealed, each pointed at its run's prefix in this
+        controller's own bucket, by its own endpoint (never the record's). Anything else in the
+        prefix is moved to quarantine and said once; it keeps nobody busy."""
+        listed = [(key, found) for key, found in self.store.listed() if key not in self._refused]
+        if not listed:
+            return []
+        key = self._key()
+        if key is None:  # nothing can be verified: nothing is acted on, and idle still comes
+            return []
+        verified = []
+        for name, found in listed:
+            if isinstance(found, str):
+                self._quarantine(name, found)
+            elif problem := _problem(found, key):
+                self._quarantine(name, problem)
+            elif (store := self.store.run_store(found.store.url, found.run_id)) is None:
+                self._quarantine(name, "its store is not this run's prefix in this controller's bucket")
+            else:
+                verified.append(found.model_copy(update={"store": store}))
+        return sorted(verified, key=lambda h: h.time)
+
+    def _key(self) -> bytes | None:
+        if self.key is None:
+            try:
+                self.key = read_key(
+                    self.store.bucket, self.store.region, self.store.endpoint_url, create=False
+                )
+            except StoreError as exc:
+                self._no_key(str(exc))
+                return None
+            if self.key is None:
+                self._no_key(
+                    f"no hand-over key ({key_parameter(self.store.bucket)}) exists. Fix: hand a run "
+                    "over again (`deploy` makes the key), or run `dlinfra setup --controller`"
+                )
+        return self.key
+
+    def _no_key(self, why: str) -> None:
+        if not self._keyless:
+            self._keyless = True
+            self.log(f"{self.holder}: cannot verify hand-overs, acting on none: {why}")
+        return None
+
+    def _quarantine(self, key: str, problem: str) -> None:
+        self._refused.add(key)
+        try:
+            where = f"moved to {self.store.quarantine(key)}"
+        except StoreError as exc:
+            where = f"left in place, never read again ({exc})"
+        self.log(f"{self.store.uri(key)}: not acted on ({problem}): {where}")
 
     def _owns(self, run_id: str) -> bool:
         thread = self._owned.get(run_id)
@@ -201,3 +260,12 @@ def _finished_with(store: RunStore, keep: bool) -> bool:
     """An ended run whose stack is gone (or kept on purpose): nothing is left to own."""
     manifest = store.manifest()
     return manifest is not None and (manifest.destroyed or keep)
+
+
+def _problem(handover: Handover, key: bytes) -> str | None:
+    """Why a hand-over is not acted on, if it is not."""
+    if not RUN_ID_RE.fullmatch(handover.run_id):
+        return "its run id is not a dlinfra run id"
+    if not verified(handover, key):
+        return "not sealed with this bucket's hand-over key"
+    return None

@@ -10,6 +10,7 @@ new one, finds the same three things and picks the run up again.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 import time
@@ -22,6 +23,7 @@ from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease
 from dlinfra.runs.records import Handover
 from dlinfra.runs.run import SPEC_LOCK, Run, home
+from dlinfra.runs.sealing import read_key, seal
 
 POLL_SECONDS = 5.0  # between a controller's looks at the bucket's hand-overs
 
@@ -54,9 +56,12 @@ def hand_over(
     emulate_instances: str | None,
 ) -> Handover:
     """Give the run to the controller. The lease goes last: until then, this CLI still owns it."""
+    key = read_key(controller.bucket, controller.region, controller.endpoint_url, create=True)
+    assert key is not None  # made when missing
     run.update_manifest(handed_over=True)
     run.publish_manifest()
-    store.put_run_dir(pack(run))
+    packed = pack(run)
+    store.put_run_dir(packed)
     handover = Handover(
         run_id=run.id,
         store=run.manifest().store,
@@ -64,7 +69,9 @@ def hand_over(
         keep=keep,
         by=lease.record.holder,
         time=time.time(),
+        run_dir_sha256=hashlib.sha256(packed).hexdigest(),
     )
+    handover = seal(handover, key)
     controller.put_handover(handover)
     lease.hand_over()
     return handover
@@ -89,7 +96,8 @@ def controller_note(controller: ControllerStore) -> str | None:
 
 def take_up(handover: Handover) -> Run:
     """The handed-over run's dir on this machine, made from the store if it is not here yet (a new
-    controller, or one whose disk was replaced)."""
+    controller, or one whose disk was replaced). `handover` is verified (runs.sealing) and its store
+    is the controller's own way to the run's prefix: the manifest's is not trusted over it."""
     run_dir = home() / "runs" / handover.run_id
     store = RunStore.open(handover.store)
     if not (run_dir / MANIFEST).is_file():
@@ -100,6 +108,13 @@ def take_up(handover: Handover) -> Run:
                 f"run {handover.run_id} was handed over, but {store.uri()} holds no run dir. Fix: "
                 f"`dlinfra watch {handover.run_id}` from the machine that deployed it"
             )
+        if hashlib.sha256(data).hexdigest() != handover.run_dir_sha256:
+            raise StoreError(
+                f"run {handover.run_id}: {store.uri()}'s run dir is not the one handed over (its digest "
+                f"differs): not acted on. Fix: `dlinfra watch {handover.run_id}` from the machine that "
+                "deployed it"
+            )
+        manifest = manifest.model_copy(update={"store": handover.store})
         staging = run_dir.with_name(f".{handover.run_id}.taking")
         staging.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
