@@ -125,9 +125,11 @@ def test_a_controller_without_the_key_acts_on_nothing_says_so_once_and_goes_idle
     """No key in SSM (a bucket set up before sealing): no record can be verified, so none is acted
     on or quarantined (the fault is not theirs), and idle still comes."""
     controller_store = ControllerStore.of_bucket(bucket, moto_endpoint, REGION)
-    aws_client(moto_endpoint, "s3").put_object(
-        Bucket=bucket, Key="controller/handovers/someone.json", Body=b'{"schema_version": 1}'
+    run_id = "digits-20260101-000000-abcd"
+    someone = Handover(
+        run_id=run_id, store=StoreConfig(url=f"s3://{bucket}/runs/{run_id}"), by="someone", time=0
     )
+    controller_store.put_handover(seal(someone, b"whatever key"))
     monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "controller"))
     controller = Controller(controller_store, idle_minutes=0.02, poll=0.1, log_file=tmp_path / "c.log")
     looping = threading.Thread(target=controller.run, daemon=True)
@@ -136,7 +138,8 @@ def test_a_controller_without_the_key_acts_on_nothing_says_so_once_and_goes_idle
     assert not looping.is_alive(), "the controller never went idle"
     log = (tmp_path / "c.log").read_text()
     assert log.count("cannot verify hand-overs, acting on none") == 1, log
-    assert "/dlinfra/controller/" in log and "Fix: " in log
+    assert "/dlinfra/controller/" in log and "Fix: " in log and "not acted on" not in log
+    assert [h.run_id for h in controller_store.handovers()] == [run_id]  # left for a keyed look
 
 
 def test_a_deploy_that_starts_the_stopped_controller_does_not_then_call_it_stopped(

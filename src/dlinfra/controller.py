@@ -131,23 +131,29 @@ class Controller:
         """The hand-overs this account's dlinfra sealed, each pointed at its run's prefix in this
         controller's own bucket, by its own endpoint (never the record's). Anything else in the
         prefix is moved to quarantine and said once; it keeps nobody busy."""
-        listed = [(key, found) for key, found in self.store.listed() if key not in self._refused]
-        if not listed:
-            return []
-        key = self._key()
-        if key is None:  # nothing can be verified: nothing is acted on, and idle still comes
-            return []
-        verified = []
-        for name, found in listed:
+        readable = []
+        for name, found in self.store.listed():
+            if name in self._refused:
+                continue
             if isinstance(found, str):
                 self._quarantine(name, found)
-            elif problem := _problem(found, key):
-                self._quarantine(name, problem)
+            elif not RUN_ID_RE.fullmatch(found.run_id):
+                self._quarantine(name, "its run id is not a dlinfra run id")
             elif (store := self.store.run_store(found.store.url, found.run_id)) is None:
                 self._quarantine(name, "its store is not this run's prefix in this controller's bucket")
             else:
-                verified.append(found.model_copy(update={"store": store}))
-        return sorted(verified, key=lambda h: h.time)
+                readable.append((name, found, store))
+        # the key is needed only now: records anyone can see are bad went without it
+        key = self._key() if readable else None
+        if key is None:  # nothing can be verified: nothing is acted on, and idle still comes
+            return []
+        sealed = []
+        for name, handover, store in readable:
+            if verified(handover, key):  # as written: then reached by this controller's own way
+                sealed.append(handover.model_copy(update={"store": store}))
+            else:
+                self._quarantine(name, "not sealed with this bucket's hand-over key")
+        return sorted(sealed, key=lambda h: h.time)
 
     def _key(self) -> bytes | None:
         if self.key is None:
@@ -260,12 +266,3 @@ def _finished_with(store: RunStore, keep: bool) -> bool:
     """An ended run whose stack is gone (or kept on purpose): nothing is left to own."""
     manifest = store.manifest()
     return manifest is not None and (manifest.destroyed or keep)
-
-
-def _problem(handover: Handover, key: bytes) -> str | None:
-    """Why a hand-over is not acted on, if it is not."""
-    if not RUN_ID_RE.fullmatch(handover.run_id):
-        return "its run id is not a dlinfra run id"
-    if not verified(handover, key):
-        return "not sealed with this bucket's hand-over key"
-    return None

@@ -197,12 +197,10 @@ def own_moto() -> Iterator[MotoServer]:
         server.wait()
 
 
-def as_role(moto: MotoServer, role_arn: str, session: str, services: tuple[str, ...]) -> dict[str, Any]:
-    """Switch the server's auth on (moto's `reset-auth`: everything after is judged) and return a
-    client per service holding the role's temporary credentials, as an instance profile gives them."""
+def role_credentials(moto: MotoServer, role_arn: str, session: str) -> dict[str, str]:
+    """Switch the server's auth on (moto's `reset-auth`: everything after is judged) and return the
+    role's temporary credentials, as an instance profile gives them."""
     import urllib.request
-
-    import boto3
 
     reset = urllib.request.Request(
         f"{moto.endpoint_url}/moto-api/reset-auth",
@@ -212,6 +210,14 @@ def as_role(moto: MotoServer, role_arn: str, session: str, services: tuple[str, 
     )
     assert json.loads(urllib.request.urlopen(reset).read())["status"] == "ok"
     creds = moto.client("sts").assume_role(RoleArn=role_arn, RoleSessionName=session)["Credentials"]
+    return {key: str(creds[key]) for key in ("AccessKeyId", "SecretAccessKey", "SessionToken")}
+
+
+def as_role(moto: MotoServer, role_arn: str, session: str, services: tuple[str, ...]) -> dict[str, Any]:
+    """A client per service holding the role's credentials, auth on (role_credentials)."""
+    import boto3
+
+    creds = role_credentials(moto, role_arn, session)
     return {
         service: boto3.client(
             service,
