@@ -44,6 +44,8 @@ def test_the_controller_role_acts_on_sealed_handovers_only_quarantines_the_rest_
     for name, value in moto.credentials.items():  # the deploying user's, while auth is off
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    key = read_key(RESULTS, REGION, moto.endpoint_url, create=True)  # as `setup --controller` makes it
+    assert key is not None
     controller_store = ControllerStore.of_bucket(RESULTS, moto.endpoint_url, REGION)
     ended = make_run(tmp_path / "laptop", RESULTS, moto.endpoint_url, monkeypatch)
     lease = claim(ended.store(), "cli", "cli laptop")
@@ -54,8 +56,6 @@ def test_the_controller_role_acts_on_sealed_handovers_only_quarantines_the_rest_
     ended.store().write_marker("DONE")
     ended.update_manifest(destroyed=True)
     ended.publish_manifest()
-    key = read_key(RESULTS, REGION, moto.endpoint_url, create=False)
-    assert key is not None
 
     with counting_endpoint() as (stray, contacted):
         elsewhere = StoreConfig(url=f"s3://{OTHER}/runs/{genuine.run_id}", endpoint_url=stray, region=REGION)
