@@ -31,7 +31,7 @@ from dlinfra.runs.run import Run
 from dlinfra.runs.sealing import read_key, seal
 from dlinfra.targets.aws import AwsTarget
 from dlinfra.targets.base import TargetOptions
-from support import aws_client
+from support import FAKE_CREDS, aws_client, run_cli
 
 __all__ = ["bucket"]  # the fixture, for pytest
 
@@ -171,3 +171,27 @@ def test_a_deploy_that_starts_the_stopped_controller_does_not_then_call_it_stopp
     assert not any("is stopped" in line for line in said), said
     state = ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]["Instances"][0]["State"]
     assert state["Name"] in ("pending", "running")
+
+
+def test_a_planted_handover_neither_shows_as_a_pending_run_nor_blocks_destroying_the_controller(
+    bucket: str, moto_endpoint: str, tmp_path: Path
+) -> None:
+    controller_store = ControllerStore.of_bucket(bucket, moto_endpoint, REGION)
+    controller_store.put_info(
+        ControllerInfo(holder="controller i-0abc", instance_id="i-0abc", idle_minutes=10, beat=time.time())
+    )
+    run_id = "digits-20260101-000000-beef"
+    planted = Handover(run_id=run_id, store=StoreConfig(url=f"s3://{bucket}/runs/{run_id}"), by="x", time=0)
+    controller_store.put_handover(seal(planted, b"not this bucket's key"))
+    read_key(bucket, REGION, moto_endpoint, create=True)
+    env = {"DLINFRA_HOME": str(tmp_path / "home"), **FAKE_CREDS}
+    args = ["--bucket", bucket, "--endpoint-url", moto_endpoint]
+
+    status = run_cli("controller", "status", *args, env=env)
+    assert status.returncode == 0 and run_id not in status.stdout, status.stdout
+    assert "1 record(s) in s3://" in status.stdout and "not sealed by this account's dlinfra" in status.stdout
+    refused = run_cli("controller", "destroy", *args, env=env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "still owns" not in refused.stderr and "no controller stack was set up from this machine" in (
+        refused.stderr
+    )
