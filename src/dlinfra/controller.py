@@ -27,14 +27,13 @@ from typing import Any, Literal
 from dlinfra.deploy import act_for
 from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.prepare import Prepared
-from dlinfra.runs.handover import POLL_SECONDS, take_up
+from dlinfra.runs.handover import POLL_SECONDS, judge, take_up
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease, claim
 from dlinfra.runs.records import ControllerInfo, Handover
 from dlinfra.runs.run import home, utc_now
-from dlinfra.runs.sealing import key_parameter, read_key, verified
-from dlinfra.spec.grammar import RUN_ID_RE
+from dlinfra.runs.sealing import key_parameter, read_key
 from dlinfra.targets.base import TargetOptions
 
 LOG_SYNC_SECONDS = 30.0
@@ -131,29 +130,11 @@ class Controller:
         """The hand-overs this account's dlinfra sealed, each pointed at its run's prefix in this
         controller's own bucket, by its own endpoint (never the record's). Anything else in the
         prefix is moved to quarantine and said once; it keeps nobody busy."""
-        readable = []
-        for name, found in self.store.listed():
-            if name in self._refused:
-                continue
-            if isinstance(found, str):
-                self._quarantine(name, found)
-            elif not RUN_ID_RE.fullmatch(found.run_id):
-                self._quarantine(name, "its run id is not a dlinfra run id")
-            elif (store := self.store.run_store(found.store.url, found.run_id)) is None:
-                self._quarantine(name, "its store is not this run's prefix in this controller's bucket")
-            else:
-                readable.append((name, found, store))
-        # the key is needed only now: records anyone can see are bad went without it
-        key = self._key() if readable else None
-        if key is None:  # nothing can be verified: nothing is acted on, and idle still comes
-            return []
-        sealed = []
-        for name, handover, store in readable:
-            if verified(handover, key):  # as written: then reached by this controller's own way
-                sealed.append(handover.model_copy(update={"store": store}))
-            else:
-                self._quarantine(name, "not sealed with this bucket's hand-over key")
-        return sorted(sealed, key=lambda h: h.time)
+        listed = [(name, found) for name, found in self.store.listed() if name not in self._refused]
+        judged = judge(self.store, listed, self._key)
+        for name, why in judged.refused:
+            self._quarantine(name, why)
+        return judged.sealed  # with no key, none: nothing is acted on, and idle still comes
 
     def _key(self) -> bytes | None:
         if self.key is None:

@@ -112,7 +112,7 @@ def run(
 @controller_app.command()
 def status(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: EndpointOpt = None) -> None:
     """Who the controller is, whether it runs, and the runs it owns or has yet to pick up."""
-    from dlinfra.runs.handover import POLL_SECONDS
+    from dlinfra.runs.handover import POLL_SECONDS, judge
 
     store = _store(bucket, region, endpoint_url)
     info = store.info()
@@ -126,10 +126,32 @@ def status(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: End
     out.print(
         f"{info.holder}: {state}, last looked {ago:.0f}s ago; stops after {info.idle_minutes:g} idle min"
     )
-    pending = [h.run_id for h in store.handovers() if h.run_id not in info.runs]
+    judged = judge(store, store.listed(), lambda: _key(store))
+    pending = [h.run_id for h in judged.sealed if h.run_id not in info.runs]
     out.print(f"owns: {', '.join(info.runs) or 'nothing'}", markup=False)
     if pending:
         out.print(f"handed over, not picked up yet: {', '.join(pending)}", markup=False)
+    if judged.refused:
+        out.print(
+            f"{len(judged.refused)} record(s) in {store.uri('handovers/')} are unreadable or not sealed "
+            "by this account's dlinfra: the controller moves them to quarantine/ and acts on none",
+            markup=False,
+        )
+    if judged.unverified:
+        out.print(
+            f"{judged.unverified} hand-over(s) cannot be verified from here: no hand-over key is readable",
+            markup=False,
+        )
+
+
+def _key(store: ControllerStore) -> bytes | None:
+    from dlinfra.errors import StoreError
+    from dlinfra.runs.sealing import read_key
+
+    try:
+        return read_key(store.bucket, store.region, store.endpoint_url, create=False)
+    except StoreError:
+        return None  # status still says what it can; the count of unverified ones says the rest
 
 
 @controller_app.command()

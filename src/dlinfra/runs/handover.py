@@ -14,6 +14,8 @@ import hashlib
 import io
 import tarfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlinfra.errors import StoreError
@@ -23,7 +25,8 @@ from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease
 from dlinfra.runs.records import Handover
 from dlinfra.runs.run import SPEC_LOCK, Run, home
-from dlinfra.runs.sealing import read_key, seal
+from dlinfra.runs.sealing import read_key, seal, verified
+from dlinfra.spec.grammar import RUN_ID_RE
 
 POLL_SECONDS = 5.0  # between a controller's looks at the bucket's hand-overs
 
@@ -75,6 +78,44 @@ def hand_over(
     controller.put_handover(handover)
     lease.hand_over()
     return handover
+
+
+@dataclass
+class Judged:
+    """The hand-over prefix as judged before anything acts on it."""
+
+    sealed: list[Handover] = field(default_factory=list)  # verified; store: this bucket's, its way
+    refused: list[tuple[str, str]] = field(default_factory=list)  # key, and why (never its content)
+    unverified: int = 0  # well-formed, in this bucket, but no key to verify them with
+
+
+def judge(
+    controller: ControllerStore, listed: list[tuple[str, Handover | str]], key: Callable[[], bytes | None]
+) -> Judged:
+    """Which hand-overs this account's dlinfra sealed, each pointed at its run's prefix in the
+    controller's own bucket by its own endpoint (never the record's), and which are refused. `key`
+    is asked only when a record needs it: what anyone can see is bad is refused without it."""
+    judged, readable = Judged(), []
+    for name, found in listed:
+        if isinstance(found, str):
+            judged.refused.append((name, found))
+        elif not RUN_ID_RE.fullmatch(found.run_id):
+            judged.refused.append((name, "its run id is not a dlinfra run id"))
+        elif (store := controller.run_store(found.store.url, found.run_id)) is None:
+            judged.refused.append((name, "its store is not this run's prefix in this controller's bucket"))
+        else:
+            readable.append((name, found, store))
+    secret = key() if readable else None
+    if secret is None:
+        judged.unverified = len(readable)
+        return judged
+    for name, handover, store in readable:
+        if verified(handover, secret):  # as written; then reached by the controller's own way
+            judged.sealed.append(handover.model_copy(update={"store": store}))
+        else:
+            judged.refused.append((name, "not sealed with this bucket's hand-over key"))
+    judged.sealed.sort(key=lambda h: h.time)
+    return judged
 
 
 def controller_note(controller: ControllerStore) -> str | None:

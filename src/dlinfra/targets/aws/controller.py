@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.render.cloud_init import render_controller_user_data
-from dlinfra.runs.handover import POLL_SECONDS
+from dlinfra.runs.handover import POLL_SECONDS, judge
 from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.records import ControllerInfo
 from dlinfra.runs.run import home
@@ -233,7 +233,9 @@ def stop(store: ControllerStore, region: str, endpoint_url: str | None) -> str:
 def destroy(bucket: str, store: ControllerStore, log: Log) -> str:
     """Remove the controller's stack (never while a run is handed to it) and its registration."""
     info = store.info()
-    busy = sorted({h.run_id for h in store.handovers()} | set(info.runs if info else []))
+    key = lambda: read_key(store.bucket, store.region, store.endpoint_url, create=False)  # noqa: E731
+    handed = {h.run_id for h in judge(store, store.listed(), key).sealed}  # planted ones hold nothing
+    busy = sorted(handed | set(info.runs if info else []))
     if busy:
         raise SpecError(
             [f"the controller of s3://{bucket} still owns {', '.join(busy)}. Fix: wait for the run(s) to "
