@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -54,6 +55,7 @@ def setup(
     from dlinfra.targets.aws import controller as account_controller
     from dlinfra.targets.aws.stack import setup_bucket
 
+    _finite(idle_minutes)
     if controller and not ami:
         ami = account_controller.baked_ami(region, endpoint_url)
     log = lambda line: err.print(line, markup=False)  # noqa: E731
@@ -72,11 +74,21 @@ def _emulation(value: str | None) -> Literal["process", "vm"] | None:
 def _store(bucket: str, region: str, endpoint_url: str | None) -> ControllerStore:
     from dlinfra.errors import SpecError
     from dlinfra.runs.layout.controller import ControllerStore
-    from dlinfra.spec.grammar import bucket_problems
+    from dlinfra.spec.grammar import bucket_problems, endpoint_problems
 
-    if problems := bucket_problems(bucket, region):
+    if problems := bucket_problems(bucket, region) + endpoint_problems(endpoint_url):
         raise SpecError(problems)
     return ControllerStore.of_bucket(bucket, endpoint_url, region)
+
+
+def _finite(idle_minutes: float) -> None:
+    """`inf` or `nan` minutes would keep the controller's instance up (and billed) for ever."""
+    from dlinfra.errors import SpecError
+
+    if not math.isfinite(idle_minutes):
+        raise SpecError(
+            [f"--idle-minutes {idle_minutes}: not a number of minutes. Fix: e.g. --idle-minutes 10"]
+        )
 
 
 @controller_app.command()
@@ -105,6 +117,7 @@ def run(
             InstanceIds=[instance]
         )
 
+    _finite(idle_minutes)
     controller = Controller(_store(bucket, region, endpoint_url), idle_minutes, instance_id, stop_instance)
     controller.run()
 
