@@ -189,7 +189,10 @@ def test_a_planted_handover_neither_shows_as_a_pending_run_nor_blocks_destroying
 
     status = run_cli("controller", "status", *args, env=env)
     assert status.returncode == 0 and run_id not in status.stdout, status.stdout
-    assert "1 record(s) in s3://" in status.stdout and "not sealed by this account's dlinfra" in status.stdout
+    assert (
+        "1 hand-over record(s) in s3://" in status.stdout
+        and "not sealed by this account's dlinfra" in status.stdout
+    )
     refused = run_cli("controller", "destroy", *args, env=env)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "still owns" not in refused.stderr and "no controller stack was set up from this machine" in (

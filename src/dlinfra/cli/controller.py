@@ -146,7 +146,7 @@ def status(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: End
         out.print(f"handed over, not picked up yet: {', '.join(pending)}", markup=False)
     if judged.refused:
         out.print(
-            f"{len(judged.refused)} record(s) in {store.uri('handovers/')} are unreadable or not sealed "
+            f"{len(judged.refused)} hand-over record(s) in {store.uri()} are unreadable or not sealed "
             "by this account's dlinfra: the controller moves them to quarantine/ and acts on none",
             markup=False,
         )
