@@ -56,7 +56,7 @@ class Controller:
     # ControllerInfo.emulated, as `setup` registered it: kept in every record the controller writes
     emulated: Literal["process", "vm"] | None = None
     # the hand-over key (runs.sealing); None: read from SSM at the first look that needs it
-    key: bytes | None = None
+    key: bytes | None = field(default=None, repr=False)  # never in a repr, a log or a traceback
     _owned: dict[str, threading.Thread] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # what was quarantined (or could not be moved) and said once: never read or said again
