@@ -198,3 +198,23 @@ def test_a_planted_handover_neither_shows_as_a_pending_run_nor_blocks_destroying
     assert "still owns" not in refused.stderr and "no controller stack was set up from this machine" in (
         refused.stderr
     )
+
+
+def test_a_sealed_handover_whose_runs_records_do_not_read_is_said_once_and_keeps_nobody_busy(
+    bucket: str, moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever can write the run's prefix can plant a marker of another shape beside a genuine
+    hand-over: the controller says so once and still goes idle (the next `watch` takes the run)."""
+    controller_store = ControllerStore.of_bucket(bucket, moto_endpoint, REGION)
+    run = make_run(tmp_path / "laptop", bucket, moto_endpoint, monkeypatch)
+    _handed(run, controller_store)
+    run.store().store.put_json("DONE", {"schema_version": 1, "marker": 5})
+    monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "controller"))
+    controller = Controller(controller_store, idle_minutes=0.02, poll=0.1, log_file=tmp_path / "c.log")
+    looping = threading.Thread(target=controller.run, daemon=True)
+    looping.start()
+    looping.join(timeout=60)
+    assert not looping.is_alive(), "the controller never went idle"
+    log = (tmp_path / "c.log").read_text()
+    assert log.count(f"run {run.id}: not taken up") == 1, log
+    assert "not a valid Marker record" in log

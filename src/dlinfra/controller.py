@@ -62,6 +62,7 @@ class Controller:
     # what was quarantined (or could not be moved) and said once: never read or said again
     _refused: set[str] = field(default_factory=set)
     _keyless: bool = False  # said once that the key cannot be read
+    _unreadable: set[str] = field(default_factory=set)  # runs whose own records did not read: said once
 
     @property
     def holder(self) -> str:
@@ -107,7 +108,7 @@ class Controller:
         whether the controller runs (and starts it if not), so one of the two sees the other."""
         try:
             self.store.put_info(self._info("stopped", []))
-            if not self._handed_over():
+            if not [h for h in self._handed_over() if h.run_id not in self._unreadable]:
                 return True
         except StoreError as exc:
             self.log(f"cannot read {self.store.uri()}: {exc}; not stopping blind")
@@ -118,13 +119,22 @@ class Controller:
     def _look(self) -> bool:
         """Take up what was handed over and is not owned here yet; say so in the bucket. Whether
         anything is handed over or owned."""
-        handovers = self._handed_over()
+        handovers, waiting = self._handed_over(), []
         for handover in handovers:
-            if not self._owns(handover.run_id):
+            if self._owns(handover.run_id):
+                continue
+            try:
                 self._take(handover)
+            except StoreError as exc:  # the run's own records do not read: said once, keeps nobody busy
+                if handover.run_id not in self._unreadable:
+                    self._unreadable.add(handover.run_id)
+                    self.log(f"run {handover.run_id}: not taken up (looking again, quietly): {exc}")
+                continue
+            self._unreadable.discard(handover.run_id)
+            waiting.append(handover)
         owned = self._alive()
         self.store.put_info(self._info("running", owned))
-        return bool(owned or handovers)
+        return bool(owned or waiting)
 
     def _handed_over(self) -> list[Handover]:
         """The hand-overs this account's dlinfra sealed, each pointed at its run's prefix in this
