@@ -44,6 +44,17 @@ def _handed(run: Run, controller: ControllerStore) -> Handover:
     return handover.hand_over(run, run.store(), controller, lease, keep=False, emulate_instances=None)
 
 
+def _idle_log(controller_store: ControllerStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The log of a controller run until it went idle (asserted within a minute)."""
+    monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "controller"))
+    controller = Controller(controller_store, idle_minutes=0.02, poll=0.1, log_file=tmp_path / "c.log")
+    looping = threading.Thread(target=controller.run, daemon=True)
+    looping.start()
+    looping.join(timeout=60)
+    assert not looping.is_alive(), "the controller never went idle"
+    return (tmp_path / "c.log").read_text()
+
+
 def test_planted_handovers_are_quarantined_once_steer_nothing_and_the_controller_still_goes_idle(
     bucket: str, moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,13 +141,7 @@ def test_a_controller_without_the_key_acts_on_nothing_says_so_once_and_goes_idle
         run_id=run_id, store=StoreConfig(url=f"s3://{bucket}/runs/{run_id}"), by="someone", time=0
     )
     controller_store.put_handover(seal(someone, b"whatever key"))
-    monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "controller"))
-    controller = Controller(controller_store, idle_minutes=0.02, poll=0.1, log_file=tmp_path / "c.log")
-    looping = threading.Thread(target=controller.run, daemon=True)
-    looping.start()
-    looping.join(timeout=60)
-    assert not looping.is_alive(), "the controller never went idle"
-    log = (tmp_path / "c.log").read_text()
+    log = _idle_log(controller_store, tmp_path, monkeypatch)
     assert log.count("cannot verify hand-overs, acting on none") == 1, log
     assert "/dlinfra/controller/" in log and "Fix: " in log and "not acted on" not in log
     assert [h.run_id for h in controller_store.handovers()] == [run_id]  # left for a keyed look
@@ -209,12 +214,6 @@ def test_a_sealed_handover_whose_runs_records_do_not_read_is_said_once_and_keeps
     run = make_run(tmp_path / "laptop", bucket, moto_endpoint, monkeypatch)
     _handed(run, controller_store)
     run.store().store.put_json("DONE", {"schema_version": 1, "marker": 5})
-    monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "controller"))
-    controller = Controller(controller_store, idle_minutes=0.02, poll=0.1, log_file=tmp_path / "c.log")
-    looping = threading.Thread(target=controller.run, daemon=True)
-    looping.start()
-    looping.join(timeout=60)
-    assert not looping.is_alive(), "the controller never went idle"
-    log = (tmp_path / "c.log").read_text()
+    log = _idle_log(controller_store, tmp_path, monkeypatch)
     assert log.count(f"run {run.id}: not taken up") == 1, log
     assert "not a valid Marker record" in log
