@@ -82,6 +82,8 @@ def test_planted_handovers_are_quarantined_once_steer_nothing_and_the_controller
         planted: dict[str, Any] = {
             "garbage.json": b"\x00\xff not json",
             "notes.txt": b"not a record",
+            "huge.json": b"[" + b"0," * 60_000 + b"0]",  # more than a record: never read, left alone
+            "nested/deeper.json": b"{}",
             "shape.json": {"schema_version": 1, "run_id": 5},
             "unsealed.json": genuine.model_copy(update={"store": elsewhere, "signature": None}),
             "forged.json": seal(genuine.model_copy(update={"store": mine_by_stray}), b"another key"),
@@ -121,10 +123,15 @@ def test_planted_handovers_are_quarantined_once_steer_nothing_and_the_controller
     for name in planted:
         assert log.count(f"controller/handovers/{name}: not acted on") == 1, (name, log)
     assert "not sealed with this bucket's hand-over key" in log and "not JSON" in log
+    left_alone = {"huge.json", "nested/deeper.json"}
     quarantined = s3.list_objects_v2(Bucket=bucket, Prefix="controller/quarantine/")["Contents"]
-    assert sorted(o["Key"].rsplit("/", 1)[1] for o in quarantined) == sorted(planted)
+    assert sorted(o["Key"].removeprefix("controller/quarantine/") for o in quarantined) == sorted(
+        set(planted) - left_alone
+    )
     # the genuine ones were verified: the ended run dropped, the swapped run dir refused, neither kept
-    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="controller/handovers/")
+    left = s3.list_objects_v2(Bucket=bucket, Prefix="controller/handovers/")["Contents"]
+    assert {o["Key"].removeprefix("controller/handovers/") for o in left} == left_alone
+    assert f"{len(planted['huge.json'])} bytes, more than a record's" in log
     assert f"run {swapped.id}: not taken up: " in log and "is not the one handed over" in log
     assert not (tmp_path / "controller" / "runs" / swapped.id).exists()
     assert key.decode() not in log

@@ -173,7 +173,7 @@ class Controller:
         try:
             where = f"moved to {self.store.quarantine(key)}"
         except StoreError as exc:
-            where = f"left in place, never read again ({exc})"
+            where = f"never read again ({exc})"
         self.log(f"{self.store.uri(key)}: not acted on ({problem}): {where}")
 
     def _owns(self, run_id: str) -> bool:

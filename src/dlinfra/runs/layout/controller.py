@@ -18,6 +18,8 @@ from dlinfra.runs.layout import (
 from dlinfra.runs.records import ControllerInfo, Handover
 from dlinfra.runs.store import Store
 
+MAX_RECORD_BYTES = 64 * 1024  # a hand-over record is under 1 KB; a larger object is not read
+
 
 class ControllerStore:
     """The results bucket's `controller/` prefix: the runs handed to the account's controller, and
@@ -27,6 +29,7 @@ class ControllerStore:
         self.store = store
         # how this side reaches its bucket: the only bucket and endpoint a controller ever uses
         self.bucket, self.endpoint_url, self.region = bucket, endpoint_url, region
+        self._sizes: dict[str, int] = {}  # the hand-over prefix's objects at the last listing
 
     @classmethod
     def of_bucket(cls, bucket: str, endpoint_url: str | None, region: str | None) -> ControllerStore:
@@ -65,17 +68,25 @@ class ControllerStore:
         return sorted(found, key=lambda h: h.time)
 
     def listed(self) -> list[tuple[str, Handover | str]]:
-        """Every object of the hand-over prefix: its key, and its record or why it is none."""
+        """Every object of the hand-over prefix: its key, and its record or why it is none. Only
+        what could be a record is read: a planted object of gigabytes is never loaded."""
+        self._sizes = {f"{HANDOVERS}/{f.name}": f.bytes for f in self.store.files(f"{HANDOVERS}/")}
         found: list[tuple[str, Handover | str]] = []
         for key in self.store.list_keys(f"{HANDOVERS}/"):
-            data = self.store.get_bytes(key)
-            if data is None:
-                continue  # removed since the listing
-            found.append((key, _handover(key, data, self.store.uri(key))))
+            size = self._sizes.get(key)
+            if size is None or size > MAX_RECORD_BYTES:
+                why = "not a record's key" if size is None else f"{size} bytes, more than a record's"
+                found.append((key, why))
+            elif (data := self.store.get_bytes(key)) is not None:  # None: removed since the listing
+                found.append((key, _handover(key, data, self.store.uri(key))))
         return found
 
     def quarantine(self, key: str) -> str:
-        """Move an object out of the hand-over prefix, never to be read as one again; where it went."""
+        """Move an object out of the hand-over prefix, never to be read as one again; where it went.
+        StoreError: it could not be moved (one too large to read is left where it is)."""
+        size = self._sizes.get(key)
+        if size is None or size > MAX_RECORD_BYTES:
+            raise StoreError("left in place: not read, so not moved")
         moved = f"{QUARANTINE}/{key.removeprefix(HANDOVERS + '/')}"
         data = self.store.get_bytes(key)
         if data is not None:
