@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from controller_runs import bucket, make_run
 
 from dlinfra.controller import Controller
 from dlinfra.render.cloud_init import render_controller_user_data
@@ -16,48 +17,17 @@ from dlinfra.runs import handover
 from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import PENDING, Lease, claim
 from dlinfra.runs.records import ControllerInfo, Handover, Owner
-from dlinfra.runs.run import Run
+from dlinfra.runs.sealing import read_key, seal
 from dlinfra.spec.model import Spec
 from support import FAKE_CREDS, assert_valid_cloud_config, aws_client, run_cli
 
-
-@pytest.fixture
-def bucket(moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    for key, value in FAKE_CREDS.items():
-        monkeypatch.setenv(key, value)
-    name = f"ctl-{tmp_path.name[-20:].lower().replace('_', '-')}".rstrip("-")
-    aws_client(moto_endpoint, "s3").create_bucket(Bucket=name)
-    return name
-
-
-def _run(home: Path, bucket: str, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Run:
-    monkeypatch.setenv("DLINFRA_HOME", str(home))
-    spec = Spec.model_validate(
-        {
-            "name": "digits",
-            "target": "aws",
-            "storage": {"url": f"s3://{bucket}/runs"},
-            "aws": {"endpoint_url": endpoint},
-        }
-    )
-    run = Run.create(spec)
-    (run.dir / "user-data").mkdir()
-    (run.dir / "user-data" / "chief-0.yaml").write_text("#cloud-config\n")
-    (run.dir / "tfvars.json").write_text("{}\n")
-    stack = run.dir / "terraform" / "stack"
-    (stack / ".terraform" / "providers").mkdir(parents=True)
-    (stack / ".terraform" / "providers" / "aws").write_bytes(b"\0" * 1024)
-    (stack / "main.tf").write_text("# the run's pinned HCL\n")
-    (stack / "terraform.tfstate").write_text('{"local": "state"}\n')
-    (run.dir / "logs").mkdir()
-    (run.dir / "logs" / "chief-0.log").write_text("a log stays on the machine that ran it\n")
-    return run
+__all__ = ["bucket"]  # the fixture, for pytest
 
 
 def test_a_handed_over_run_is_taken_up_from_the_bucket_alone_and_reserved_for_the_controller(
     bucket: str, moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run = _run(tmp_path / "laptop", bucket, moto_endpoint, monkeypatch)
+    run = make_run(tmp_path / "laptop", bucket, moto_endpoint, monkeypatch)
     store = run.store()
     controller = ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1")
     lease = claim(store, "cli", "cli laptop")
@@ -88,7 +58,7 @@ def test_a_controller_on_a_machine_of_its_own_never_takes_the_deploying_machines
     of that machine acts on them; one on EC2 (or a VM standing in) acts through the EC2 API alone."""
     controller = ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1")
     for emulated, home in (("process", "beside"), (None, "vm")):
-        run = _run(tmp_path / f"laptop-{home}", bucket, moto_endpoint, monkeypatch)
+        run = make_run(tmp_path / f"laptop-{home}", bucket, moto_endpoint, monkeypatch)
         run.update_manifest(pids={"chief-0": 4242, "worker-0": 4243})
         lease = claim(run.store(), "cli", "cli laptop")
         assert isinstance(lease, Lease)
@@ -126,20 +96,24 @@ def test_a_run_that_ended_and_was_torn_down_is_dropped_not_owned(
 ) -> None:
     """A controller replaced after the run ended and its stack went: nothing to own, the hand-over
     goes, and no lease is taken."""
-    run = _run(tmp_path / "laptop", bucket, moto_endpoint, monkeypatch)
+    run = make_run(tmp_path / "laptop", bucket, moto_endpoint, monkeypatch)
     store = run.store()
     store.write_marker("DONE")
     run.update_manifest(destroyed=True)
     run.publish_manifest()
     controller_store = ControllerStore.of_bucket(bucket, moto_endpoint, "us-east-1")
+    given = Handover(
+        run_id=run.id, store=run.manifest().store, by="cli laptop", time=time.time(), run_dir_sha256="0" * 64
+    )
     controller_store.put_handover(
-        Handover(run_id=run.id, store=run.manifest().store, by="cli laptop", time=time.time())
+        seal(given, read_key(bucket, "us-east-1", moto_endpoint, create=True) or b"")
     )
     controller = Controller(controller_store, idle_minutes=0.0, poll=0.1)
 
     controller.run()
 
     assert controller_store.handovers() == [] and store.owner() == (None, None)
+    assert controller_store.store.list_keys("quarantine/") == []  # sealed: verified, then dropped
 
 
 def test_controller_status_and_logs_without_a_controller_say_how_to_start_one(

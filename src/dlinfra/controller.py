@@ -27,12 +27,13 @@ from typing import Any, Literal
 from dlinfra.deploy import act_for
 from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.prepare import Prepared
-from dlinfra.runs.handover import POLL_SECONDS, take_up
+from dlinfra.runs.handover import POLL_SECONDS, judge, take_up
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease, claim
 from dlinfra.runs.records import ControllerInfo, Handover
 from dlinfra.runs.run import home, utc_now
+from dlinfra.runs.sealing import key_parameter, read_key
 from dlinfra.targets.base import TargetOptions
 
 LOG_SYNC_SECONDS = 30.0
@@ -54,8 +55,14 @@ class Controller:
     log_file: Path = field(default_factory=lambda: home() / "controller.log")
     # ControllerInfo.emulated, as `setup` registered it: kept in every record the controller writes
     emulated: Literal["process", "vm"] | None = None
+    # the hand-over key (runs.sealing); None: read from SSM at the first look that needs it
+    key: bytes | None = field(default=None, repr=False)  # never in a repr, a log or a traceback
     _owned: dict[str, threading.Thread] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # what was quarantined (or could not be moved) and said once: never read or said again
+    _refused: set[str] = field(default_factory=set)
+    _keyless: bool = False  # said once that the key cannot be read
+    _unreadable: set[str] = field(default_factory=set)  # runs whose own records did not read: said once
 
     @property
     def holder(self) -> str:
@@ -101,7 +108,7 @@ class Controller:
         whether the controller runs (and starts it if not), so one of the two sees the other."""
         try:
             self.store.put_info(self._info("stopped", []))
-            if not self.store.handovers():
+            if not [h for h in self._handed_over() if h.run_id not in self._unreadable]:
                 return True
         except StoreError as exc:
             self.log(f"cannot read {self.store.uri()}: {exc}; not stopping blind")
@@ -112,13 +119,62 @@ class Controller:
     def _look(self) -> bool:
         """Take up what was handed over and is not owned here yet; say so in the bucket. Whether
         anything is handed over or owned."""
-        handovers = self.store.handovers()
+        handovers, waiting = self._handed_over(), []
         for handover in handovers:
-            if not self._owns(handover.run_id):
+            if self._owns(handover.run_id):
+                continue
+            try:
                 self._take(handover)
+            except StoreError as exc:  # the run's own records do not read: said once, keeps nobody busy
+                if handover.run_id not in self._unreadable:
+                    self._unreadable.add(handover.run_id)
+                    self.log(f"run {handover.run_id}: not taken up (looking again, quietly): {exc}")
+                continue
+            self._unreadable.discard(handover.run_id)
+            waiting.append(handover)
         owned = self._alive()
         self.store.put_info(self._info("running", owned))
-        return bool(owned or handovers)
+        return bool(owned or waiting)
+
+    def _handed_over(self) -> list[Handover]:
+        """The hand-overs this account's dlinfra sealed, each pointed at its run's prefix in this
+        controller's own bucket, by its own endpoint (never the record's). Anything else in the
+        prefix is moved to quarantine and said once; it keeps nobody busy."""
+        listed = [(name, found) for name, found in self.store.listed() if name not in self._refused]
+        judged = judge(self.store, listed, self._key)
+        for name, why in judged.refused:
+            self._quarantine(name, why)
+        return judged.sealed  # with no key, none: nothing is acted on, and idle still comes
+
+    def _key(self) -> bytes | None:
+        if self.key is None:
+            try:
+                self.key = read_key(
+                    self.store.bucket, self.store.region, self.store.endpoint_url, create=False
+                )
+            except StoreError as exc:
+                self._no_key(str(exc))
+                return None
+            if self.key is None:
+                self._no_key(
+                    f"no hand-over key ({key_parameter(self.store.bucket)}) exists. Fix: hand a run "
+                    "over again (`deploy` makes the key), or run `dlinfra setup --controller`"
+                )
+        return self.key
+
+    def _no_key(self, why: str) -> None:
+        if not self._keyless:
+            self._keyless = True
+            self.log(f"{self.holder}: cannot verify hand-overs, acting on none: {why}")
+        return None
+
+    def _quarantine(self, key: str, problem: str) -> None:
+        self._refused.add(key)
+        try:
+            where = f"moved to {self.store.quarantine(key)}"
+        except StoreError as exc:
+            where = f"never read again ({exc})"
+        self.log(f"{self.store.uri(key)}: not acted on ({problem}): {where}")
 
     def _owns(self, run_id: str) -> bool:
         thread = self._owned.get(run_id)

@@ -297,8 +297,10 @@ class _Follow:
         hand_over(
             run, self.prepared.store, controller, self.lease, keep=self.keep, emulate_instances=emulated
         )
-        target.wake_controller(self.prepared.spec, controller)
-        if note := controller_note(controller):
+        # started just now: its record says `stopped` until its first look, which is no news
+        if not target.wake_controller(self.prepared.spec, controller) and (
+            note := controller_note(controller)
+        ):
             self.options.log(note)
 
 

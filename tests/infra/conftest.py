@@ -179,10 +179,31 @@ def moto_server() -> Iterator[MotoServer]:
 @pytest.fixture(scope="module")
 def own_moto() -> Iterator[MotoServer]:
     """A moto server in a process of its own: switching its auth on touches no other test's server."""
+    yield from _moto_process("")
+
+
+# moto judges SSM calls against resource `*`; AWS judges them against the parameter's ARN. This
+# makes moto judge them as AWS does (a stand-in's gap filled, nothing of dlinfra's faked).
+SSM_AS_AWS = """
+from moto.ssm.responses import SimpleSystemManagerResponse as R
+def _resource(self):
+    name = str(self._get_param("Name") or "").lstrip("/")
+    return f"arn:aws:ssm:{self.region}:{self.current_account}:parameter/{name}" if name else "*"
+R._determine_resource = _resource
+"""
+
+
+@pytest.fixture(scope="module")
+def own_moto_judging_ssm() -> Iterator[MotoServer]:
+    """own_moto, judging SSM calls by the parameter's ARN as AWS does."""
+    yield from _moto_process(SSM_AS_AWS)
+
+
+def _moto_process(setup: str) -> Iterator[MotoServer]:
     import sys
 
-    code = (
-        "from moto.server import ThreadedMotoServer as S; "
+    code = setup + (
+        "\nfrom moto.server import ThreadedMotoServer as S; "
         "s = S(ip_address='127.0.0.1', port=0, verbose=False); s.start(); "
         "print(s.get_host_and_port()[1], flush=True); import time; time.sleep(3600)"
     )
@@ -197,12 +218,10 @@ def own_moto() -> Iterator[MotoServer]:
         server.wait()
 
 
-def as_role(moto: MotoServer, role_arn: str, session: str, services: tuple[str, ...]) -> dict[str, Any]:
-    """Switch the server's auth on (moto's `reset-auth`: everything after is judged) and return a
-    client per service holding the role's temporary credentials, as an instance profile gives them."""
+def role_credentials(moto: MotoServer, role_arn: str, session: str) -> dict[str, str]:
+    """Switch the server's auth on (moto's `reset-auth`: everything after is judged) and return the
+    role's temporary credentials, as an instance profile gives them."""
     import urllib.request
-
-    import boto3
 
     reset = urllib.request.Request(
         f"{moto.endpoint_url}/moto-api/reset-auth",
@@ -212,6 +231,14 @@ def as_role(moto: MotoServer, role_arn: str, session: str, services: tuple[str, 
     )
     assert json.loads(urllib.request.urlopen(reset).read())["status"] == "ok"
     creds = moto.client("sts").assume_role(RoleArn=role_arn, RoleSessionName=session)["Credentials"]
+    return {key: str(creds[key]) for key in ("AccessKeyId", "SecretAccessKey", "SessionToken")}
+
+
+def as_role(moto: MotoServer, role_arn: str, session: str, services: tuple[str, ...]) -> dict[str, Any]:
+    """A client per service holding the role's credentials, auth on (role_credentials)."""
+    import boto3
+
+    creds = role_credentials(moto, role_arn, session)
     return {
         service: boto3.client(
             service,

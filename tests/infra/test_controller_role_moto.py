@@ -25,18 +25,8 @@ def controller(
     own_moto: MotoServer, infra_dir: Path, tf_cli_config: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     """S3, EC2, IAM and SSM as the controller sees them: the role's credentials, auth on."""
-    module = shutil.copytree(
-        infra_dir / "modules" / "controller_iam",
-        tmp_path_factory.mktemp("controller-role") / "controller_iam",
-        ignore=shutil.ignore_patterns("tests"),
-    )
-    (module / "run.tfvars.json").write_text(json.dumps({"bucket": RESULTS, "state_bucket": STATES}))
-    tf = own_moto.terraform(module, tf_cli_config)
-    tf.env["AWS_ENDPOINT_URL"] = own_moto.endpoint_url
-    tf.init()
-    tf.apply("-var-file=run.tfvars.json")
-    outputs = tf.output()
-    assert outputs["instance_profile_name"] == "dlinfra-controller"
+    where = tmp_path_factory.mktemp("controller-role")
+    outputs = apply_controller_role(own_moto, infra_dir, tf_cli_config, where, RESULTS, STATES)
     s3 = own_moto.client("s3")
     for bucket in (RESULTS, STATES, OTHER):
         s3.create_bucket(Bucket=bucket)
@@ -51,6 +41,25 @@ def controller(
     )
     clients = as_role(own_moto, outputs["role_arn"], "controller", ("s3", "ec2", "iam", "sts"))
     return clients | {"instance": launched["Instances"][0]["InstanceId"]}
+
+
+def apply_controller_role(
+    moto: MotoServer, infra_dir: Path, tf_cli_config: Path, where: Path, bucket: str, state_bucket: str
+) -> dict[str, Any]:
+    """modules/controller_iam applied by real Terraform to `moto` (auth still off); its outputs."""
+    module = shutil.copytree(
+        infra_dir / "modules" / "controller_iam",
+        where / "controller_iam",
+        ignore=shutil.ignore_patterns("tests"),
+    )
+    (module / "run.tfvars.json").write_text(json.dumps({"bucket": bucket, "state_bucket": state_bucket}))
+    tf = moto.terraform(module, tf_cli_config)
+    tf.env["AWS_ENDPOINT_URL"] = moto.endpoint_url
+    tf.init()
+    tf.apply("-var-file=run.tfvars.json")
+    outputs = tf.output()
+    assert outputs["instance_profile_name"] == "dlinfra-controller"
+    return outputs
 
 
 def test_the_controller_reaches_every_runs_store_and_state_and_nothing_else_in_s3(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -54,6 +55,7 @@ def setup(
     from dlinfra.targets.aws import controller as account_controller
     from dlinfra.targets.aws.stack import setup_bucket
 
+    _finite(idle_minutes)
     if controller and not ami:
         ami = account_controller.baked_ami(region, endpoint_url)
     log = lambda line: err.print(line, markup=False)  # noqa: E731
@@ -72,11 +74,21 @@ def _emulation(value: str | None) -> Literal["process", "vm"] | None:
 def _store(bucket: str, region: str, endpoint_url: str | None) -> ControllerStore:
     from dlinfra.errors import SpecError
     from dlinfra.runs.layout.controller import ControllerStore
-    from dlinfra.spec.grammar import bucket_problems
+    from dlinfra.spec.grammar import bucket_problems, endpoint_problems
 
-    if problems := bucket_problems(bucket, region):
+    if problems := bucket_problems(bucket, region) + endpoint_problems(endpoint_url):
         raise SpecError(problems)
     return ControllerStore.of_bucket(bucket, endpoint_url, region)
+
+
+def _finite(idle_minutes: float) -> None:
+    """`inf` or `nan` minutes would keep the controller's instance up (and billed) for ever."""
+    from dlinfra.errors import SpecError
+
+    if not math.isfinite(idle_minutes):
+        raise SpecError(
+            [f"--idle-minutes {idle_minutes}: not a number of minutes. Fix: e.g. --idle-minutes 10"]
+        )
 
 
 @controller_app.command()
@@ -105,6 +117,7 @@ def run(
             InstanceIds=[instance]
         )
 
+    _finite(idle_minutes)
     controller = Controller(_store(bucket, region, endpoint_url), idle_minutes, instance_id, stop_instance)
     controller.run()
 
@@ -112,7 +125,7 @@ def run(
 @controller_app.command()
 def status(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: EndpointOpt = None) -> None:
     """Who the controller is, whether it runs, and the runs it owns or has yet to pick up."""
-    from dlinfra.runs.handover import POLL_SECONDS
+    from dlinfra.runs.handover import POLL_SECONDS, judge
 
     store = _store(bucket, region, endpoint_url)
     info = store.info()
@@ -126,10 +139,32 @@ def status(bucket: BucketOpt, region: RegionOpt = "us-east-1", endpoint_url: End
     out.print(
         f"{info.holder}: {state}, last looked {ago:.0f}s ago; stops after {info.idle_minutes:g} idle min"
     )
-    pending = [h.run_id for h in store.handovers() if h.run_id not in info.runs]
+    judged = judge(store, store.listed(), lambda: _key(store))
+    pending = [h.run_id for h in judged.sealed if h.run_id not in info.runs]
     out.print(f"owns: {', '.join(info.runs) or 'nothing'}", markup=False)
     if pending:
         out.print(f"handed over, not picked up yet: {', '.join(pending)}", markup=False)
+    if judged.refused:
+        out.print(
+            f"{len(judged.refused)} hand-over record(s) in {store.uri()} are unreadable or not sealed "
+            "by this account's dlinfra: the controller moves them to quarantine/ and acts on none",
+            markup=False,
+        )
+    if judged.unverified:
+        out.print(
+            f"{judged.unverified} hand-over(s) cannot be verified from here: no hand-over key is readable",
+            markup=False,
+        )
+
+
+def _key(store: ControllerStore) -> bytes | None:
+    from dlinfra.errors import StoreError
+    from dlinfra.runs.sealing import read_key
+
+    try:
+        return read_key(store.bucket, store.region, store.endpoint_url, create=False)
+    except StoreError:
+        return None  # status still says what it can; the count of unverified ones says the rest
 
 
 @controller_app.command()

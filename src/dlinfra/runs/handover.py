@@ -10,9 +10,12 @@ new one, finds the same three things and picks the run up again.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlinfra.errors import StoreError
@@ -22,6 +25,8 @@ from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.ownership import Lease
 from dlinfra.runs.records import Handover
 from dlinfra.runs.run import SPEC_LOCK, Run, home
+from dlinfra.runs.sealing import read_key, seal, verified
+from dlinfra.spec.grammar import RUN_ID_RE
 
 POLL_SECONDS = 5.0  # between a controller's looks at the bucket's hand-overs
 
@@ -54,9 +59,12 @@ def hand_over(
     emulate_instances: str | None,
 ) -> Handover:
     """Give the run to the controller. The lease goes last: until then, this CLI still owns it."""
+    key = read_key(controller.bucket, controller.region, controller.endpoint_url, create=True)
+    assert key is not None  # made when missing
     run.update_manifest(handed_over=True)
     run.publish_manifest()
-    store.put_run_dir(pack(run))
+    packed = pack(run)
+    store.put_run_dir(packed)
     handover = Handover(
         run_id=run.id,
         store=run.manifest().store,
@@ -64,10 +72,50 @@ def hand_over(
         keep=keep,
         by=lease.record.holder,
         time=time.time(),
+        run_dir_sha256=hashlib.sha256(packed).hexdigest(),
     )
+    handover = seal(handover, key)
     controller.put_handover(handover)
     lease.hand_over()
     return handover
+
+
+@dataclass
+class Judged:
+    """The hand-over prefix as judged before anything acts on it."""
+
+    sealed: list[Handover] = field(default_factory=list)  # verified; store: this bucket's, its way
+    refused: list[tuple[str, str]] = field(default_factory=list)  # key, and why (never its content)
+    unverified: int = 0  # well-formed, in this bucket, but no key to verify them with
+
+
+def judge(
+    controller: ControllerStore, listed: list[tuple[str, Handover | str]], key: Callable[[], bytes | None]
+) -> Judged:
+    """Which hand-overs this account's dlinfra sealed, each pointed at its run's prefix in the
+    controller's own bucket by its own endpoint (never the record's), and which are refused. `key`
+    is asked only when a record needs it: what anyone can see is bad is refused without it."""
+    judged, readable = Judged(), []
+    for name, found in listed:
+        if isinstance(found, str):
+            judged.refused.append((name, found))
+        elif not RUN_ID_RE.fullmatch(found.run_id):
+            judged.refused.append((name, "its run id is not a dlinfra run id"))
+        elif (store := controller.run_store(found.store.url, found.run_id)) is None:
+            judged.refused.append((name, "its store is not this run's prefix in this controller's bucket"))
+        else:
+            readable.append((name, found, store))
+    secret = key() if readable else None
+    if secret is None:
+        judged.unverified = len(readable)
+        return judged
+    for name, handover, store in readable:
+        if verified(handover, secret):  # as written; then reached by the controller's own way
+            judged.sealed.append(handover.model_copy(update={"store": store}))
+        else:
+            judged.refused.append((name, "not sealed with this bucket's hand-over key"))
+    judged.sealed.sort(key=lambda h: h.time)
+    return judged
 
 
 def controller_note(controller: ControllerStore) -> str | None:
@@ -89,7 +137,8 @@ def controller_note(controller: ControllerStore) -> str | None:
 
 def take_up(handover: Handover) -> Run:
     """The handed-over run's dir on this machine, made from the store if it is not here yet (a new
-    controller, or one whose disk was replaced)."""
+    controller, or one whose disk was replaced). `handover` is verified (runs.sealing) and its store
+    is the controller's own way to the run's prefix: the manifest's is not trusted over it."""
     run_dir = home() / "runs" / handover.run_id
     store = RunStore.open(handover.store)
     if not (run_dir / MANIFEST).is_file():
@@ -100,6 +149,13 @@ def take_up(handover: Handover) -> Run:
                 f"run {handover.run_id} was handed over, but {store.uri()} holds no run dir. Fix: "
                 f"`dlinfra watch {handover.run_id}` from the machine that deployed it"
             )
+        if hashlib.sha256(data).hexdigest() != handover.run_dir_sha256:
+            raise StoreError(
+                f"run {handover.run_id}: {store.uri()}'s run dir is not the one handed over (its digest "
+                f"differs): not acted on. Fix: `dlinfra watch {handover.run_id}` from the machine that "
+                "deployed it"
+            )
+        manifest = manifest.model_copy(update={"store": handover.store})
         staging = run_dir.with_name(f".{handover.run_id}.taking")
         staging.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:

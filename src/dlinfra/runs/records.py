@@ -123,6 +123,8 @@ class Handover(Record):
     keep: bool = False  # leave the stack up after the run ends (`deploy --keep`)
     by: str  # the holder that handed it over
     time: float
+    run_dir_sha256: str | None = None  # of run-dir.tar.gz as handed over: a swapped one is refused
+    signature: str | None = None  # runs.sealing: HMAC under the bucket's hand-over key
 
 
 class ControllerInfo(Record):

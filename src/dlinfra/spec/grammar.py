@@ -33,6 +33,15 @@ def http_url(v: str | None) -> str | None:
     return v.rstrip("/") if v else v
 
 
+def endpoint_problems(url: str | None) -> list[str]:
+    """What is wrong with an --endpoint-url flag (none: real AWS)."""
+    try:
+        http_url(url)
+    except ValueError as exc:
+        return [f"--endpoint-url: {exc}. Fix: e.g. http://127.0.0.1:5000"]
+    return []
+
+
 def bucket_problems(bucket: str, region: str) -> list[str]:
     """What is wrong with a bucket name and region given as flags (`dlinfra setup`)."""
     problems = []

@@ -125,9 +125,10 @@ class Target(Protocol):
         """Make the run actable from the bucket alone (its state moved there) before the hand-over."""
         ...
 
-    def wake_controller(self, spec: Spec, store: ControllerStore) -> None:
+    def wake_controller(self, spec: Spec, store: ControllerStore) -> bool:
         """Start the controller if it is not running, once the hand-over is written (it looks for
-        hand-overs again after saying it stops, so one of the two always sees the other)."""
+        hand-overs again after saying it stops, so one of the two always sees the other). Whether
+        it was started here."""
         ...
 
     def settle(

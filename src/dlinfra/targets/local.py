@@ -116,8 +116,8 @@ class LocalTarget:
     def ready_for_controller(self, run: Run) -> None:
         pass
 
-    def wake_controller(self, spec: Spec, store: ControllerStore) -> None:
-        pass
+    def wake_controller(self, spec: Spec, store: ControllerStore) -> bool:
+        return False
 
     def teardown(self, run: Run) -> str:
         """Stop node process groups a crashed or killed `dlinfra deploy` left behind."""

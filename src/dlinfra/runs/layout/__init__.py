@@ -25,7 +25,8 @@
 and of the results bucket's `controller/` prefix, the account controller's (ControllerStore):
 
     controller.json               ControllerInfo: the controller, and when it last looked for runs
-    handovers/<run id>.json       Handover: a run the controller is to own until it ends
+    handovers/<run id>.json       Handover: a run the controller is to own until it ends (sealed)
+    quarantine/<name>             an object of handovers/ the controller could not read or verify
     logs/<holder>.log             a controller's own log (`dlinfra controller logs`)
 
 No other module names a key: they ask a RunStore or the ControllerStore.
@@ -82,6 +83,7 @@ OWNER = "owner.json"
 RUN_DIR = "run-dir.tar.gz"
 CONTROLLER_PREFIX = "controller"
 HANDOVERS = "handovers"
+QUARANTINE = "quarantine"
 CONTROLLER_INFO = "controller.json"
 STACKS_HEADER = "# dlinfra stack dump for request "
 # The results bucket's lifecycle rule expires old checkpoints by this tag (prefix patterns can't match).

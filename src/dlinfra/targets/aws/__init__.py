@@ -241,11 +241,11 @@ class AwsTarget:
         bucket = spec.aws.state_bucket or parse_s3_url(spec.storage.url or "")[0]
         stack.move_state(run, bucket, self.options.log)
 
-    def wake_controller(self, spec: Spec, store: ControllerStore) -> None:
+    def wake_controller(self, spec: Spec, store: ControllerStore) -> bool:
         """Its instance started if it is stopped (or went silent): a run was just handed to it."""
         from dlinfra.targets.aws import controller
 
-        controller.wake(store, spec.aws.region, spec.aws.endpoint_url, self.options.log)
+        return controller.wake(store, spec.aws.region, spec.aws.endpoint_url, self.options.log)
 
     def teardown(self, run: Run) -> str:
         from dlinfra.targets.aws.vms import stop_leftover_vms

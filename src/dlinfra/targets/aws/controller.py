@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.render.cloud_init import render_controller_user_data
-from dlinfra.runs.handover import POLL_SECONDS
+from dlinfra.runs.handover import POLL_SECONDS, judge
 from dlinfra.runs.layout.controller import ControllerStore
 from dlinfra.runs.records import ControllerInfo
 from dlinfra.runs.run import home
+from dlinfra.runs.sealing import read_key
 from dlinfra.spec.catalog import catalog, machine_of
 from dlinfra.targets.aws.stack import copy_hcl
 from dlinfra.targets.base import Log
@@ -101,6 +102,7 @@ def setup(
     tf.init()
     tf.plan(inputs, root / "controller.tfplan")
     instance_id = tf.apply(root / "controller.tfplan")["instance_id"]
+    read_key(bucket, region, endpoint_url, create=True)  # made here, never by Terraform: no state holds it
     store = ControllerStore.of_bucket(bucket, endpoint_url, region)
     store.put_info(
         ControllerInfo(
@@ -122,18 +124,24 @@ def setup(
     )
 
 
-def wake(store: ControllerStore, region: str, endpoint_url: str | None, log: Log) -> None:
-    """Start the controller's instance if it is stopped (or went silent): a run was just handed over."""
+def wake(store: ControllerStore, region: str, endpoint_url: str | None, log: Log) -> bool:
+    """Start the controller's instance if it is stopped (or went silent): a run was just handed over.
+    Whether it was started here (then its record says `stopped` until its first look)."""
     info = store.info()
     if info is None or info.instance_id is None or info.running(time.time(), POLL_SECONDS):
-        return
+        return False
     _ec2(region, endpoint_url).start_instances(InstanceIds=[info.instance_id])
-    log(f"controller {info.instance_id}: started (it was {info.state})")
     if info.emulated:
         try:
             _boot(store, region, endpoint_url)
         except DlinfraError as exc:  # the hand-over stands: the run waits for a controller (or a watch)
             log(f"controller {info.instance_id}: its emulated instance did not boot: {exc}")
+            return False
+    log(
+        f"controller {info.instance_id}: started (it was {info.state}); it takes the run up once it "
+        "has booted"
+    )
+    return True
 
 
 def _boot(store: ControllerStore, region: str, endpoint_url: str | None) -> None:
@@ -225,7 +233,9 @@ def stop(store: ControllerStore, region: str, endpoint_url: str | None) -> str:
 def destroy(bucket: str, store: ControllerStore, log: Log) -> str:
     """Remove the controller's stack (never while a run is handed to it) and its registration."""
     info = store.info()
-    busy = sorted({h.run_id for h in store.handovers()} | set(info.runs if info else []))
+    key = lambda: read_key(store.bucket, store.region, store.endpoint_url, create=False)  # noqa: E731
+    handed = {h.run_id for h in judge(store, store.listed(), key).sealed}  # planted ones hold nothing
+    busy = sorted(handed | set(info.runs if info else []))
     if busy:
         raise SpecError(
             [f"the controller of s3://{bucket} still owns {', '.join(busy)}. Fix: wait for the run(s) to "

@@ -14,7 +14,7 @@ from typing import Any
 from dlinfra.errors import SpecError
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.run import Run, home
-from dlinfra.spec.grammar import bucket_problems, http_url
+from dlinfra.spec.grammar import bucket_problems, endpoint_problems
 from dlinfra.targets.aws import tfvars
 from dlinfra.targets.base import Log
 from dlinfra.terraform import Terraform
@@ -90,9 +90,7 @@ def destroy(run: Run) -> str:
 
 def setup_bucket(bucket: str, region: str, endpoint_url: str | None, log: Log) -> str:
     """Create the long-lived results bucket once, in its own stack and state (never a run's)."""
-    if problems := bucket_problems(bucket, region) + (
-        [] if endpoint_url is None else _endpoint(endpoint_url)
-    ):
+    if problems := bucket_problems(bucket, region) + endpoint_problems(endpoint_url):
         raise SpecError(problems)  # before anything is written or run
     root = home() / "setup" / bucket
     if not root.exists():
@@ -104,11 +102,3 @@ def setup_bucket(bucket: str, region: str, endpoint_url: str | None, log: Log) -
     tf.plan(inputs, root / "bucket.tfplan")
     tf.apply(root / "bucket.tfplan")
     return f"bucket s3://{bucket} ready (state in {root}); set storage.url: s3://{bucket}/runs"
-
-
-def _endpoint(url: str) -> list[str]:
-    try:
-        http_url(url)
-    except ValueError as exc:
-        return [f"--endpoint-url: {exc}. Fix: e.g. http://127.0.0.1:5000"]
-    return []

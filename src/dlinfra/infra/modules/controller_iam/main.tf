@@ -123,6 +123,13 @@ locals {
         Resource = "arn:${local.partition}:ssm:*:*:parameter/aws/service/*"
       },
       {
+        # the bucket's hand-over key (dlinfra.runs.sealing): it reads it, and no other secret
+        Sid      = "HandoverKey"
+        Effect   = "Allow"
+        Action   = "ssm:GetParameter"
+        Resource = "arn:${local.partition}:ssm:*:*:parameter/dlinfra/controller/${var.bucket}/handover-key"
+      },
+      {
         # idle: it stops its own instance, and no other
         Sid       = "StopItself"
         Effect    = "Allow"

@@ -62,6 +62,21 @@ run "every_ec2_write_is_conditioned_on_a_tag" {
   }
 }
 
+run "ssm_only_the_public_ami_parameters_and_its_buckets_handover_key" {
+  command = plan
+
+  assert {
+    condition = toset(flatten([
+      for s in jsondecode(aws_iam_role_policy.run_stacks.policy).Statement : s.Resource
+      if length([for a in flatten([s.Action]) : a if startswith(a, "ssm:")]) > 0
+      ])) == toset([
+      "arn:aws:ssm:*:*:parameter/aws/service/*",
+      "arn:aws:ssm:*:*:parameter/dlinfra/controller/results-bucket/handover-key",
+    ])
+    error_message = "SSM reads reach the public AMI parameters and this bucket's hand-over key only"
+  }
+}
+
 run "state_bucket_moves_the_states" {
   command = plan
 
