@@ -43,7 +43,7 @@ STEPS_PER_CALL = 10  # steps per schedule() call or per tf.function call, as dli
 
 
 def training(model: str) -> Any:
-    from dlinfra.spec.model import TrainingSpec
+    from dlinfra.spec.training import TrainingSpec
 
     return TrainingSpec.model_validate({**MODELS[model], "batch_size": BATCH, "learning_rate": 0.001})
 

@@ -76,7 +76,9 @@ def main() -> None:
 
     from dlinfra.render.addresses import free_ports
     from dlinfra.runs.store import Store
-    from dlinfra.spec.model import DatasetSpec, ModelSpec, TrainingSpec
+    from dlinfra.spec.dataset import DatasetSpec
+    from dlinfra.spec.layers import ModelSpec
+    from dlinfra.spec.training import TrainingSpec
     from dlinfra.training import dispatch, staging, streaming
     from dlinfra.training.loop import InputClock, Meter
     from dlinfra.training.packed import packed_program

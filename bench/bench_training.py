@@ -23,7 +23,7 @@ def plain_examples_per_sec() -> float:
     import keras
     import tensorflow as tf
 
-    from dlinfra.spec.model import TrainingSpec
+    from dlinfra.spec.training import TrainingSpec
     from dlinfra.training.program import Shard, builtin_program
 
     program = builtin_program(TrainingSpec(), Path(tempfile.mkdtemp()))

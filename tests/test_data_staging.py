@@ -14,7 +14,8 @@ import tensorflow as tf
 from dlinfra.contract import NodeConfig
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.store import Store
-from dlinfra.spec.model import DatasetSpec, TrainingSpec
+from dlinfra.spec.dataset import DatasetSpec
+from dlinfra.spec.training import TrainingSpec
 from dlinfra.training import data, node_data, shards, staging
 from dlinfra.training.packed import packed_program
 from dlinfra.training.program import Shard

@@ -206,7 +206,7 @@ def test_a_life_ended_before_its_first_beat_still_counts_as_a_restart_of_the_nex
     every heartbeat_interval, up to 10 s) was in no record, so its next life said "first life" and
     restarted its clocks (a CI run of the custom-loop guide). The next beacon records it first."""
     from dlinfra.node.beacon import Beacon
-    from dlinfra.spec.model import TrainingSpec
+    from dlinfra.spec.training import TrainingSpec
     from support import staging_node
 
     cfg = staging_node("worker", 0, TrainingSpec(), tmp_path / "results", (tmp_path / "data").as_uri())

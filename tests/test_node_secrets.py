@@ -14,7 +14,8 @@ from dlinfra.node.environ import node_environ, without_aws
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.run import Run
-from dlinfra.spec.model import Spec, TrainingSpec
+from dlinfra.spec.model import Spec
+from dlinfra.spec.training import TrainingSpec
 from support import FAKE_CREDS, Cli, staging_node
 
 SHAPELESS = "gh-not-shaped-like-any-key-4711"  # only its variable's name says it is a secret

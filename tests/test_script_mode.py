@@ -18,7 +18,7 @@ from dlinfra.progress import PROGRESS_FILE, read_report
 from dlinfra.runs.bundle import pack_code
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
 from dlinfra.runs.store import Store
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 
 
 def _script(code: str, env: dict[str, str]) -> None:
@@ -251,7 +251,7 @@ def test_a_scripts_shard_patterns_are_relative_to_its_code_so_one_names_every_no
     the working directory the script starts in, each worker resolves it to the share it staged."""
     from dlinfra.contract import NodeConfig, StoreConfig
     from dlinfra.node.script import EVAL_FILES, TRAIN_FILES, staged_files
-    from dlinfra.spec.model import DatasetSpec
+    from dlinfra.spec.dataset import DatasetSpec
 
     def cfg(fmt: str) -> NodeConfig:
         dataset = DatasetSpec(format="tfrecord", uri="s3://data/digits") if fmt else DatasetSpec()

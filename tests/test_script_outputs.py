@@ -18,7 +18,7 @@ from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.runs.layout import MODEL, SCRIPT_CHECKPOINTS, RunStore
 from dlinfra.runs.local_files import OutputsTooBig, open_beneath, regular_files
 from dlinfra.runs.store import Store
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 from support import FAKE_CREDS, aws_client
 
 SECRET = b"the node's own secret, never the script's output"

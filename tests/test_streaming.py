@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from dlinfra.contract import NodeConfig
 from dlinfra.runs.layout import RunStore
-from dlinfra.spec.model import DatasetSpec, TrainingSpec
+from dlinfra.spec.dataset import DatasetSpec
+from dlinfra.spec.training import TrainingSpec
 from dlinfra.training import dispatch, node_data, shards, staging, streaming
 from dlinfra.training.loop import input_shard
 from dlinfra.training.objective import hint

@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dlinfra import __version__
-from dlinfra.spec.model import Spec, TrainingSpec
+from dlinfra.spec.model import Spec
+from dlinfra.spec.training import TrainingSpec
 
 NODE_JSON_PATH = "/etc/dlinfra/node.json"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import keras
 from one_worker import lone_worker
 
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 from dlinfra.training import export, loop
 from dlinfra.training.program import builtin_program
 

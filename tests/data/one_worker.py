@@ -4,7 +4,7 @@ scripts here that run the training loop directly in a fresh process."""
 from pathlib import Path
 
 from dlinfra.contract import NodeConfig, StoreConfig
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 
 
 def lone_worker(training: TrainingSpec, work: Path) -> NodeConfig:

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 from one_worker import lone_worker
 
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 from dlinfra.training import export, loop
 from dlinfra.training.objective import ProgramError
 from dlinfra.training.program import load_entrypoint

@@ -26,7 +26,7 @@ def _fresh_process_accuracy(model_dir: str) -> float:
     code = textwrap.dedent(
         f"""
         import numpy as np, tensorflow as tf
-        from dlinfra.spec.model import DatasetSpec
+        from dlinfra.spec.dataset import DatasetSpec
         from dlinfra.training.data import load
         data = load(DatasetSpec(), None)
         model = tf.saved_model.load({model_dir!r})

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dlinfra.spec.dataset import DatasetSpec
 from dlinfra.spec.layers import LayerSpec, ModelSpec
-from dlinfra.spec.model import DatasetSpec
 from dlinfra.training import data
 from support import cifar_tarball
 
@@ -46,7 +46,8 @@ def test_cifar10_from_s3_through_the_stores_endpoint(
     """Nodes read an s3:// data set where they write results: the run store's endpoint and region
     (node.json's `store`), with no AWS_ENDPOINT_URL_S3 in the environment."""
     from dlinfra.contract import StoreConfig
-    from dlinfra.spec.model import Spec, TrainingSpec
+    from dlinfra.spec.model import Spec
+    from dlinfra.spec.training import TrainingSpec
     from dlinfra.training.program import builtin_program
     from support import FAKE_CREDS, s3_client
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 from dlinfra.training import fit_check
 from dlinfra.training.objective import ProgramError, hint, resolve
 from dlinfra.training.program import Program, load_entrypoint

@@ -91,7 +91,7 @@ def _source(source: str, uri: str | None, encoding: str, eval_fraction: float) -
             "cifar10: give --uri, the cifar-10-python.tar.gz location (file://, s3://, https://)"
         )
     from dlinfra.environment.venvs import cache_home
-    from dlinfra.spec.model import DatasetSpec
+    from dlinfra.spec.dataset import DatasetSpec
 
     spec = DatasetSpec(format="digits" if source == "digits" else "cifar10", uri=uri)
     arrays = data.load(spec, cache_home() / "data")

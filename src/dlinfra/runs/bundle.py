@@ -22,7 +22,7 @@ from pathlib import Path
 from dlinfra.errors import SpecError, StoreError
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import BundlePin
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 
 MAX_BUNDLE_BYTES = 50 * 1024 * 1024
 LARGE_FILE_BYTES = 5 * 1024 * 1024  # a file this big in a code bundle is data, most likely

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dlinfra.runs.bundle import file_sha256
-from dlinfra.spec.model import DatasetSpec
+from dlinfra.spec.dataset import DatasetSpec
 
 SPLIT_SEED = 20161  # fixed: the held-out split must be identical on every node and every rerun
 

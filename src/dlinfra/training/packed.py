@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlinfra.spec.dataset import FeaturesSpec
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 from dlinfra.training.shards import ShardManifest
 from dlinfra.training.staging import EVAL_PATTERN
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 from dlinfra.training import objective as objectives
 from dlinfra.training.program import Program, Shard
 

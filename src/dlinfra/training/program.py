@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlinfra.spec.model import TrainingSpec
+from dlinfra.spec.training import TrainingSpec
 
 if TYPE_CHECKING:
     from dlinfra.training.data import S3Access
