@@ -255,9 +255,12 @@ def _unreadable(path: Path, compression: str) -> str | None:
     corrupt file is named as it lands, not met mid-epoch as a DataLossError that names no file."""
     import tensorflow as tf
 
+    # The record reader itself, not tf.data: a dataset would start TensorFlow's eager context, and a
+    # node stages before its strategy exists, which must configure collectives or a server first
+    # ("Collective ops must be configured at program startup").
     try:
-        records = tf.data.TFRecordDataset(str(path), compression_type=compression)
-        records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+        for _ in tf.compat.v1.io.tf_record_iterator(str(path), compression):
+            pass
     except tf.errors.OpError as exc:
         reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:.*", "", exc.message.splitlines()[0])[:200]
         return f"is no readable TFRecord file ({reason})"
