@@ -331,7 +331,13 @@ def checked_records(cfg: NodeConfig) -> str | None:
     """The compression to read your own TFRecord files through with as they land (see fetch); None
     where no TensorFlow of ours runs (a script's own, `training.command`) or the files are no TFRecords."""
     ds = cfg.training.dataset
-    return ds.compression_type if ds.format == "tfrecord" and not cfg.training.command else None
+    if ds.format != "tfrecord" or cfg.training.command:
+        return None
+    # Loaded here, in the one thread that stages: TensorFlow imported by several fetching threads at
+    # once gave one of them a half-made module ("module 'tensorflow' has no attribute 'errors'").
+    import tensorflow  # noqa: F401
+
+    return ds.compression_type
 
 
 def stages(cfg: NodeConfig) -> bool:
