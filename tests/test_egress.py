@@ -61,7 +61,13 @@ def test_the_locks_are_resolved_only_when_every_role_is_baked() -> None:
     assert _settle(_spec(), {"chief": _baked(), "worker": _baked()})[1] == ["locks"]
 
 
-OWN = ("training.dataset.format=tfrecord", "training.dataset.uri=s3://own-data/shards/train-*.tfrecord")
+OWN = (  # the built-in model reads them: it needs their eval set, shape and classes (spec.dataset)
+    "training.dataset.format=tfrecord",
+    "training.dataset.uri=s3://own-data/shards/train-*.tfrecord",
+    "training.dataset.eval_uri=s3://own-data/shards/eval-*.tfrecord",
+    "training.dataset.shape=[28, 28, 1]",
+    "training.dataset.classes=10",
+)
 CIFAR = ("training.dataset.format=cifar10", "training.dataset.uri=https://example.org/cifar-10-python.tar.gz")
 
 

@@ -4,6 +4,7 @@ example spec is the defaults, the CLI lists its commands, HCL ships in the wheel
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -196,6 +197,8 @@ def test_every_capability_named_in_the_readme_keeps_its_end_to_end_test_in_the_d
         text=True,
         cwd=ROOT,
         timeout=300,
+        # a -v in PYTEST_ADDOPTS would print the collection as a tree, with no ids to compare
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
     )
     ids = [line for line in collected.stdout.splitlines() if "::" in line]
     missing = [name for name in named if not any(i == name or i.startswith(name + "[") for i in ids)]

@@ -315,10 +315,12 @@ def test_changed_shards_too_few_shards_and_shards_no_disk_holds_are_refused_befo
     assert few.returncode == 2, few.stdout + few.stderr
     assert f"{TRAIN_SHARDS} train shards for {TRAIN_SHARDS + 1} workers" in few.stderr
     huge = json.loads((tmp_path / "packed" / "manifest.json").read_text())
+    (tmp_path / "huge").mkdir()
     for split in huge["splits"].values():
         for shard in split["shards"]:
-            shard["bytes"] = 2**50  # a pebibyte each: no disk here holds the nodes' shares
-    (tmp_path / "huge").mkdir()
+            shard["bytes"] = 2**40  # a tebibyte each: no disk here holds the nodes' shares
+            # sparse, of the manifest's size: plan refuses a shard missing or of another size first
+            os.truncate(_created(tmp_path / "huge" / Path(shard["name"]).name), 2**40)
     (tmp_path / "huge" / "manifest.json").write_text(json.dumps(huge))
     big = run_cli(
         "deploy",
@@ -335,6 +337,11 @@ def test_changed_shards_too_few_shards_and_shards_no_disk_holds_are_refused_befo
     )
     assert "GiB free. Fix:" in big.stderr and "Traceback" not in big.stderr
     assert not (home / "runs").exists() or not list((home / "runs").iterdir()), "no run was created"
+
+
+def _created(path: Path) -> Path:
+    path.touch()
+    return path
 
 
 def _learnable_cifar_tarball(path: Path, per_batch: int = 400, test: int = 500) -> Path:
