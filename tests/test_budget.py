@@ -16,7 +16,7 @@ from dlinfra.contract import BUDGET_CHECKPOINT_SECONDS
 from dlinfra.errors import SpecError
 from dlinfra.prepare import checked_rate
 from dlinfra.render import build_node_configs
-from dlinfra.runs.records import Manifest, PlanCounts
+from dlinfra.runs.manifest import Manifest, PlanCounts
 from dlinfra.runs.run import utc_now
 from dlinfra.spec.catalog import catalog
 from dlinfra.spec.loading import Overrides, load_spec
@@ -143,7 +143,8 @@ def test_cost_so_far_is_the_plans_rate_over_the_nodes_time() -> None:
 
 
 def test_status_and_runs_show_the_cost_so_far() -> None:
-    from dlinfra.cli.views import cost_line, runs_table
+    from dlinfra.cli.tables import runs_table
+    from dlinfra.cli.views import cost_line
 
     line = cost_line({"usd_spent": 0.123456, "usd_per_hour": 2.1354, "max_cost": 0.5})
     assert line == "cost: $0.1235 at $2.135/h since the nodes started; cluster.max_cost $0.5"

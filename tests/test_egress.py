@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlinfra.runs.records import ImagePin
+from dlinfra.runs.manifest import ImagePin
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.spec.model import Spec
 from dlinfra.targets.aws import egress, review

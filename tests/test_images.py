@@ -30,7 +30,7 @@ from dlinfra.images.vm import Segment, nat_network, shell
 from dlinfra.images.wheelhouse import _write_index, serve
 from dlinfra.prepare import Environment, NodeInstall, boot_install, release_requirement
 from dlinfra.render import render_cluster
-from dlinfra.runs.records import ImagePin
+from dlinfra.runs.manifest import ImagePin
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets.aws import amis
 from dlinfra.targets.aws.vms import vendor_data

@@ -13,7 +13,8 @@ from dlinfra.errors import DlinfraError
 from dlinfra.node import spot
 from dlinfra.runs.compare import cost_usd, node_hours
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.records import Heal, Manifest, Notice
+from dlinfra.runs.manifest import Heal, Manifest
+from dlinfra.runs.records import Notice
 from dlinfra.runs.store import Store
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets.aws import review, tfvars

@@ -182,7 +182,7 @@ def test_deploy_result_puts_the_model_uri_whole_on_a_line_of_its_own(
 
 
 def test_runs_keeps_a_run_id_whole_even_narrower_than_it() -> None:
-    from dlinfra.cli.views import runs_table
+    from dlinfra.cli.tables import runs_table
 
     run_id = "digits-cnn-20261124-123051-4a20"
     row = {
@@ -203,7 +203,7 @@ def test_runs_keeps_a_run_id_whole_even_narrower_than_it() -> None:
 @pytest.mark.parametrize("columns", [60, 70, 80])
 def test_runs_says_what_it_left_out_within_the_screen(columns: int) -> None:
     """The note naming the columns left out wraps too: our consoles soft-wrap, so rich never does."""
-    from dlinfra.cli.views import runs_table
+    from dlinfra.cli.tables import runs_table
 
     row = {
         "run_id": "digits-cnn-20261124-123051-4a20",
@@ -249,7 +249,7 @@ def test_show_prints_paths_exactly_even_with_brackets(
 
 
 def test_the_note_never_cuts_the_command_it_names_at_any_width() -> None:
-    from dlinfra.cli.views import _dropped_caption
+    from dlinfra.cli.tables import _dropped_caption
 
     dropped = ["age", "target", "strategy", "cost", "resources", "owner"]
     for columns in range(30, 120):

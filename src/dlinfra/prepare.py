@@ -28,7 +28,7 @@ from dlinfra.render import (
 )
 from dlinfra.runs.bundle import Bundle, file_sha256, pack_code
 from dlinfra.runs.layout import RunStore, bundle_key, data_listing_key
-from dlinfra.runs.records import EnvironmentPin, WheelPin
+from dlinfra.runs.manifest import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, home, seconds_per_step
 from dlinfra.spec.model import Spec
 from dlinfra.spec.pricing import FirstCheckpoint, HourlyCost, budget_problem

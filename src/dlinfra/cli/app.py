@@ -299,7 +299,7 @@ def instances(
         raise DlinfraError(
             f"--region {region}: the catalog has no prices there. Fix: use one of {', '.join(table.regions)}"
         )
-    from dlinfra.cli.views import instances_table
+    from dlinfra.cli.tables import instances_table
 
     out.print(instances_table(kinds, region, table.price_note()))
 

@@ -10,7 +10,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from dlinfra.cli.views import _mean_sd, _num, _table, _width
+from dlinfra.cli.tables import _mean_sd, _num, _table, _width
 from dlinfra.runs.compare import COLUMNS
 from dlinfra.spec.catalog import catalog
 

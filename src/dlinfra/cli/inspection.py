@@ -82,7 +82,7 @@ def debug(
 @inspection_app.command()
 def runs(as_json: JsonOpt = False) -> None:
     """List runs, newest first: status, age, target, accuracy."""
-    from dlinfra.cli.views import runs_table
+    from dlinfra.cli.tables import runs_table
     from dlinfra.runs.reports import list_run_rows
 
     rows = list_run_rows()

@@ -25,7 +25,7 @@ from dlinfra.errors import DlinfraError
 from dlinfra.images import IMAGE_JSON_PATH, ImageRecord, Recipe, images_home, terraform_tools
 from dlinfra.images.wheelhouse import wheelhouse
 from dlinfra.runs.bundle import file_sha256
-from dlinfra.runs.records import ImagePin
+from dlinfra.runs.manifest import ImagePin
 
 Log = Callable[[str], None]
 LocalFlavor = Literal["base", "cpu", "gpu", "controller"]

@@ -4,47 +4,38 @@ serve, report, leave results, exit."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, WORKER_INDEX_FILE, NodeConfig, tf_config
 from dlinfra.environment.installed import check
-from dlinfra.errors import DlinfraError
 from dlinfra.node import devices, preflight, serving, spot, watchdog
-from dlinfra.node.beacon import port_open
-from dlinfra.node.checkpoints import CheckpointSync, log_clock
+from dlinfra.node.checkpoints import CheckpointSync
 from dlinfra.node.instance_store import OWN_MACHINE_ENV, stage_on_instance_store
+from dlinfra.node.peers import bounded, wait_for_peers
+from dlinfra.node.reporting import Progress, mean_sd
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import backoff_seconds, is_transient
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.records import MeanSd, Metrics
+from dlinfra.runs.records import Metrics
 from dlinfra.training import node_data, staging
 from dlinfra.training.objective import ProgramError, hint
 from dlinfra.training.shards import ShardManifest
 from dlinfra.training.staging import DataError
 from dlinfra.training.streaming import Stream
 
-T = TypeVar("T")
 # How often a ps or a ps-strategy worker looks for the run's end in the store: it only has to leave
 # before the watcher's grace after the marker (3 poll + 5 s) runs out, and on a 1-vCPU instance (a VM
 # under emulation more so) a look a second took a sixth of the core its TensorFlow server needs.
 SERVE_POLL_SECONDS = 3.0
-TENSORBOARD_SYNC_SECONDS = 10.0
 
 
 _KEPT: list[Any] = []  # servers that live as long as this process
-
-
-class PeersUnreachable(DlinfraError):
-    pass
 
 
 def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None = None) -> int:
@@ -187,7 +178,7 @@ def _train(
         strategy = None
     else:
         # The mirrored constructor blocks until every worker answers; bound it ourselves.
-        strategy = _bounded(loop.make_mirrored_strategy, cfg.startup_timeout, peers)
+        strategy = bounded(loop.make_mirrored_strategy, cfg.startup_timeout, peers)
     status.mark("peers")
     if cfg.entrypoint and cfg.bundle:
         program = load_entrypoint(bundle.materialize(store, cfg.bundle, cfg.entrypoint, work), t)
@@ -250,8 +241,8 @@ def _train(
         train_seconds=train_seconds,
         first_step_at=progress.first_step_at,
         finished_at=time.time(),
-        global_steps_per_sec=_mean_sd(outcome.meter.steps_per_sec, outcome.meter.seconds),
-        examples_per_sec=_mean_sd(outcome.meter.examples_per_sec, outcome.meter.seconds),
+        global_steps_per_sec=mean_sd(outcome.meter.steps_per_sec, outcome.meter.seconds),
+        examples_per_sec=mean_sd(outcome.meter.examples_per_sec, outcome.meter.seconds),
         input_wait=outcome.meter.input_wait,
         examples_per_sec_series=progress.series,
         loss_series=progress.losses,
@@ -268,123 +259,7 @@ def _train(
     return EXIT_DONE
 
 
-class Progress:
-    """Turns loop progress into status fields, log lines and TensorBoard scalars."""
-
-    def __init__(self, cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path):
-        self.cfg, self.store, self.status = cfg, store, status
-        self.first_step_at: float | None = None
-        self.last_loss: float | None = None
-        self.series: list[tuple[float, int, float]] = []  # (time, step, examples/s)
-        self.losses: list[tuple[int, float]] = []  # (step, loss): what a deterministic rerun must repeat
-        self.tb_dir = work / "tensorboard"
-        self._writer: Any = None
-        self._synced = 0.0
-
-    @property
-    def writer(self) -> Any:
-        if self._writer is None and self.cfg.is_chief:
-            import tensorflow as tf
-
-            self._writer = tf.summary.create_file_writer(str(self.tb_dir))
-        return self._writer
-
-    def report(
-        self, step: int, loss: float, examples_per_sec: float, input_wait: float | None, **figures: Any
-    ) -> None:
-        now = time.time()
-        if self.first_step_at is None:
-            self.first_step_at = now
-            self.status.mark("first step", at=now)  # one clock for the metrics and the breakdown
-        self.last_loss = loss
-        self.series.append((now, step, examples_per_sec))
-        self.losses.append((step, loss))
-        self.status.update(
-            step=step, loss=loss, examples_per_sec=examples_per_sec, input_wait=input_wait, **figures
-        )
-        waited = "" if input_wait is None else f", {input_wait:.0%} waiting on input"
-        print(
-            f"{log_clock(now)} step {step}/{self.cfg.training.steps} loss {loss:.4f} "
-            f"{examples_per_sec:.0f} examples/s{waited}",
-            flush=True,
-        )
-        if self.writer is not None:
-            waits = {} if input_wait is None else {"input_wait": input_wait}
-            self._scalars(step, loss=loss, examples_per_sec=examples_per_sec, **waits)
-            if now - self._synced > TENSORBOARD_SYNC_SECONDS:
-                self.sync()
-
-    def final(self, results: dict[str, float], step: int) -> None:
-        if self.writer is not None:
-            self._scalars(step, **{f"eval_{name}": value for name, value in results.items()})
-            self.sync()
-
-    def _scalars(self, step: int, **values: float) -> None:
-        import tensorflow as tf
-
-        with self.writer.as_default(step=step):
-            for name, value in values.items():
-                tf.summary.scalar(name, value)
-
-    def sync(self) -> None:
-        self.writer.flush()
-        self.store.put_tensorboard(self.tb_dir)
-        self._synced = time.time()
-
-
 # ---------------------------------------------------------------- helpers
-
-
-def wait_for_peers(peers: list[str], timeout: float) -> None:
-    """Block until every peer accepts TCP connections, or fail naming the ones that never did."""
-    deadline = time.monotonic() + timeout
-    pending = set(peers)
-    while True:
-        pending = {addr for addr in pending if not port_open(addr)}
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            raise PeersUnreachable(
-                f"peers not reachable after {timeout:.0f}s: {', '.join(sorted(pending))}. Fix: check those "
-                "nodes' logs (`dlinfra logs RUN --node NAME`) and that the TF port is open between nodes"
-            )
-        time.sleep(0.5)
-
-
-def _bounded(fn: Callable[[], T], timeout: float, peers: list[str]) -> T:
-    result: list[Any] = []
-    errors: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if errors:
-        raise errors[0]
-    if not result:
-        missing = [p for p in peers if not port_open(p)] or peers
-        raise PeersUnreachable(
-            f"cluster did not form within {timeout:.0f}s; unreachable: {', '.join(missing)}. "
-            "Fix: check those nodes' logs (`dlinfra logs RUN --node NAME`)"
-        )
-    return result[0]
-
-
-def _mean_sd(rates: list[float], seconds: list[float]) -> MeanSd | None:
-    """Each rate weighted by its interval's length: the mean is then work over time."""
-    # The first interval includes tracing and warm-up; leave it out when there is more.
-    start = 1 if len(rates) > 2 else 0
-    pairs = list(zip(rates[start:], seconds[start:], strict=True))
-    total = sum(w for _, w in pairs)
-    if not pairs or total <= 0:
-        return None
-    mean = sum(r * w for r, w in pairs) / total
-    return MeanSd(mean=mean, sd=math.sqrt(sum(w * (r - mean) ** 2 for r, w in pairs) / total))
 
 
 def _redirect_output(path: Path) -> None:

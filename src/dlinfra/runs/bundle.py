@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dlinfra.errors import SpecError, StoreError
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.records import BundlePin
+from dlinfra.runs.manifest import BundlePin
 from dlinfra.spec.training import TrainingSpec
 
 MAX_BUNDLE_BYTES = 50 * 1024 * 1024

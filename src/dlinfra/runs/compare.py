@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.errors import DlinfraError
-from dlinfra.runs.records import Manifest
+from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.run import Run, list_runs, short_labels
 from dlinfra.spec.catalog import catalog
 from dlinfra.spec.model import Spec

@@ -10,9 +10,10 @@ from typing import Any
 from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.node.masked_log import masker
 from dlinfra.runs.layout import RunStore
+from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
 from dlinfra.runs.preflight import figures
-from dlinfra.runs.records import MARKERS, Manifest, Notice
+from dlinfra.runs.records import MARKERS, Notice
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
 from dlinfra.spec.hardware import cluster_hardware

@@ -14,7 +14,7 @@ from typing import Any
 from dlinfra.environment.lock import Flavor, Lock
 from dlinfra.errors import SpecError
 from dlinfra.runs.bundle import Bundle
-from dlinfra.runs.records import Manifest, WheelPin
+from dlinfra.runs.manifest import Manifest, WheelPin
 from dlinfra.runs.run import Run, home
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.spec.model import Spec

@@ -23,7 +23,7 @@ from dlinfra import __version__
 from dlinfra.contract import StoreConfig
 from dlinfra.errors import RunNotFound, StoreError
 from dlinfra.runs.layout import MANIFEST, RunStore, parse
-from dlinfra.runs.records import Manifest
+from dlinfra.runs.manifest import Manifest
 from dlinfra.spec.grammar import RUN_ID_RE
 from dlinfra.spec.input import shown
 from dlinfra.spec.model import Spec

@@ -45,12 +45,12 @@ from dlinfra.contract import StoreConfig
 from dlinfra.errors import StoreError
 from dlinfra.runs.layout.sizing import prediction
 from dlinfra.runs.local_files import upload
+from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.preflight import NodeFigures, Verdict
 from dlinfra.runs.records import (
     MARKERS,
     SCHEMA_VERSION,
     CheckpointPointer,
-    Manifest,
     Marker,
     MarkerName,
     Metrics,

@@ -24,7 +24,7 @@ from dlinfra.images.vm import VM_PLATFORM
 from dlinfra.prepare import NodeInstall, release_requirement
 from dlinfra.render import AddressPlan, private_ip_plan
 from dlinfra.runs.layout.controller import ControllerStore
-from dlinfra.runs.records import ImagePin, PlanCounts
+from dlinfra.runs.manifest import ImagePin, PlanCounts
 from dlinfra.runs.store import parse_s3_url
 from dlinfra.spec.catalog import machine_of
 from dlinfra.spec.pass_env import AWS_FIX as AWS_PASS_ENV_FIX

@@ -10,7 +10,7 @@ from dlinfra import __version__
 from dlinfra.contract import NodeConfig
 from dlinfra.errors import SpecError
 from dlinfra.images import flavor_for
-from dlinfra.runs.records import ImagePin
+from dlinfra.runs.manifest import ImagePin
 from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.images import find_baked
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dlinfra.runs.records import ImagePin
+from dlinfra.runs.manifest import ImagePin
 from dlinfra.runs.store import parse_s3_url
 from dlinfra.spec.model import Spec
 

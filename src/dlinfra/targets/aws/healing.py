@@ -15,7 +15,8 @@ from typing import Any
 
 from dlinfra.errors import DlinfraError, RunFailed, TerraformError
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.records import Heal, HealReason, NodeState, Notice
+from dlinfra.runs.manifest import Heal, HealReason
+from dlinfra.runs.records import NodeState, Notice
 from dlinfra.runs.run import Run, utc_now
 from dlinfra.spec.model import Spec
 from dlinfra.targets.aws import spot, stack, tfvars

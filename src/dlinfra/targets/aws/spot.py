@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from dlinfra.runs.records import Heal, Notice
+from dlinfra.runs.manifest import Heal
+from dlinfra.runs.records import Notice
 
 # What EC2 (through the provider's error text) says when a spot request cannot be filled now.
 CAPACITY_ERRORS = (

@@ -12,7 +12,7 @@ from dlinfra.spec.dataset import is_listing
 
 if TYPE_CHECKING:
     from dlinfra.prepare import Prepared
-    from dlinfra.runs.records import ImagePin
+    from dlinfra.runs.manifest import ImagePin
     from dlinfra.spec.model import Spec
 
 
