@@ -271,7 +271,8 @@ def test_files_of_any_format_are_staged_by_name_for_the_users_own_reader(
 ) -> None:
     """format files: CSV parts (and a JSON one: the glob decides, not the suffix) staged under their
     own names, found by the pattern a program's Shard and a script's $DLINFRA_TRAIN_FILES give."""
-    from dlinfra.node.script import TRAIN_FILES, staged_files
+    from dlinfra.node.script import staged_files
+    from dlinfra.node.script_dirs import TRAIN_FILES
 
     monkeypatch.setenv("DLINFRA_HOME", str(tmp_path / "home"))
     parts = tmp_path / "parts"

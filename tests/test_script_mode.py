@@ -250,7 +250,8 @@ def test_a_scripts_shard_patterns_are_relative_to_its_code_so_one_names_every_no
     """Under parameter servers the chief's coordinator traces one pattern for every worker: relative to
     the working directory the script starts in, each worker resolves it to the share it staged."""
     from dlinfra.contract import NodeConfig, StoreConfig
-    from dlinfra.node.script import EVAL_FILES, TRAIN_FILES, staged_files
+    from dlinfra.node.script import staged_files
+    from dlinfra.node.script_dirs import EVAL_FILES, TRAIN_FILES
     from dlinfra.spec.dataset import DatasetSpec
 
     def cfg(fmt: str) -> NodeConfig:

@@ -17,87 +17,41 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
+from dlinfra.contract import EXIT_DONE, NodeConfig
 from dlinfra.node import reaper
 from dlinfra.node.beacon import die_with_parent, port_open
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.environ import without_aws
 from dlinfra.node.events import EventScalars
-from dlinfra.node.script_log import RUNNING, TAIL_LINES, last_error, log_tail, tail_text
+from dlinfra.node.script_dirs import (
+    CHECKPOINT_DIR,
+    EVAL_FILES,
+    TENSORBOARD_DIR,
+    TRAIN_FILES,
+    ScriptDirs,
+)
+from dlinfra.node.script_end import alone, ended, finish
+from dlinfra.node.script_log import RUNNING
 from dlinfra.node.script_progress import ScriptProgress
 from dlinfra.node.spot import holds_state
 from dlinfra.node.status import NodeStatus, give_up
-from dlinfra.node.supervision import CLEAN_STOP_SIGNALS, TRANSIENT_TF_ERRORS
-from dlinfra.progress import PROGRESS_FILE
+from dlinfra.node.supervision import CLEAN_STOP_SIGNALS
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, TENSORBOARD, RunStore
-from dlinfra.runs.local_files import OutputsTooBig, regular_files
-from dlinfra.runs.records import Metrics
+from dlinfra.runs.local_files import OutputsTooBig
 from dlinfra.training import staging
 
-MODEL_DIR = "DLINFRA_MODEL_DIR"
-CHECKPOINT_DIR = "DLINFRA_CHECKPOINT_DIR"
-TENSORBOARD_DIR = "DLINFRA_TENSORBOARD_DIR"
-DATA_DIR = "DLINFRA_DATA_DIR"
-RUN_ID = "DLINFRA_RUN_ID"
-NODE = "DLINFRA_NODE"
-GPUS = "DLINFRA_GPUS"
-TRAIN_FILES = "DLINFRA_TRAIN_FILES"  # a packed data set's: this node's share of the train shards
-EVAL_FILES = "DLINFRA_EVAL_FILES"  # and the eval shards, on the node that evaluates
 POLL_SECONDS = 0.5
 MARKER_SECONDS = 1.0  # how often a node looks for the run's end in the store
 SYNC_SECONDS = 10.0
 STOP_GRACE = 30.0  # after the run ended elsewhere: SIGTERM, then this long before SIGKILL
-
-
-@dataclass(frozen=True)
-class ScriptDirs:
-    """The node's local directories a script is given (the model's is emptied each life)."""
-
-    model: Path
-    checkpoint: Path
-    tensorboard: Path
-    data: Path
-    progress: Path
-
-    @classmethod
-    def under(cls, work: Path) -> ScriptDirs:
-        # One checkpoint path for every node of the run, as a shared filesystem would give: TensorFlow's
-        # programs pass one path to every task (a ps writes its shards of a save under the path the
-        # chief names). Nodes sharing a machine (local) share the directory itself.
-        dirs = cls(
-            work / "model",
-            work.parent / "checkpoints",
-            work / "tensorboard",
-            work / "data",
-            work / "progress.json",
-        )
-        shutil.rmtree(dirs.model, ignore_errors=True)
-        dirs.progress.unlink(missing_ok=True)
-        for path in (dirs.model, dirs.checkpoint, dirs.tensorboard, dirs.data):
-            path.mkdir(parents=True, exist_ok=True)
-        return dirs
-
-    def environ(self, cfg: NodeConfig) -> dict[str, str]:
-        return {
-            MODEL_DIR: str(self.model),
-            CHECKPOINT_DIR: str(self.checkpoint),
-            TENSORBOARD_DIR: str(self.tensorboard),
-            DATA_DIR: str(self.data),
-            PROGRESS_FILE: str(self.progress),
-            RUN_ID: cfg.run_id,
-            NODE: cfg.name,
-            GPUS: str(cfg.gpus),
-        }
 
 
 def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_file: Path | None) -> int:
@@ -192,116 +146,10 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     if too_big is not None:
         return give_up(cfg, store, status, f"on {cfg.name}: {too_big}", "", verdict="outputs")
     if exit_code == 0 and owner and not served:
-        return _alone(cfg, store, status)
+        return alone(cfg, store, status)
     if exit_code == 0 and owner:
-        return _finish(cfg, store, status, dirs, progress, (checkpoints, tensorboard), took)
-    return _ended(cfg, store, status, exit_code, progress, log_file)
-
-
-def _ended(
-    cfg: NodeConfig,
-    store: RunStore,
-    status: NodeStatus,
-    exit_code: int,
-    progress: ScriptProgress,
-    log_file: Path | None,
-) -> int:
-    """A script that ended other than as the owner's success: done, restarted or failed."""
-    if exit_code < 0:  # killed (kill -9, the OOM killer): a crash its supervisor restarts
-        print(f"the script was killed by signal {-exit_code}: exiting for a restart", flush=True)
-        status.stop(state="script killed", error=f"killed by signal {-exit_code}")
-        return EXIT_RETRY
-    tail = log_tail(log_file)
-    if exit_code != 0:
-        if any(name in line for line in tail[-TAIL_LINES:] for name in TRANSIENT_TF_ERRORS):
-            print(
-                "the script lost a peer (TensorFlow's UnavailableError and kin): exiting for a restart",
-                flush=True,
-            )
-            status.stop(state="lost peer", error=last_error(tail))
-            return EXIT_RETRY
-        return give_up(
-            cfg,
-            store,
-            status,
-            f"the script exited with code {exit_code} on {cfg.name}: {last_error(tail)}",
-            tail_text(tail),
-            verdict="script",
-        )
-    status.stop(state="done", step=progress.step or 0)
-    return EXIT_DONE
-
-
-def _alone(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int:
-    return give_up(
-        cfg,
-        store,
-        status,
-        f"the script on {cfg.name} exited 0 without ever serving on its TF_CONFIG address "
-        f"{cfg.address}: it ignored TF_CONFIG and trained alone, as every node did. Fix: build the "
-        "strategy from TF_CONFIG, e.g. tf.distribute.MultiWorkerMirroredStrategy() or "
-        "ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())",
-        "",
-        verdict="alone",
-    )
-
-
-def _finish(
-    cfg: NodeConfig,
-    store: RunStore,
-    status: NodeStatus,
-    dirs: ScriptDirs,
-    progress: ScriptProgress,
-    syncs: tuple[DirectorySync, DirectorySync],
-    took: float,
-) -> int:
-    """The owner's script exited 0: its model, metrics and the DONE marker, or why there are none."""
-    checkpoints, tensorboard = syncs
-    if not regular_files(dirs.model, MODEL_DIR).files:
-        return give_up(
-            cfg,
-            store,
-            status,
-            f"the script on {cfg.name} exited 0 but wrote no model into {MODEL_DIR} ({dirs.model}). Fix: "
-            f"save it there, e.g. model.save(os.path.join(os.environ['{MODEL_DIR}'], 'model.keras')) or "
-            f"tf.saved_model.save(model, os.environ['{MODEL_DIR}'])",
-            "",
-            verdict="no model",
-        )
-    status.update(state="exporting")
-    refused: list[str] = []
-    try:
-        model_uri = store.put_model(dirs.model, cfg.training.outputs_max_gb, refused)
-    except OutputsTooBig as exc:
-        return give_up(cfg, store, status, f"on {cfg.name}: {exc}", "", verdict="outputs")
-    for line in refused:
-        print(line, flush=True)
-    scalars = {k: v for k, v in progress.scalars.items() if v is not None}
-    metrics = Metrics(
-        mode="script",
-        command=cfg.training.command,
-        progress=progress.source,
-        eval_accuracy=scalars.get("eval_accuracy"),
-        steps=progress.step,
-        scalars=scalars,
-        strategy=cfg.strategy,
-        workers=cfg.num_workers,
-        ps=len(cfg.peers.get("ps", [])),
-        train_seconds=took,
-        first_step_at=progress.first_step_at,
-        finished_at=time.time(),
-        examples_per_sec_series=progress.series,
-        loss_series=progress.losses,
-        final_loss=scalars.get("loss"),
-        model_uri=model_uri,
-        checkpoint=store.synced_uri(SCRIPT_CHECKPOINTS) if checkpoints.files else None,
-        outputs_refused=[*refused, *checkpoints.refused, *tensorboard.refused],
-    )
-    store.put_metrics(metrics)
-    store.write_marker("DONE", node=cfg.name, step=progress.step, eval_accuracy=metrics.eval_accuracy)
-    status.stop(state="done", step=progress.step or 0)
-    print(f"done: the script exited 0, model at {model_uri}", flush=True)
-    return EXIT_DONE
+        return finish(cfg, store, status, dirs, progress, (checkpoints, tensorboard), took)
+    return ended(cfg, store, status, exit_code, progress, log_file)
 
 
 def staged_files(cfg: NodeConfig, work: Path, code: Path) -> dict[str, str]:

@@ -1,0 +1,124 @@
+"""How a script-mode node's life ends: the owner's success (its model, metrics and DONE marker),
+a crash its beacon restarts, or a failure with its verdict."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
+from dlinfra.node.directory_sync import DirectorySync
+from dlinfra.node.script_dirs import MODEL_DIR, ScriptDirs
+from dlinfra.node.script_log import TAIL_LINES, last_error, log_tail, tail_text
+from dlinfra.node.script_progress import ScriptProgress
+from dlinfra.node.status import NodeStatus, give_up
+from dlinfra.node.supervision import TRANSIENT_TF_ERRORS
+from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
+from dlinfra.runs.local_files import OutputsTooBig, regular_files
+from dlinfra.runs.records import Metrics
+
+
+def ended(
+    cfg: NodeConfig,
+    store: RunStore,
+    status: NodeStatus,
+    exit_code: int,
+    progress: ScriptProgress,
+    log_file: Path | None,
+) -> int:
+    """A script that ended other than as the owner's success: done, restarted or failed."""
+    if exit_code < 0:  # killed (kill -9, the OOM killer): a crash its supervisor restarts
+        print(f"the script was killed by signal {-exit_code}: exiting for a restart", flush=True)
+        status.stop(state="script killed", error=f"killed by signal {-exit_code}")
+        return EXIT_RETRY
+    tail = log_tail(log_file)
+    if exit_code != 0:
+        if any(name in line for line in tail[-TAIL_LINES:] for name in TRANSIENT_TF_ERRORS):
+            print(
+                "the script lost a peer (TensorFlow's UnavailableError and kin): exiting for a restart",
+                flush=True,
+            )
+            status.stop(state="lost peer", error=last_error(tail))
+            return EXIT_RETRY
+        return give_up(
+            cfg,
+            store,
+            status,
+            f"the script exited with code {exit_code} on {cfg.name}: {last_error(tail)}",
+            tail_text(tail),
+            verdict="script",
+        )
+    status.stop(state="done", step=progress.step or 0)
+    return EXIT_DONE
+
+
+def alone(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int:
+    return give_up(
+        cfg,
+        store,
+        status,
+        f"the script on {cfg.name} exited 0 without ever serving on its TF_CONFIG address "
+        f"{cfg.address}: it ignored TF_CONFIG and trained alone, as every node did. Fix: build the "
+        "strategy from TF_CONFIG, e.g. tf.distribute.MultiWorkerMirroredStrategy() or "
+        "ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())",
+        "",
+        verdict="alone",
+    )
+
+
+def finish(
+    cfg: NodeConfig,
+    store: RunStore,
+    status: NodeStatus,
+    dirs: ScriptDirs,
+    progress: ScriptProgress,
+    syncs: tuple[DirectorySync, DirectorySync],
+    took: float,
+) -> int:
+    """The owner's script exited 0: its model, metrics and the DONE marker, or why there are none."""
+    checkpoints, tensorboard = syncs
+    if not regular_files(dirs.model, MODEL_DIR).files:
+        return give_up(
+            cfg,
+            store,
+            status,
+            f"the script on {cfg.name} exited 0 but wrote no model into {MODEL_DIR} ({dirs.model}). Fix: "
+            f"save it there, e.g. model.save(os.path.join(os.environ['{MODEL_DIR}'], 'model.keras')) or "
+            f"tf.saved_model.save(model, os.environ['{MODEL_DIR}'])",
+            "",
+            verdict="no model",
+        )
+    status.update(state="exporting")
+    refused: list[str] = []
+    try:
+        model_uri = store.put_model(dirs.model, cfg.training.outputs_max_gb, refused)
+    except OutputsTooBig as exc:
+        return give_up(cfg, store, status, f"on {cfg.name}: {exc}", "", verdict="outputs")
+    for line in refused:
+        print(line, flush=True)
+    scalars = {k: v for k, v in progress.scalars.items() if v is not None}
+    metrics = Metrics(
+        mode="script",
+        command=cfg.training.command,
+        progress=progress.source,
+        eval_accuracy=scalars.get("eval_accuracy"),
+        steps=progress.step,
+        scalars=scalars,
+        strategy=cfg.strategy,
+        workers=cfg.num_workers,
+        ps=len(cfg.peers.get("ps", [])),
+        train_seconds=took,
+        first_step_at=progress.first_step_at,
+        finished_at=time.time(),
+        examples_per_sec_series=progress.series,
+        loss_series=progress.losses,
+        final_loss=scalars.get("loss"),
+        model_uri=model_uri,
+        checkpoint=store.synced_uri(SCRIPT_CHECKPOINTS) if checkpoints.files else None,
+        outputs_refused=[*refused, *checkpoints.refused, *tensorboard.refused],
+    )
+    store.put_metrics(metrics)
+    store.write_marker("DONE", node=cfg.name, step=progress.step, eval_accuracy=metrics.eval_accuracy)
+    status.stop(state="done", step=progress.step or 0)
+    print(f"done: the script exited 0, model at {model_uri}", flush=True)
+    return EXIT_DONE
