@@ -110,8 +110,8 @@ def test_directory_sync_sends_changed_files_and_the_checkpoint_state_last(tmp_pa
     (local / "ckpt-1.index").write_text("index, rewritten")
     assert sync.push(final=True) == 1, "the writer is gone: no need to wait for it to settle"
     restored = DirectorySync(store, tmp_path / "restored", SCRIPT_CHECKPOINTS)
-    assert restored.pull() == 5
-    assert (tmp_path / "restored" / "ckpt-1.index").read_text() == "index, rewritten"
+    assert restored.pull() == 3, "the state file and the newest checkpoint it names"
+    assert (tmp_path / "restored" / "ckpt-2.index").read_text() == "index 2"
     assert (tmp_path / "restored" / "checkpoint").read_text() == 'model_checkpoint_path: "ckpt-2"'
     assert not list((tmp_path / "restored").glob(".*")), "no partial file is left"
 

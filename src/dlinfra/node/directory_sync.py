@@ -3,10 +3,25 @@ a shared filesystem (its checkpoints, its TensorBoard logs)."""
 
 from __future__ import annotations
 
+import io
+import os
+import posixpath
+import tempfile
+import time
 from pathlib import Path
 
+from dlinfra.node.checkpoint_state import (
+    STATE_FILE,
+    CheckpointState,
+    family,
+    is_state,
+    parse_state,
+    worth_pulling,
+)
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.local_files import bounded, check_cap, open_beneath, regular_files
+
+PEEK_SECONDS = 10.0  # how often a node that writes no state file reads the store's (a ps: its shards' fate)
 
 
 class DirectorySync:
@@ -17,24 +32,43 @@ class DirectorySync:
     state files go last, only when nothing else is still changing: they name the newest checkpoint,
     whose files are then in the store already. A restore that reads the store thus finds a whole
     checkpoint, the newest one sent. Every node that holds state sends into the same prefix: under
-    parameter servers each ps writes its own shards of a checkpoint, and a restore reads the union."""
+    parameter servers each ps writes its own shards of a checkpoint, and a restore reads the union.
+
+    The store keeps what the script keeps: a checkpoint this node sent leaves the store once a state
+    file naming a newer one has landed there and the script removed it (or, for a ps, whose copies
+    no script deletes, once the state no longer lists it). A node deletes only files it sent itself,
+    never another ps's shards. A file of no checkpoint that the script removed leaves at the end."""
 
     def __init__(
-        self, store: RunStore, local: Path, prefix: str, what: str = "", cap_gb: float | None = None
+        self,
+        store: RunStore,
+        local: Path,
+        prefix: str,
+        what: str = "",
+        cap_gb: float | None = None,
+        *,
+        sole_sender: bool = True,
     ):
         self.store, self.local, self.prefix = store, local, prefix
         self.what, self.cap_gb = what or prefix, cap_gb
         self.sent: dict[str, tuple[int, int]] = {}
         self.seen: dict[str, tuple[int, int]] = {}
         self.refused: list[str] = []  # links out and special files, each said once (and in the result)
+        # What this node may delete: what it sent, and what it restored when it is the only sender
+        # (its earlier life sent it); under parameter servers a restored shard may be another ps's.
+        self.mine: set[str] = set()
+        self.sole_sender = sole_sender
+        self.landed: dict[str, CheckpointState] = {}  # by folder: the state file this node sent last
+        self.peeked: dict[str, tuple[float, CheckpointState | None]] = {}  # by folder: the store's
 
     @property
     def files(self) -> int:
         return len(self.sent)
 
     def push(self, *, final: bool = False) -> int:
-        """Send what changed and settled (`final`: the writer has exited, everything has settled).
-        Only regular files go (runs.local_files); past the cap, OutputsTooBig and nothing more."""
+        """Send what changed and settled (`final`: the writer has exited, everything has settled),
+        then remove from the store what the script no longer keeps. Only regular files go
+        (runs.local_files); past the cap, OutputsTooBig and nothing more."""
         listing = regular_files(self.local, self.what)
         for line in listing.refused:
             if line not in self.refused:
@@ -52,33 +86,94 @@ class DirectorySync:
                 unsettled = unsettled or not settled
                 if settled:
                     ready.append((found, now))
-        state = [item for item in ready if Path(item[0].rel).name == "checkpoint"]
-        ready = [item for item in ready if Path(item[0].rel).name != "checkpoint"]
+        state = [item for item in ready if is_state(item[0].rel)]
+        ready = [item for item in ready if not is_state(item[0].rel)]
         sent = 0
         for found, now in ready + ([] if unsettled else state):
             fh = open_beneath(self.local, found.source)
             if fh is None:  # deleted meanwhile (a checkpoint manager's max_to_keep), or swapped
                 continue
             with fh:
-                self.store.put_synced(self.prefix, found.rel, bounded(fh, found.size))
+                if is_state(found.rel):  # a few bytes: read once, so what is judged is what was sent
+                    text = bounded(fh, found.size).read()
+                    self.store.put_synced(self.prefix, found.rel, io.BytesIO(text))
+                    self.landed[posixpath.dirname(found.rel)] = parse_state(found.rel, text)
+                else:
+                    self.store.put_synced(self.prefix, found.rel, bounded(fh, found.size))
             self.sent[found.rel] = now
+            self.mine.add(found.rel)
             sent += 1
+        self._forget({f.rel for f in listing.files}, final)
         return sent
 
+    def _forget(self, present: set[str], final: bool) -> None:
+        for rel in sorted(self.mine):
+            prefix = family(rel)
+            gone = rel not in present
+            if prefix is None:
+                drop = gone and final
+            else:
+                folder = posixpath.dirname(rel)
+                state = self._state(folder)
+                newer = state is not None and state.latest is not None and prefix != state.latest
+                # a script keeps what it has not deleted, whatever its state lists (Keras' save_weights
+                # lists only the newest); the files of a ps, the state's writer deletes elsewhere
+                obsolete = folder not in self.landed and state is not None and state.obsolete(prefix)
+                drop = (gone and (newer or final)) or obsolete
+            if drop:
+                self.store.delete_synced(self.prefix, rel)
+                self.mine.discard(rel)
+                if gone:
+                    self.sent.pop(rel, None)
+                    self.seen.pop(rel, None)
+
+    def _state(self, folder: str) -> CheckpointState | None:
+        """The newest state file for a folder in the store: the one this node sent, or else (a ps,
+        whose shards the chief's state file names) the store's, read again every PEEK_SECONDS."""
+        if folder in self.landed:
+            return self.landed[folder]
+        at, state = self.peeked.get(folder, (0.0, None))
+        if time.monotonic() - at > PEEK_SECONDS:
+            text = self.store.read_synced(self.prefix, posixpath.join(folder, STATE_FILE))
+            state = None if text is None else parse_state(posixpath.join(folder, STATE_FILE), text)
+            self.peeked[folder] = (time.monotonic(), state)
+        return state
+
     def pull(self) -> int:
-        """Every file of the prefix into the local directory (a restarted node's restore), each
-        written whole under its name (a process reading the directory never sees half a file)."""
+        """What a restore needs from the prefix into the local directory (a restarted node's restore):
+        the state files and the checkpoints they name as newest, and every file of no checkpoint.
+        Each file is written whole under its name, through a temporary name of this process's own, so a
+        reader never sees half a file and two nodes restoring into one directory never meet."""
+        keys = self.store.synced(self.prefix)
+        states: dict[str, CheckpointState] = {}
+        for rel in filter(is_state, keys):
+            if (text := self.store.read_synced(self.prefix, rel)) is not None:
+                states[rel] = parse_state(rel, text)
         got = 0
         real = self.local.resolve()
-        for rel in self.store.synced(self.prefix):
+        for rel in sorted(worth_pulling(keys, states), key=is_state):  # the state files last
             path = self.local / rel
             if not path.parent.resolve().is_relative_to(real):  # an earlier life linked a folder out
                 print(f"{self.what}: {rel!r} not restored: its folder is a link out of it", flush=True)
                 continue
-            partial = path.with_name(f".{path.name}.pulling")
-            if self.store.get_synced(self.prefix, rel, partial):
-                partial.replace(path)
-                stat = path.stat()
-                self.sent[rel] = self.seen[rel] = (stat.st_size, stat.st_mtime_ns)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if self._pull_one(rel, path):
                 got += 1
         return got
+
+    def _pull_one(self, rel: str, path: Path) -> bool:
+        own = f".{os.getpid()}.pulling"
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=own)
+        os.close(handle)
+        partial = Path(name)
+        try:
+            if not self.store.get_synced(self.prefix, rel, partial):
+                return False
+            stat = partial.stat()
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
+        self.sent[rel] = self.seen[rel] = (stat.st_size, stat.st_mtime_ns)
+        if self.sole_sender:
+            self.mine.add(rel)
+        return True

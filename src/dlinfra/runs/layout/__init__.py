@@ -37,13 +37,14 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from dlinfra.contract import StoreConfig
 from dlinfra.errors import StoreError
 from dlinfra.runs.layout.sizing import prediction
+from dlinfra.runs.layout.synced import SyncedDirs
 from dlinfra.runs.local_files import upload
 from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.preflight import NodeFigures, Verdict
@@ -110,8 +111,10 @@ def parse(model: type[R], raw: Any, what: str) -> R:
         raise StoreError(f"{what} is not a valid {model.__name__} record ({problems})") from None
 
 
-class RunStore:
+class RunStore(SyncedDirs):
     """One run's prefix of the results store, read and written as typed records."""
+
+    tagged = {SCRIPT_CHECKPOINTS: CHECKPOINT_TAGS}
 
     def __init__(self, store: Store):
         self.store = store
@@ -218,22 +221,6 @@ class RunStore:
 
     def tensorboard_uri(self) -> str:
         return self.store.uri(TENSORBOARD)
-
-    # ---------------------------------------------------------------- script mode: synced directories
-
-    def put_synced(self, prefix: str, rel: str, fh: BinaryIO) -> None:
-        tags = CHECKPOINT_TAGS if prefix == SCRIPT_CHECKPOINTS else None
-        self.store.put_opened(f"{prefix}/{rel}", fh, tags=tags)
-
-    def synced(self, prefix: str) -> list[str]:
-        """The files under `prefix`, relative to it."""
-        return [key[len(prefix) + 1 :] for key in self.store.list_keys(prefix + "/")]
-
-    def get_synced(self, prefix: str, rel: str, path: Path) -> bool:
-        return self.store.get_file(f"{prefix}/{rel}", path)
-
-    def synced_uri(self, prefix: str) -> str:
-        return self.store.uri(prefix)
 
     # ---------------------------------------------------------------- stack dumps of a live run
 
