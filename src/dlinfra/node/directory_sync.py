@@ -54,8 +54,9 @@ class DirectorySync:
         self.sent: dict[str, tuple[int, int]] = {}
         self.seen: dict[str, tuple[int, int]] = {}
         self.refused: list[str] = []  # links out and special files, each said once (and in the result)
-        # What this node may delete: what it sent, and what it restored when it is the only sender
-        # (its earlier life sent it); under parameter servers a restored shard may be another ps's.
+        # What this node may delete: what it sent, and what it restored that its earlier life sent:
+        # all of it when it is the only sender, else (parameter servers: a restored shard may be
+        # another ps's) what its directory held before the restore.
         self.mine: set[str] = set()
         self.sole_sender = sole_sender
         self.landed: dict[str, CheckpointState] = {}  # by folder: the state file this node sent last
@@ -166,6 +167,7 @@ class DirectorySync:
         handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=own)
         os.close(handle)
         partial = Path(name)
+        here_before = path.exists()  # written or restored by this node's earlier life on this machine
         try:
             if not self.store.get_synced(self.prefix, rel, partial):
                 return False
@@ -174,6 +176,6 @@ class DirectorySync:
         finally:
             partial.unlink(missing_ok=True)
         self.sent[rel] = self.seen[rel] = (stat.st_size, stat.st_mtime_ns)
-        if self.sole_sender:
+        if self.sole_sender or here_before:
             self.mine.add(rel)
         return True

@@ -61,7 +61,11 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     code = bundle.unpack(store, cfg.bundle, work)
     dirs = ScriptDirs.under(work)
     cap = cfg.training.outputs_max_gb
-    checkpoints = DirectorySync(store, dirs.checkpoint, SCRIPT_CHECKPOINTS, CHECKPOINT_DIR, cap)
+    # under parameter servers each ps sends shards of one checkpoint: none may delete another's
+    alone_sends = not cfg.peers.get("ps")
+    checkpoints = DirectorySync(
+        store, dirs.checkpoint, SCRIPT_CHECKPOINTS, CHECKPOINT_DIR, cap, sole_sender=alone_sends
+    )
     tensorboard = DirectorySync(store, dirs.tensorboard, TENSORBOARD, TENSORBOARD_DIR, cap)
     # The nodes that hold state send their checkpoint files (the owner's, each ps's shards; other
     # workers' are TensorFlow's temporary copies); those that restore from them read them back.
