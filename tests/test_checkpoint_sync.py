@@ -144,7 +144,10 @@ def test_the_store_drops_a_checkpoint_the_script_deleted_once_a_newer_one_landed
     assert "notes.txt" in store.synced(SCRIPT_CHECKPOINTS), "a file of no checkpoint leaves at the end only"
     sync.push(final=True)
     assert "notes.txt" not in store.synced(SCRIPT_CHECKPOINTS)
-    # a restarted chief may drop what it restored: it alone sent it, in an earlier life
+    # a restarted chief may drop what its earlier lives sent, restored or not (here an old checkpoint
+    # an earlier dlinfra left behind)
+    _write(tmp_path / "old", {"ckpt-0.index": "old"})
+    DirectorySync(store, tmp_path / "old", SCRIPT_CHECKPOINTS).push(final=True)
     again = DirectorySync(store, tmp_path / "restarted", SCRIPT_CHECKPOINTS)
     assert again.pull() == 3
     _checkpoint(tmp_path / "restarted", "ckpt-3")

@@ -97,6 +97,13 @@ def test_the_mwms_custom_loop_guide_runs_unchanged_and_resumes_from_its_checkpoi
     stored = {p.name for p in (live.store / "checkpoints" / "files").iterdir()}
     assert "checkpoint" in stored and any(re.fullmatch(r"ckpt-\d+\.index", n) for n in stored), stored
     assert not any("workertemp" in name for name in stored), "only the chief's checkpoint is the run's"
+    latest = re.search(
+        r'model_checkpoint_path: "([^"]+)"', (live.store / "checkpoints" / "files" / "checkpoint").read_text()
+    )
+    assert latest is not None
+    assert sorted(stored) == sorted(
+        ["checkpoint", f"{latest[1]}.index", f"{latest[1]}.data-00000-of-00001"]
+    ), "the guide keeps one checkpoint (max_to_keep=1): the store holds that one, as the script does"
     assert _accuracy_on_held_out_digits(live.store / "model" / "model.keras", project) > 0.7
     assert alive_node_pids(str(live.run_dir)) == []
     bundle = json.loads((live.run_dir / "manifest.json").read_text())["bundle"]

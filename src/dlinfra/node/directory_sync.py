@@ -54,8 +54,8 @@ class DirectorySync:
         self.sent: dict[str, tuple[int, int]] = {}
         self.seen: dict[str, tuple[int, int]] = {}
         self.refused: list[str] = []  # links out and special files, each said once (and in the result)
-        # What this node may delete: what it sent, and what it restored that its earlier life sent:
-        # all of it when it is the only sender, else (parameter servers: a restored shard may be
+        # What this node may delete: what it sent, and what its earlier lives sent: all the store
+        # holds when it is the only sender, else (parameter servers: a restored shard may be
         # another ps's) what its directory held before the restore.
         self.mine: set[str] = set()
         self.sole_sender = sole_sender
@@ -146,6 +146,8 @@ class DirectorySync:
         Each file is written whole under its name, through a temporary name of this process's own, so a
         reader never sees half a file and two nodes restoring into one directory never meet."""
         keys = self.store.synced(self.prefix)
+        if self.sole_sender:  # all of it sent by this node's earlier lives, kept or not
+            self.mine.update(keys)
         states: dict[str, CheckpointState] = {}
         for rel in filter(is_state, keys):
             if (text := self.store.read_synced(self.prefix, rel)) is not None:
@@ -176,6 +178,6 @@ class DirectorySync:
         finally:
             partial.unlink(missing_ok=True)
         self.sent[rel] = self.seen[rel] = (stat.st_size, stat.st_mtime_ns)
-        if self.sole_sender or here_before:
+        if here_before:
             self.mine.add(rel)
         return True
