@@ -222,3 +222,16 @@ def test_s3_loses_what_the_script_deleted(
     _settle(sync)
     assert [rel for rel in store.synced(SCRIPT_CHECKPOINTS) if "ckpt-1" in rel] == []
     assert len(store.synced(SCRIPT_CHECKPOINTS)) == 4
+
+
+def test_a_huge_file_named_checkpoint_is_no_state_and_never_read_whole(tmp_path: Path) -> None:
+    local = tmp_path / "node"
+    _checkpoint(local, "ckpt-1", state=False)
+    _checkpoint(local, "ckpt-2", state=False)
+    with (local / "checkpoint").open("wb") as fh:  # sparse: past the cap by its length, nothing on disk
+        fh.truncate(directory_sync.MAX_STATE_BYTES + 1)
+    sync = DirectorySync(_store(tmp_path), local, SCRIPT_CHECKPOINTS)
+    _settle(sync)
+    assert sync.landed == {}, "not parsed as a state file"
+    restored = DirectorySync(_store(tmp_path), tmp_path / "restored", SCRIPT_CHECKPOINTS)
+    assert restored.pull() == 5, "no state read: the folder restored whole"

@@ -21,6 +21,9 @@ from dlinfra.node.checkpoint_state import (
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.local_files import bounded, check_cap, open_beneath, regular_files
 
+# A state file is a few hundred bytes; a script's file of that name beyond this is read as no state
+# (never into memory), and its folder is restored whole.
+MAX_STATE_BYTES = 1 << 20
 PEEK_SECONDS = 10.0  # how often a node that writes no state file reads the store's (a ps: its shards' fate)
 
 
@@ -95,7 +98,7 @@ class DirectorySync:
             if fh is None:  # deleted meanwhile (a checkpoint manager's max_to_keep), or swapped
                 continue
             with fh:
-                if is_state(found.rel):  # a few bytes: read once, so what is judged is what was sent
+                if is_state(found.rel) and found.size <= MAX_STATE_BYTES:  # read once: judged as sent
                     text = bounded(fh, found.size).read()
                     self.store.put_synced(self.prefix, found.rel, io.BytesIO(text))
                     self.landed[posixpath.dirname(found.rel)] = parse_state(found.rel, text)
@@ -135,10 +138,17 @@ class DirectorySync:
             return self.landed[folder]
         at, state = self.peeked.get(folder, (0.0, None))
         if time.monotonic() - at > PEEK_SECONDS:
-            text = self.store.read_synced(self.prefix, posixpath.join(folder, STATE_FILE))
-            state = None if text is None else parse_state(posixpath.join(folder, STATE_FILE), text)
+            rel = posixpath.join(folder, STATE_FILE)
+            with tempfile.TemporaryDirectory() as scratch:
+                state = self._fetch_state(rel, Path(scratch) / STATE_FILE)
             self.peeked[folder] = (time.monotonic(), state)
         return state
+
+    def _fetch_state(self, rel: str, path: Path) -> CheckpointState | None:
+        """The store's state file at `rel`, downloaded to `path`; None when not there or too big."""
+        if not self.store.get_synced(self.prefix, rel, path) or path.stat().st_size > MAX_STATE_BYTES:
+            return None
+        return parse_state(rel, path.read_bytes())
 
     def pull(self) -> int:
         """What a restore needs from the prefix into the local directory (a restarted node's restore):
@@ -149,9 +159,10 @@ class DirectorySync:
         if self.sole_sender:  # all of it sent by this node's earlier lives, kept or not
             self.mine.update(keys)
         states: dict[str, CheckpointState] = {}
-        for rel in filter(is_state, keys):
-            if (text := self.store.read_synced(self.prefix, rel)) is not None:
-                states[rel] = parse_state(rel, text)
+        with tempfile.TemporaryDirectory() as scratch:
+            for n, rel in enumerate(filter(is_state, keys)):
+                if (state := self._fetch_state(rel, Path(scratch) / str(n))) is not None:
+                    states[rel] = state
         got = 0
         real = self.local.resolve()
         for rel in sorted(worth_pulling(keys, states), key=is_state):  # the state files last

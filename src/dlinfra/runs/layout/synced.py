@@ -25,10 +25,6 @@ class SyncedDirs:
     def get_synced(self, prefix: str, rel: str, path: Path) -> bool:
         return self.store.get_file(f"{prefix}/{rel}", path)
 
-    def read_synced(self, prefix: str, rel: str) -> bytes | None:
-        """A small synced file's content (a checkpoint state file), None when it is not there."""
-        return self.store.get_bytes(f"{prefix}/{rel}")
-
     def delete_synced(self, prefix: str, rel: str) -> None:
         """Remove one synced file (what the directory no longer holds); one not there is no error."""
         self.store.delete(f"{prefix}/{rel}")
