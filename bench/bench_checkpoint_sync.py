@@ -103,7 +103,7 @@ def _report(run_dir: Path, written: dict[str, int], args: argparse.Namespace) ->
     one = sum(size for name, size in stored.items() if name != "checkpoint")  # the one checkpoint kept
     per = len(stored) - 1
     saves = int(re.findall(r"ckpt-(\d+)", (files / "checkpoint").read_text())[0])
-    families = {re.sub(r"\.(index|data-\d+-of-\d+)$", "", n) for n in written if n != "checkpoint"}
+    families = {m[1] for n in written if (m := re.fullmatch(r"(.+)\.(index|data-\d+-of-\d+)", n))}
     print(f"\nMWMS guide, 2 workers, {args.epochs} epochs of {args.steps} steps, max_to_keep=1, ", end="")
     print(
         f"kill -9 of worker-1 at epoch {args.kill_at}; {saves} saves, one checkpoint {one} bytes "
