@@ -280,23 +280,23 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     # The replica's forward and backward pass, XLA-compiled when asked; the all-reduce and the update
     # stay outside it (XLA does not compile the collectives).
     @tf.function(jit_compile=t.jit_compile)
-    def gradients(x: Any, y: Any) -> Any:
+    def gradients(x: Any, y: Any, *weights: Any) -> Any:
         with tf.GradientTape() as tape:
-            loss = goal.replica_loss(model, y, model(x, training=True), global_batch, replicas)
+            loss = goal.replica_loss(model, y, model(x, training=True), global_batch, replicas, *weights)
         return loss, tape.gradient(loss, model.trainable_variables)
 
     @tf.function
     def train_steps(it: Any, n: Any) -> Any:
-        def replica_fn(x: Any, y: Any) -> Any:
-            loss, grads = gradients(x, y)
+        def replica_fn(*batch: Any) -> Any:
+            loss, grads = gradients(*batch)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
         loss = tf.constant(0.0)
         began, waited = clock.start()
         for _ in tf.range(n):
-            (x, y), waited = clock.next(it, waited, loss)
-            loss = strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
+            batch, waited = clock.next(it, waited, loss)  # (x, y) or (x, y, sample_weight)
+            loss = strategy.reduce("SUM", strategy.run(replica_fn, args=batch), axis=None)
         return loss, waited, clock.since(began, (loss, waited))
 
     own_pass = OwnPass(model, goal, checked[0], cfg, global_batch, replicas)
@@ -336,9 +336,9 @@ class OwnPass:
         self.reports, self.index, self.workers = 0, cfg.index, cfg.num_workers
 
         @tf.function
-        def own(x: Any, y: Any) -> Any:
+        def own(x: Any, y: Any, *weights: Any) -> Any:
             with tf.GradientTape() as tape:  # inference mode: no batch-norm update, no collective
-                loss = goal.replica_loss(model, y, model(x, training=False), batch, replicas)
+                loss = goal.replica_loss(model, y, model(x, training=False), batch, replicas, *weights)
             grads = [g for g in tape.gradient(loss, model.trainable_variables) if g is not None]
             return tf.add_n([tf.reduce_sum(tf.convert_to_tensor(g)) for g in grads])
 
