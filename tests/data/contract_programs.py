@@ -174,6 +174,24 @@ def dict_features(training) -> Program:
     )
 
 
+def compiled_with_unused_settings(training) -> Program:
+    """compile() settings the loop does not use (a loss weight, eager steps): named in the deploy's
+    output."""
+    x_train, y_train, x_test, y_test = _digits()
+
+    def model() -> keras.Model:
+        m = _mlp()
+        m.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            loss_weights=[0.5],
+            run_eagerly=True,
+        )
+        return m
+
+    return _classifier(model, x_train, y_train, x_test, y_test)
+
+
 def zeros_weighted_out(training) -> Program:
     """(x, y, sample_weight) triples that weigh every 0 at nothing: trained as Keras trains them, the
     model never learns to say 0. A Keras metric object and an optimizer instance, made here in build()."""

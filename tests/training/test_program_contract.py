@@ -265,3 +265,27 @@ def test_sample_weights_train_as_keras_trains_them(strategy: str, tmp_path: Path
     assert (classes[labels == 0] == 0).mean() < 0.1
     assert (classes[labels != 0] == labels[labels != 0]).mean() > 0.7
     assert result["results"]["sparse_categorical_accuracy"] > 0.6, "a metric object under its Keras name"
+
+
+def test_unused_compile_settings_go_into_the_nodes_status(tmp_path: Path) -> None:
+    from dlinfra.contract import NodeConfig, StoreConfig
+    from dlinfra.training import loop
+
+    figures: dict[str, Any] = {}
+    hooks = loop.Hooks(work_dir=tmp_path, on_figures=lambda **given: figures.update(given))
+    cfg = NodeConfig(
+        run_id="r",
+        role="worker",
+        index=0,
+        strategy="multi_worker_mirrored",
+        cluster={"worker": ["127.0.0.1:1"]},
+        store=StoreConfig(url=f"file://{tmp_path}/store"),
+        training=TrainingSpec(batch_size=32),
+        startup_timeout=30,
+        heartbeat_interval=5,
+        max_runtime=300,
+    )
+    goal = loop.set_up(_program("compiled_with_unused_settings"), tf.distribute.get_strategy(), cfg, hooks)
+    assert goal.loss_name == "sparse_categorical_crossentropy", "the settings it uses are used"
+    [warning] = figures["warnings"]
+    assert "compile() settings" in warning and warning.endswith("loss_weights, run_eagerly")

@@ -253,7 +253,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     if program.variable_partitioner is not None:
         print("Program.variable_partitioner: unused under multi_worker_mirrored (no ps to split over)")
     checked: list[Any] = []  # the batch the program's first batch check read: OwnPass's
-    goal = set_up(program, strategy, cfg, checked)
+    goal = set_up(program, strategy, cfg, hooks, checked)
     with strategy.scope():
         model = program.build_model()
         # every GPU of every worker
@@ -356,13 +356,19 @@ class OwnPass:
         return {"compute_seconds": round(best, 6)}
 
 
-def set_up(program: Program, strategy: Any, cfg: NodeConfig, checked: list[Any] | None = None) -> Objective:
+def set_up(
+    program: Program, strategy: Any, cfg: NodeConfig, hooks: Hooks, checked: list[Any] | None = None
+) -> Objective:
     """The program's own set-up in the strategy's scope, then its first batch checked against its
-    objective (on a plain copy of the model), before any step runs; `checked` gets that batch."""
+    objective (on a plain copy of the model), before any step runs; `checked` gets that batch. What
+    the program says that the loop does not do goes into the node's status (the CLI prints it)."""
     if program.setup is not None:
         with strategy.scope():
             program.setup()
-    return fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1), checked)
+    goal = fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1), checked)
+    if goal.warnings:
+        hooks.on_figures(warnings=list(goal.warnings))
+    return goal
 
 
 def input_shard(cfg: NodeConfig, index: int, count: int, dispatch: Dispatch | None = None) -> Shard:

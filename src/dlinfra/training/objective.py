@@ -58,6 +58,7 @@ class Objective:
     loss_name: str
     default_loss: bool  # the classifier default: the first batch must fit it (see fit_check)
     given_metrics: tuple[Any, ...]
+    warnings: tuple[str, ...] = ()  # what the program says that the loop does not do (node status)
 
     def mean_loss(self, model: Any, labels: Any, outputs: Any, weights: Any = None) -> Any:
         """One worker's batch, applied alone (parameter servers): its mean loss and the model's own."""
@@ -115,18 +116,19 @@ def resolve(program: Program, model: Any) -> Objective:
     compiled = compile_settings(model)
     given = program.loss if program.loss is not None else compiled.get("loss")
     metrics = tuple(program.metrics) or tuple(compiled.get("metrics") or ())
+    warnings = tuple(filter(None, [unused_compile(model)]))
     if given is None:
         import keras
 
         default = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-        return Objective(default, DEFAULT_LOSS, True, metrics)
+        return Objective(default, DEFAULT_LOSS, True, metrics, warnings)
     field = "Program.loss" if program.loss is not None else "the model's compile(loss=...)"
     if isinstance(given, dict | list | tuple):
         raise ProgramError(
             f"{field}: a loss per output is not taken; set Program.loss to one callable(labels, outputs) "
             "that returns the combined per-example loss"
         )
-    return Objective(_per_example(given, field), _name(given), False, metrics)
+    return Objective(_per_example(given, field), _name(given), False, metrics, warnings)
 
 
 def _per_example(given: Any, field: str) -> Callable[[Any, Any], Any]:
@@ -235,12 +237,17 @@ def refuse_what_the_loop_ignores(model: Any) -> None:
             "call: put its loss in Program.loss (and its optimizer in Program.optimizer), or run the "
             "program as it is with training.command"
         )
+    if unused := unused_compile(model):
+        print(f"warning: {unused}", file=sys.stderr)
+
+
+def unused_compile(model: Any) -> str | None:
+    """The model's compile() settings that dlinfra's loop does not use, in words (None: none)."""
     settings = compile_settings(model)
     unused = [k for k, unset in UNUSED_COMPILE.items() if settings.get(k, unset) != unset]
-    if unused:
-        print(
-            f"warning: compile() settings dlinfra's loop does not use: {', '.join(unused)}", file=sys.stderr
-        )
+    if not unused:
+        return None
+    return f"compile() settings dlinfra's loop does not use, without effect on this run: {', '.join(unused)}"
 
 
 def optimizer(program: Program, model: Any, spec_optimizer: Callable[[], Any]) -> tuple[Any, str]:

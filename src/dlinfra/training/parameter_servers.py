@@ -104,7 +104,7 @@ def train_parameter_server(
     )
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     t = cfg.training
-    goal = set_up(program, strategy, cfg)
+    goal = set_up(program, strategy, cfg, hooks)
     with strategy.scope():
         model = program.build_model()
         optimizer, scale, described = choose_optimizer(cfg, program, model, async_scale(cfg))
