@@ -174,7 +174,7 @@ def dict_features(training) -> Program:
     )
 
 
-def compiled_with_unused_settings(training) -> Program:
+def unused_compile_settings(training) -> Program:
     """compile() settings the loop does not use (a loss weight, eager steps): named in the deploy's
     output."""
     x_train, y_train, x_test, y_test = _digits()

@@ -69,7 +69,7 @@ def test_unused_compile_settings_are_named_once_in_the_deploys_output(
     tmp_path: Path,
 ) -> None:
     """The deploy's output names the compile() settings the loop does not use, once for the run."""
-    run = _deploy(tmp_path, "compiled_with_unused_settings", "--workers", "2", steps=100)
+    run = _deploy(tmp_path, "unused_compile_settings", "--workers", "2", steps=100)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     said = "warning: compile() settings dlinfra's loop does not use, without effect on this run: "
     assert run.result.stderr.count(said + "loss_weights, run_eagerly") == 1, run.result.stderr

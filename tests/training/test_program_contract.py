@@ -285,7 +285,7 @@ def test_unused_compile_settings_go_into_the_nodes_status(tmp_path: Path) -> Non
         heartbeat_interval=5,
         max_runtime=300,
     )
-    goal = loop.set_up(_program("compiled_with_unused_settings"), tf.distribute.get_strategy(), cfg, hooks)
+    goal = loop.set_up(_program("unused_compile_settings"), tf.distribute.get_strategy(), cfg, hooks)
     assert goal.loss_name == "sparse_categorical_crossentropy", "the settings it uses are used"
     [warning] = figures["warnings"]
     assert "compile() settings" in warning and warning.endswith("loss_weights, run_eagerly")
