@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from dlinfra.spec.training import TrainingSpec
-from dlinfra.training import fit_check, objective
+from dlinfra.training import export, fit_check, objective
 from dlinfra.training.objective import ProgramError, hint, resolve
 from dlinfra.training.program import Program, load_entrypoint
 
@@ -218,6 +218,11 @@ def test_sample_weights_weigh_each_examples_loss_and_a_batch_mean_loss_cannot_ta
     # Keras' weighted loss: the weighted sum over the batch's size, (1 + 8) / 4
     assert float(goal.mean_loss(model, labels, outputs, weights)) == pytest.approx(2.25)
     assert float(goal.replica_loss(model, labels, outputs, 8, 2, weights)) == pytest.approx(9 / 8)
+
+    identity = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, "linear", False, "ones")])
+    held_out = tf.data.Dataset.from_tensor_slices((outputs, labels, weights))
+    weighed = Program(lambda: identity, lambda s: held_out, lambda: held_out, loss="mae")
+    assert export.evaluate(identity, weighed, resolve(weighed, identity)) == pytest.approx({"loss": 2.25})
 
     x = np.zeros((8, 1), "float32")
     triples = tf.data.Dataset.from_tensor_slices((x, np.zeros(8, "float32"), np.ones(8, "float32")))
