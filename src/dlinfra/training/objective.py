@@ -91,6 +91,8 @@ class Objective:
         if weights is None or values.shape.rank == 0:  # a batch mean: refused with weights (fit_check)
             return values
         weights = tf.cast(weights, tf.float32)
+        if weights.shape.rank is None or values.shape.rank is None:  # shapes unknown: Keras' broadcast
+            return values * weights
         if weights.shape.rank == values.shape.rank + 1 and weights.shape[-1] == 1:  # (N, 1) for (N,)
             weights = tf.squeeze(weights, -1)
         while weights.shape.rank < values.shape.rank:  # a weight per example, over its values
@@ -189,7 +191,7 @@ def _metric(given: Any, labels: Any, outputs: Any, loss_name: str) -> Any:
         # the metric is used, has its own.
         try:
             return type(given).from_config(given.get_config())
-        except (NotImplementedError, TypeError):  # a metric of the user's that cannot be copied
+        except Exception:  # a metric of the user's that cannot be copied: it serves where it was made
             given.reset_state()
             return given
     if given in ("accuracy", "acc"):
