@@ -213,8 +213,27 @@ def test_the_log_tail_is_this_lifes_and_names_the_error_a_traceback_ends_with(tm
     )
     tail = log_tail(log)
     assert tail[0] == "Traceback (most recent call last):", "the earlier life's lost peer is not this one's"
-    assert last_error(tail) == "ValueError: label 11 is not below 10"
+    assert last_error(tail).splitlines()[0] == "ValueError: label 11 is not below 10"
     assert log_tail(None) == [] and last_error([]) == "it printed nothing"
+
+
+def test_a_multi_line_exception_keeps_its_whole_message_capped() -> None:
+    from dlinfra.node.script_log import MESSAGE_LINES, last_error
+
+    frames = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    fit()"]
+    message = [
+        "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error:",
+        "",
+        "Detected at node sparse_categorical_crossentropy",
+        "Received a label value of 11 which is outside the valid range of [0, 10).",
+    ]
+    exit_log = "I0000 00:00:1796186128.322657   12451 grpc_server.cc:9] shutting down"
+    error = last_error(["earlier output", *frames, *message, exit_log])
+    assert error == "\n".join(message), "from the exception's first line to its cause, TF's own log left out"
+
+    long = last_error([*frames, "ValueError: many lines", *[f"line {i}" for i in range(100)]])
+    assert len(long.splitlines()) == MESSAGE_LINES + 1 and long.endswith("(81 more lines in the node's log)")
+    assert len(last_error([*frames, "ValueError: " + "x" * 5000])) < 2100
 
 
 def test_a_long_failure_keeps_its_start_and_its_cause_in_the_marker(tmp_path: Path) -> None:

@@ -174,6 +174,56 @@ def dict_features(training) -> Program:
     )
 
 
+def unused_compile_settings(training) -> Program:
+    """compile() settings the loop does not use (a loss weight, eager steps): named in the deploy's
+    output."""
+    x_train, y_train, x_test, y_test = _digits()
+
+    def model() -> keras.Model:
+        m = _mlp()
+        m.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            loss_weights=[0.5],
+            run_eagerly=True,
+        )
+        return m
+
+    return _classifier(model, x_train, y_train, x_test, y_test)
+
+
+def zeros_weighted_out(training) -> Program:
+    """(x, y, sample_weight) triples that weigh every 0 at nothing: trained as Keras trains them, the
+    model never learns to say 0. A Keras metric object and an optimizer instance, made here in build()."""
+    x_train, y_train, x_test, y_test = _digits()
+    weights = (y_train != 0).astype("float32")
+    return Program(
+        build_model=_mlp,
+        train_data=lambda shard: tf.data.Dataset.from_tensor_slices((x_train, y_train, weights)).shard(
+            shard.count, shard.index
+        ),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((x_test, y_test)),
+        metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        optimizer=keras.optimizers.Adam(0.01),
+    )
+
+
+def large_digits_auc(training) -> Program:
+    """A yes/no classifier (is the digit 5 or more?) measured by Keras metric objects made in build(),
+    AUC among them, with an optimizer instance."""
+    x_train, y_train, x_test, y_test = _digits()
+    return Program(
+        build_model=lambda: keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)]),
+        train_data=lambda shard: tf.data.Dataset.from_tensor_slices(
+            (x_train, (y_train >= 5).astype("float32"))
+        ).shard(shard.count, shard.index),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((x_test, (y_test >= 5).astype("float32"))),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+        metrics=[keras.metrics.AUC(from_logits=True), keras.metrics.BinaryAccuracy(threshold=0.0)],
+        optimizer=keras.optimizers.SGD(0.1),
+    )
+
+
 # ---------------------------------------------------------------- strings, through a table made in setup
 
 

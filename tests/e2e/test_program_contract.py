@@ -65,6 +65,18 @@ def test_a_regression_through_the_contract_reports_mae_and_no_accuracy(tmp_path:
     assert alive_node_pids(run.run_id) == []
 
 
+def test_unused_compile_settings_are_named_once_in_the_deploys_output(
+    tmp_path: Path,
+) -> None:
+    """The deploy's output names the compile() settings the loop does not use, once for the run."""
+    run = _deploy(tmp_path, "unused_compile_settings", "--workers", "2", steps=100)
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    said = "warning: compile() settings dlinfra's loop does not use, without effect on this run: "
+    assert run.result.stderr.count(said + "loss_weights, run_eagerly") == 1, run.result.stderr
+    assert run.metrics["optimizer"] == "Adam (the model's compile())"
+    assert alive_node_pids(run.run_id) == []
+
+
 def test_a_program_its_loss_cannot_fit_is_refused_before_the_cluster_trains(tmp_path: Path) -> None:
     run = _deploy(tmp_path, "regression_without_a_loss", "--workers", "1")
     assert run.result.returncode == 1, run.result.stdout + run.result.stderr

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from dlinfra.spec.training import TrainingSpec
-from dlinfra.training import fit_check
+from dlinfra.training import export, fit_check, objective
 from dlinfra.training.objective import ProgramError, hint, resolve
 from dlinfra.training.program import Program, load_entrypoint
 
@@ -27,9 +27,9 @@ def _program(name: str) -> Program:
     return load_entrypoint(f"{DATA / 'contract_programs.py'}:{name}", TrainingSpec())
 
 
-def _trained(name: str, steps: int, tmp: Path) -> dict[str, Any]:
+def _trained(name: str, steps: int, tmp: Path, strategy: str = "multi_worker_mirrored") -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(DATA / "program_run.py"), name, str(steps)],
+        [sys.executable, str(DATA / "program_run.py"), name, str(steps), strategy],
         capture_output=True,
         text=True,
         timeout=600,
@@ -192,3 +192,105 @@ def test_a_lookup_table_made_in_setup_feeds_the_input_pipeline(tmp_path: Path) -
     result = _trained("lookup_table", 300, tmp_path)
     assert result["results"]["accuracy"] > 0.6
     assert result["served_matches_keras"]
+
+
+def test_one_hot_labels_on_the_default_loss_are_told_to_use_categorical_crossentropy() -> None:
+    x = np.zeros((8, 4), "float32")
+    one_hot = np.eye(3, dtype="float32")[np.arange(8) % 3]
+    program = Program(
+        build_model=lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]),
+        train_data=lambda shard: tf.data.Dataset.from_tensor_slices((x, one_hot)),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((x, one_hot)),
+    )
+    with pytest.raises(ProgramError) as refused:
+        fit_check.first_batch(program, batch_size=8)
+    assert "one-hot" in str(refused.value) and "CategoricalCrossentropy(from_logits=True)" in str(
+        refused.value
+    )
+    assert "int64" not in str(refused.value), "a cast does not make one-hot labels class ids"
+
+
+def test_sample_weights_weigh_each_examples_loss_and_a_batch_mean_loss_cannot_take_them() -> None:
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    goal = resolve(Program(lambda: None, lambda s: None, lambda: None, loss="mae"), model)
+    labels, outputs = tf.zeros((4,)), tf.constant([[1.0], [2.0], [3.0], [4.0]])
+    weights = tf.constant([1.0, 0.0, 0.0, 2.0])
+    # Keras' weighted loss: the weighted sum over the batch's size, (1 + 8) / 4
+    assert float(goal.mean_loss(model, labels, outputs, weights)) == pytest.approx(2.25)
+    assert float(goal.replica_loss(model, labels, outputs, 8, 2, weights)) == pytest.approx(9 / 8)
+
+    identity = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, "linear", False, "ones")])
+    held_out = tf.data.Dataset.from_tensor_slices((outputs, labels, weights))
+    weighed = Program(lambda: identity, lambda s: held_out, lambda: held_out, loss="mae")
+    assert export.evaluate(identity, weighed, resolve(weighed, identity)) == pytest.approx({"loss": 2.25})
+
+    x = np.zeros((8, 1), "float32")
+    triples = tf.data.Dataset.from_tensor_slices((x, np.zeros(8, "float32"), np.ones(8, "float32")))
+    program = Program(
+        lambda: model, lambda s: triples, lambda: triples, loss=lambda y, out: tf.reduce_mean(out)
+    )
+    with pytest.raises(ProgramError, match=r"sample weights.*batch's mean"):
+        fit_check.first_batch(program, batch_size=8)
+
+
+def test_an_optimizer_instance_is_copied_from_its_config_and_anything_else_is_refused() -> None:
+    given = keras.optimizers.SGD(0.1, momentum=0.5)
+    program = Program(lambda: None, lambda s: None, lambda: None, optimizer=given)
+    made, source = objective.optimizer(program, None, lambda: None)
+    assert source == "Program.optimizer" and made is not given
+    assert (type(made), made.get_config()) == (keras.optimizers.SGD, given.get_config())
+    assert objective.optimizer(program, None, lambda: None)[0] is not made, "a fresh one for each scope"
+    with pytest.raises(ProgramError, match=r"Program\.optimizer.*lambda: keras\.optimizers"):
+        objective.optimizer(Program(lambda: None, lambda s: None, lambda: None, optimizer="sgd"), None, list)
+
+
+@pytest.mark.slow
+def test_keras_metric_objects_and_an_optimizer_instance_made_in_build_train_under_parameter_servers(
+    tmp_path: Path,
+) -> None:
+    """Made before the cluster is joined, they once failed on the chief: `Client for target
+    /job:localhost... not found` (metrics), `'SGD' object is not callable` (optimizer)."""
+    result = _trained("large_digits_auc", 200, tmp_path, "parameter_server")
+    assert "refused" not in result, result
+    assert set(result["results"]) == {"loss", "auc", "binary_accuracy"}
+    assert result["results"]["auc"] > 0.8 and result["results"]["binary_accuracy"] > 0.7
+    assert result["optimizer"] == "SGD (Program.optimizer)"
+    assert result["learning_rate"] == pytest.approx(0.1)
+    assert result["losses"][-1] < result["losses"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_sample_weights_train_as_keras_trains_them(strategy: str, tmp_path: Path) -> None:
+    """Every 0 weighs nothing: the model learns the other digits and never says 0 (unweighted, it
+    says 0 for nearly every 0 of these digits)."""
+    result = _trained("zeros_weighted_out", 300, tmp_path, strategy)
+    assert "refused" not in result, result
+    classes, labels = np.array(result["classes"]), np.array(result["labels"])
+    assert (classes[labels == 0] == 0).mean() < 0.1
+    assert (classes[labels != 0] == labels[labels != 0]).mean() > 0.7
+    assert result["results"]["sparse_categorical_accuracy"] > 0.6, "a metric object under its Keras name"
+
+
+def test_unused_compile_settings_go_into_the_nodes_status(tmp_path: Path) -> None:
+    from dlinfra.contract import NodeConfig, StoreConfig
+    from dlinfra.training import loop
+
+    figures: dict[str, Any] = {}
+    hooks = loop.Hooks(work_dir=tmp_path, on_figures=lambda **given: figures.update(given))
+    cfg = NodeConfig(
+        run_id="r",
+        role="worker",
+        index=0,
+        strategy="multi_worker_mirrored",
+        cluster={"worker": ["127.0.0.1:1"]},
+        store=StoreConfig(url=f"file://{tmp_path}/store"),
+        training=TrainingSpec(batch_size=32),
+        startup_timeout=30,
+        heartbeat_interval=5,
+        max_runtime=300,
+    )
+    goal = loop.set_up(_program("unused_compile_settings"), tf.distribute.get_strategy(), cfg, hooks)
+    assert goal.loss_name == "sparse_categorical_crossentropy", "the settings it uses are used"
+    [warning] = figures["warnings"]
+    assert "compile() settings" in warning and warning.endswith("loss_weights, run_eagerly")

@@ -64,6 +64,8 @@ def finish(outcome: Any) -> None:
         (out if outcome.state == "DONE" else err).print(checked)
     for straggler in outcome.stragglers:
         out.print(straggler.says(), markup=False)
+    for warning in node_warnings(outcome.run):
+        err.print(f"warning: {warning}", markup=False, highlight=False)
     if outcome.state == "DONE":
         if outcome.error != PREFLIGHT_ONLY:  # `dlinfra preflight` trained nothing: its table is all
             out.print(result_view(outcome))
@@ -85,3 +87,11 @@ def finish(outcome: Any) -> None:
     if spent := outcome_cost(outcome):
         err.print(f"cost: {spent}", markup=False)
     raise typer.Exit(1)
+
+
+def node_warnings(run: Any) -> list[str]:
+    """What the nodes warned of in their status (a program's unused compile() settings), each once:
+    every mirrored worker says the same."""
+    statuses = run.store().statuses(run.manifest().nodes).values()
+    said = [warning for status in statuses if status is not None for warning in status.warnings or []]
+    return list(dict.fromkeys(said))

@@ -17,11 +17,11 @@ def evaluate(model: Any, program: Program, goal: Objective, batch: int = 256) ->
 
     loss = keras.metrics.Mean(name="loss")
     metrics: list[Any] | None = None
-    for x, y in program.eval_data().batch(batch):
+    for x, y, *weights in program.eval_data().batch(batch):  # weights: the loss's, as in Keras
         outputs = model(x, training=False)
         if metrics is None:
             metrics = goal.metrics(y, outputs)
-        values = tf.cast(goal.loss(y, outputs), tf.float32)
+        values = goal.values(y, outputs, *weights)
         if values.shape.rank == 0:  # the batch's mean: weighed by the batch's examples
             loss.update_state(values, sample_weight=tf.shape(tf.nest.flatten(y)[0])[0])
         else:

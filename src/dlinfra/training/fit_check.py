@@ -11,6 +11,7 @@ from dlinfra.training.program import Program, Shard
 
 CHECKED_EXAMPLES = 64
 REGRESSION = 'Program.loss (e.g. "mse" and metrics=["mae"] for a regression)'
+ONE_HOT = "Program.loss=keras.losses.CategoricalCrossentropy(from_logits=True)"
 BINARY = "Program.loss=keras.losses.BinaryCrossentropy(from_logits=True) for a yes/no classifier"
 
 
@@ -26,23 +27,29 @@ def first_batch(
     objective = resolve(program, model)
     data = program.train_data(shard)
     spec = data.element_spec
-    if not isinstance(spec, tuple) or len(spec) != 2:
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
         raise ProgramError(
-            f"train_data yields {_structure(spec)}, not (features, label) pairs: return "
-            "dataset.map(lambda example: (features, label))"
+            f"train_data yields {_structure(spec)}, not (features, label) pairs or (features, label, "
+            "sample_weight) triples: return dataset.map(lambda example: (features, label))"
         )
-    for features, labels in data.batch(min(batch_size, CHECKED_EXAMPLES)).take(1):
+    for batch in data.batch(min(batch_size, CHECKED_EXAMPLES)).take(1):
         if checked is not None:
-            checked.append((features, labels))
+            checked.append(batch)
+        features, labels, *weights = batch
         outputs = model(features, training=False)
         if objective.default_loss:
             _fits_classifier(labels, outputs)
         try:
-            values = tf.convert_to_tensor(objective.loss(labels, outputs))
+            values = tf.convert_to_tensor(objective.values(labels, outputs, *weights))
         except Exception as exc:  # the user's loss, on the user's data: any error is theirs
             raise ProgramError(
                 f"the loss ({objective.loss_name}) fails on the first batch{_shapes(labels, outputs)}: {exc}"
             ) from None
+        if weights and values.shape.rank == 0:
+            raise ProgramError(
+                f"train_data gives sample weights, but the loss ({objective.loss_name}) returns its batch's "
+                "mean, which no weight can reach: return one loss per example from Program.loss"
+            )
         _fits_loss(objective, values, labels, outputs)
         try:
             for metric in objective.metrics(labels, outputs):
@@ -63,6 +70,12 @@ def _fits_classifier(labels: Any, outputs: Any) -> None:
 
     shapes = _shapes(labels, outputs)
     units = outputs.shape[-1]
+    if units > 1 and labels.shape.rank == outputs.shape.rank and labels.shape[-1] == units:
+        raise ProgramError(
+            f"the labels are one-hot, shaped {_shape(labels)}, but the default loss wants one class id per "
+            f"example{shapes}: set {ONE_HOT}, or give class ids (dataset.map(lambda x, y: (x, tf.argmax(y, "
+            "-1))))"
+        )
     if labels.dtype.is_floating:
         raise ProgramError(
             f"the labels are {labels.dtype.name} but the loss is the default classifier's, which wants "
@@ -77,7 +90,7 @@ def _fits_classifier(labels: Any, outputs: Any) -> None:
         fix = (
             "squeeze them in train_data and eval_data (dataset.map(lambda x, y: (x, tf.squeeze(y, -1))))"
             if labels.shape[-1] == 1
-            else "for one-hot labels set Program.loss=keras.losses.CategoricalCrossentropy(from_logits=True)"
+            else f"for one-hot labels set {ONE_HOT}"
         )
         raise ProgramError(
             f"the labels are shaped {_shape(labels)}, but the default loss wants one class id per example, "

@@ -253,7 +253,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     if program.variable_partitioner is not None:
         print("Program.variable_partitioner: unused under multi_worker_mirrored (no ps to split over)")
     checked: list[Any] = []  # the batch the program's first batch check read: OwnPass's
-    goal = set_up(program, strategy, cfg, checked)
+    goal = set_up(program, strategy, cfg, hooks, checked)
     with strategy.scope():
         model = program.build_model()
         # every GPU of every worker
@@ -280,23 +280,23 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     # The replica's forward and backward pass, XLA-compiled when asked; the all-reduce and the update
     # stay outside it (XLA does not compile the collectives).
     @tf.function(jit_compile=t.jit_compile)
-    def gradients(x: Any, y: Any) -> Any:
+    def gradients(x: Any, y: Any, *weights: Any) -> Any:
         with tf.GradientTape() as tape:
-            loss = goal.replica_loss(model, y, model(x, training=True), global_batch, replicas)
+            loss = goal.replica_loss(model, y, model(x, training=True), global_batch, replicas, *weights)
         return loss, tape.gradient(loss, model.trainable_variables)
 
     @tf.function
     def train_steps(it: Any, n: Any) -> Any:
-        def replica_fn(x: Any, y: Any) -> Any:
-            loss, grads = gradients(x, y)
+        def replica_fn(*batch: Any) -> Any:
+            loss, grads = gradients(*batch)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
         loss = tf.constant(0.0)
         began, waited = clock.start()
         for _ in tf.range(n):
-            (x, y), waited = clock.next(it, waited, loss)
-            loss = strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
+            batch, waited = clock.next(it, waited, loss)  # (x, y) or (x, y, sample_weight)
+            loss = strategy.reduce("SUM", strategy.run(replica_fn, args=batch), axis=None)
         return loss, waited, clock.since(began, (loss, waited))
 
     own_pass = OwnPass(model, goal, checked[0], cfg, global_batch, replicas)
@@ -336,9 +336,9 @@ class OwnPass:
         self.reports, self.index, self.workers = 0, cfg.index, cfg.num_workers
 
         @tf.function
-        def own(x: Any, y: Any) -> Any:
+        def own(x: Any, y: Any, *weights: Any) -> Any:
             with tf.GradientTape() as tape:  # inference mode: no batch-norm update, no collective
-                loss = goal.replica_loss(model, y, model(x, training=False), batch, replicas)
+                loss = goal.replica_loss(model, y, model(x, training=False), batch, replicas, *weights)
             grads = [g for g in tape.gradient(loss, model.trainable_variables) if g is not None]
             return tf.add_n([tf.reduce_sum(tf.convert_to_tensor(g)) for g in grads])
 
@@ -356,13 +356,19 @@ class OwnPass:
         return {"compute_seconds": round(best, 6)}
 
 
-def set_up(program: Program, strategy: Any, cfg: NodeConfig, checked: list[Any] | None = None) -> Objective:
+def set_up(
+    program: Program, strategy: Any, cfg: NodeConfig, hooks: Hooks, checked: list[Any] | None = None
+) -> Objective:
     """The program's own set-up in the strategy's scope, then its first batch checked against its
-    objective (on a plain copy of the model), before any step runs; `checked` gets that batch."""
+    objective (on a plain copy of the model), before any step runs; `checked` gets that batch. What
+    the program says that the loop does not do goes into the node's status (the CLI prints it)."""
     if program.setup is not None:
         with strategy.scope():
             program.setup()
-    return fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1), checked)
+    goal = fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1), checked)
+    if goal.warnings:
+        hooks.on_figures(warnings=list(goal.warnings))
+    return goal
 
 
 def input_shard(cfg: NodeConfig, index: int, count: int, dispatch: Dispatch | None = None) -> Shard:

@@ -58,19 +58,22 @@ class Objective:
     loss_name: str
     default_loss: bool  # the classifier default: the first batch must fit it (see fit_check)
     given_metrics: tuple[Any, ...]
+    warnings: tuple[str, ...] = ()  # what the program says that the loop does not do (node status)
 
-    def mean_loss(self, model: Any, labels: Any, outputs: Any) -> Any:
+    def mean_loss(self, model: Any, labels: Any, outputs: Any, weights: Any = None) -> Any:
         """One worker's batch, applied alone (parameter servers): its mean loss and the model's own."""
         import tensorflow as tf
 
-        loss = tf.reduce_mean(tf.cast(self.loss(labels, outputs), tf.float32))
+        loss = tf.reduce_mean(self.values(labels, outputs, weights))
         return loss + _own_losses(model)
 
-    def replica_loss(self, model: Any, labels: Any, outputs: Any, global_batch: int, replicas: int) -> Any:
+    def replica_loss(
+        self, model: Any, labels: Any, outputs: Any, global_batch: int, replicas: int, weights: Any = None
+    ) -> Any:
         """One replica's share of a synchronous step: the all-reduce sums the replicas' shares."""
         import tensorflow as tf
 
-        values = tf.cast(self.loss(labels, outputs), tf.float32)
+        values = self.values(labels, outputs, weights)
         if values.shape.rank == 0:  # the callable returned its batch's mean
             share = values / replicas
         else:
@@ -78,6 +81,23 @@ class Objective:
                 values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
             share = tf.nn.compute_average_loss(values, global_batch_size=global_batch)
         return share + tf.nn.scale_regularization_loss(_own_losses(model))
+
+    def values(self, labels: Any, outputs: Any, weights: Any = None) -> Any:
+        """The loss's values, each times its example's weight when train_data gives (x, y, weight)
+        triples: the batch's mean is then Keras' weighted loss (the weighted sum over the batch's size)."""
+        import tensorflow as tf
+
+        values = tf.cast(self.loss(labels, outputs), tf.float32)
+        if weights is None or values.shape.rank == 0:  # a batch mean: refused with weights (fit_check)
+            return values
+        weights = tf.cast(weights, tf.float32)
+        if weights.shape.rank is None or values.shape.rank is None:  # shapes unknown: Keras' broadcast
+            return values * weights
+        if weights.shape.rank == values.shape.rank + 1 and weights.shape[-1] == 1:  # (N, 1) for (N,)
+            weights = tf.squeeze(weights, -1)
+        while weights.shape.rank < values.shape.rank:  # a weight per example, over its values
+            weights = tf.expand_dims(weights, -1)
+        return values * weights
 
     def metrics(self, labels: Any, outputs: Any) -> list[Any]:
         """Fresh Keras metric objects, named as the program named them; `labels` and `outputs` (one
@@ -98,18 +118,19 @@ def resolve(program: Program, model: Any) -> Objective:
     compiled = compile_settings(model)
     given = program.loss if program.loss is not None else compiled.get("loss")
     metrics = tuple(program.metrics) or tuple(compiled.get("metrics") or ())
+    warnings = tuple(filter(None, [unused_compile(model)]))
     if given is None:
         import keras
 
         default = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-        return Objective(default, DEFAULT_LOSS, True, metrics)
+        return Objective(default, DEFAULT_LOSS, True, metrics, warnings)
     field = "Program.loss" if program.loss is not None else "the model's compile(loss=...)"
     if isinstance(given, dict | list | tuple):
         raise ProgramError(
             f"{field}: a loss per output is not taken; set Program.loss to one callable(labels, outputs) "
             "that returns the combined per-example loss"
         )
-    return Objective(_per_example(given, field), _name(given), False, metrics)
+    return Objective(_per_example(given, field), _name(given), False, metrics, warnings)
 
 
 def _per_example(given: Any, field: str) -> Callable[[Any, Any], Any]:
@@ -165,8 +186,14 @@ def _metric(given: Any, labels: Any, outputs: Any, loss_name: str) -> Any:
     import keras
 
     if isinstance(given, keras.metrics.Metric):
-        given.reset_state()
-        return given
+        # Made in build(), before the cluster was joined: its variables live on a device the cluster
+        # does not have (parameter servers: "Client for target /job:localhost"). A copy made here, where
+        # the metric is used, has its own.
+        try:
+            return type(given).from_config(given.get_config())
+        except Exception:  # a metric of the user's that cannot be copied: it serves where it was made
+            given.reset_state()
+            return given
     if given in ("accuracy", "acc"):
         return _accuracy(labels, outputs, loss_name)(name="accuracy")
     if isinstance(given, str):
@@ -212,12 +239,17 @@ def refuse_what_the_loop_ignores(model: Any) -> None:
             "call: put its loss in Program.loss (and its optimizer in Program.optimizer), or run the "
             "program as it is with training.command"
         )
+    if unused := unused_compile(model):
+        print(f"warning: {unused}", file=sys.stderr)
+
+
+def unused_compile(model: Any) -> str | None:
+    """The model's compile() settings that dlinfra's loop does not use, in words (None: none)."""
     settings = compile_settings(model)
     unused = [k for k, unset in UNUSED_COMPILE.items() if settings.get(k, unset) != unset]
-    if unused:
-        print(
-            f"warning: compile() settings dlinfra's loop does not use: {', '.join(unused)}", file=sys.stderr
-        )
+    if not unused:
+        return None
+    return f"compile() settings dlinfra's loop does not use, without effect on this run: {', '.join(unused)}"
 
 
 def optimizer(program: Program, model: Any, spec_optimizer: Callable[[], Any]) -> tuple[Any, str]:
@@ -225,7 +257,13 @@ def optimizer(program: Program, model: Any, spec_optimizer: Callable[[], Any]) -
     import keras
 
     if program.optimizer is not None:
-        made = program.optimizer()
+        given = program.optimizer  # an instance is a copy of itself by now (Program.__post_init__)
+        if not callable(given):
+            raise ProgramError(
+                f"Program.optimizer: {given!r} is neither a Keras optimizer nor a function returning one "
+                "(optimizer=lambda: keras.optimizers.SGD(0.1))"
+            )
+        made = given()
         if not isinstance(made, keras.optimizers.Optimizer):
             raise ProgramError(
                 f"Program.optimizer returned {type(made).__module__}.{type(made).__name__}, not a Keras 3 "

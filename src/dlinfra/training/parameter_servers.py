@@ -63,9 +63,9 @@ def counted_steps(
 
     @tf.function
     def train_steps(it: Any, n: Any) -> Any:
-        def replica_fn(x: Any, y: Any) -> Any:
+        def replica_fn(x: Any, y: Any, *weights: Any) -> Any:
             with tf.GradientTape() as tape:
-                loss = goal.mean_loss(model, y, model(x, training=True))
+                loss = goal.mean_loss(model, y, model(x, training=True), *weights)
             grads = tape.gradient(loss, variables)
             optimizer.apply_gradients(zip(grads, variables, strict=True))
             return loss
@@ -73,8 +73,8 @@ def counted_steps(
         loss = tf.constant(0.0)
         began, waited = clock.start()
         for _ in tf.range(n):
-            (x, y), waited = clock.next(it, waited, loss)
-            loss = strategy.run(replica_fn, args=(x, y))
+            batch, waited = clock.next(it, waited, loss)  # (x, y) or (x, y, sample_weight)
+            loss = strategy.run(replica_fn, args=batch)
         # A call counts once it has run all its steps (a call lost mid-way is re-run elsewhere), so
         # after the loop: tf.function orders stateful ops only per variable, and ran the count first.
         # It comes back with the loss in one tensor: every fetch is a remote op from the chief.
@@ -104,7 +104,7 @@ def train_parameter_server(
     )
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     t = cfg.training
-    goal = set_up(program, strategy, cfg)
+    goal = set_up(program, strategy, cfg, hooks)
     with strategy.scope():
         model = program.build_model()
         optimizer, scale, described = choose_optimizer(cfg, program, model, async_scale(cfg))

@@ -67,12 +67,15 @@ def measure(program: Program, training: TrainingSpec, seconds: float = 5.0, most
     optimizer, _ = objectives.optimizer(
         program, model, lambda: make_optimizer(training.optimizer, training.learning_rate)
     )
-    features, labels = next(iter(program.train_data(Shard(0, 1)).batch(training.batch_size).take(1)))
+    # (x, y) or (x, y, sample_weight)
+    features, labels, *weights = next(
+        iter(program.train_data(Shard(0, 1)).batch(training.batch_size).take(1))
+    )
 
     @tf.function(jit_compile=training.jit_compile)
     def step() -> Any:
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(objective.loss(labels, model(features, training=True)))
+            loss = tf.reduce_mean(objective.values(labels, model(features, training=True), *weights))
         optimizer.apply_gradients(
             zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables, strict=True)
         )
@@ -89,7 +92,7 @@ def measure(program: Program, training: TrainingSpec, seconds: float = 5.0, most
     count = sum(int(np.prod(w.shape)) for w in model.weights if "optimizer" not in w.path)
     trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
     with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(objective.loss(labels, model(features, training=True)))
+        loss = tf.reduce_mean(objective.values(labels, model(features, training=True), *weights))
     gradients = tape.gradient(loss, model.trainable_variables)
     sparse = {
         id(v): int(np.prod(g.values.shape))

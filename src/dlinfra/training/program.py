@@ -18,6 +18,7 @@ go in `setup`, which runs in the strategy's scope on every training process.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
@@ -82,27 +83,39 @@ class Program:
     build_model: Callable[[], Any]
     """Returns a fresh keras.Model that outputs logits; called inside the strategy scope."""
     train_data: Callable[[Shard], Any]
-    """Returns a tf.data.Dataset of unbatched (features, label) pairs of this shard."""
+    """Returns a tf.data.Dataset of unbatched (features, label) pairs of this shard, or (features,
+    label, sample_weight) triples: each example's loss is weighted, as in Keras' fit."""
     eval_data: Callable[[], Any]
-    """Returns a tf.data.Dataset of unbatched (features, label) pairs held out from training."""
+    """Returns a tf.data.Dataset of unbatched (features, label) pairs held out from training (or
+    triples: the eval loss is weighted, the metrics are not, as compile()'s `metrics` in Keras)."""
     loss: Any = None
     """A Keras loss (an object such as keras.losses.MeanSquaredError(), or a name such as "mse"), or
     a callable(labels, outputs) returning per-example losses. None: the model's compile() loss, else
     sparse categorical cross-entropy on logits (a classifier with integer labels)."""
     metrics: Sequence[Any] = ()
-    """Keras metrics (objects, names such as "mae" or "accuracy", or callables) computed on eval_data
-    after training and reported under their names. Empty: compile()'s, else accuracy with the
-    default loss (the eval loss is always reported)."""
-    optimizer: Callable[[], Any] | None = None
-    """Returns a Keras optimizer (a schedule, clipnorm, weight decay: anything Keras takes), called in
-    the strategy's scope. None: the model's compile() optimizer, else training.optimizer at
-    training.learning_rate (scaled by training.lr_scaling)."""
+    """Keras metrics (objects, copied from their config where they are used; names such as "mae" or
+    "accuracy"; or callables) computed on eval_data after training and reported under their names.
+    Empty: compile()'s, else accuracy with the default loss (the eval loss is always reported)."""
+    optimizer: Any = None
+    """A Keras optimizer (a schedule, clipnorm, weight decay: anything Keras takes), copied from its
+    config in the strategy's scope, or a function returning one, called there. None: the model's
+    compile() optimizer, else training.optimizer at training.learning_rate (scaled by
+    training.lr_scaling)."""
     variable_partitioner: Any = None
     """Parameter servers: a tf.distribute.experimental.partitioners object that splits big variables
     (an embedding too big for one ps) over the ps tasks. Mirrored variables are never split."""
     setup: Callable[[], None] | None = None
     """Runs once in every training process, in the strategy's scope, before build_model and the data
     functions: where lookup tables and preprocessing layers are made (kept in your closure)."""
+
+    def __post_init__(self) -> None:
+        # An optimizer instance is made here, in build(), before the cluster is joined: its variables
+        # (the learning rate) are on a device the cluster does not have, so even its config cannot be
+        # read later. Its config is read now, and a fresh copy made from it in the strategy's scope.
+        given = self.optimizer
+        if given is not None and not callable(given) and callable(getattr(given, "get_config", None)):
+            config, kind = given.get_config(), type(given)
+            object.__setattr__(self, "optimizer", lambda: kind.from_config(copy.deepcopy(config)))
 
 
 def builtin_program(training: TrainingSpec, cache_dir: Path, s3: S3Access | None = None) -> Program:
