@@ -3,10 +3,9 @@ directories, what the bundle and the lock hold."""
 
 from __future__ import annotations
 
-import re
-
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path

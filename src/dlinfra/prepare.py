@@ -15,6 +15,7 @@ from typing import Any
 
 from dlinfra import __version__
 from dlinfra.contract import NodeConfig, StoreConfig
+from dlinfra.environment import imports
 from dlinfra.environment.lock import PYPI, Flavor, Index, Lock, Platform, resolve
 from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.pinned_data import absolute_dataset, dataset_pin, pinned_shards
@@ -26,7 +27,7 @@ from dlinfra.render import (
     node_config_from_user_data,
     render_cluster,
 )
-from dlinfra.runs.bundle import Bundle, file_sha256, pack_code
+from dlinfra.runs.bundle import Bundle, code_root, file_sha256, pack_code
 from dlinfra.runs.layout import RunStore, bundle_key, data_listing_key
 from dlinfra.runs.manifest import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, home, seconds_per_step
@@ -100,6 +101,7 @@ def prepare(
     names the wheel's store URI, but nothing goes to the store. A spec whose user-data would exceed
     `user_data_limit` leaves nothing behind: it is rendered before anything is stored."""
     base = spec_path.absolute().parent if spec_path else Path.cwd()
+    packed_here = code is None  # else a rerun's pinned bundle, whose imports its original ran
     if code is None:
         code = pack_code(spec.training, base, home())
     spec, data_note, listing = pinned_shards(absolute_dataset(spec, base), own_disks=typed)
@@ -110,6 +112,8 @@ def prepare(
         spec, "RUN_ID", StoreConfig(url="file:///RUN_ID"), plan, typed=typed, own_machines=own_machines
     )
     env = Environment.of(spec, probe, install, locks)
+    if packed_here:
+        env.check_imports(spec, base)
     run = Run.create(spec, spec_path, argv)
     store = run.store()
     wheel_pin = None
@@ -211,6 +215,11 @@ class Environment:
                 for f in flavors
             }
         return cls(locks, index)
+
+    def check_imports(self, spec: Spec, base: Path) -> None:
+        """Refuse (exit 2) code that imports a module none of the locks provides (environment.imports)."""
+        if root := code_root(spec.training, base):
+            imports.check(root, self.locks.values())
 
     def locked(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
         """Each node's config naming the lock it must run."""

@@ -235,7 +235,8 @@ def test_a_typical_keras_regression_runs_on_one_node_with_its_own_metric(tmp_pat
         "keras_regression.py",
         "name: regression\nstrategy: multi_worker_mirrored\ncluster: {workers: {count: 1}}\ntraining:\n"
         "  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR, --tensorboard_dir,\n"
-        "            $DLINFRA_TENSORBOARD_DIR]\n",
+        "            $DLINFRA_TENSORBOARD_DIR]\n"
+        "  requirements: [scikit-learn]  # the script loads its data with it (dlinfra adds none)\n",
     )
     run = deploy_project(tmp_path, project)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr

@@ -180,8 +180,10 @@ def beside(requirements: list[str], script: bool) -> str:
     """What a run's environment holds beside the user's requirements, for `plan` and `validate`."""
     if not script:
         return "dlinfra's training stack (TensorFlow 2.21, Keras, scikit-learn, TensorBoard) and boto3"
-    tensorflow = "no TensorFlow of dlinfra's (yours is pinned)" if pins_tensorflow(requirements) else (
-        "TensorFlow 2.21 and TensorBoard (pin tensorflow in training.requirements for your own)"
+    tensorflow = (
+        "no TensorFlow of dlinfra's (yours is pinned)"
+        if pins_tensorflow(requirements)
+        else ("TensorFlow 2.21 and TensorBoard (pin tensorflow in training.requirements for your own)")
     )
     return f"dlinfra's agent (its dependencies, py-spy, boto3), {tensorflow}; nothing else"
 
@@ -211,23 +213,32 @@ def resolve(
             "--python-version", target.python, "--python-platform", target.uv,
             "-o", str(scratch / "lock.txt"), *index.uv_args(),
         ]  # fmt: skip
-        try:
-            result = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                env=uv_environ(index, scratch),
-                timeout=RESOLVE_TIMEOUT,
-            )
-        except subprocess.TimeoutExpired:
-            raise DlinfraError(
-                f"resolving the run's environment took over {RESOLVE_TIMEOUT:.0f}s ({index.shown()}). "
-                "Fix: check that the package index answers"
-            ) from None
+        result = _compile(command, index, scratch)
+        if result.returncode != 0 and _unreachable(result.stderr):
+            # offline: what uv cached from the index resolves it alike (validate on a train, say)
+            result = _compile([*command, "--offline"], index, scratch)
         if result.returncode != 0:
             raise _failure(result.stderr, requirements, flavor, target, index)
         text = (scratch / "lock.txt").read_text(encoding="utf-8")
     return Lock(_without_local_files(text), flavor, target)
+
+
+def _compile(command: list[str], index: Index, scratch: Path) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            command, capture_output=True, text=True, env=uv_environ(index, scratch), timeout=RESOLVE_TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        raise DlinfraError(
+            f"resolving the run's environment took over {RESOLVE_TIMEOUT:.0f}s ({index.shown()}). "
+            "Fix: check that the package index answers"
+        ) from None
+
+
+def _unreachable(stderr: str) -> bool:
+    return any(
+        w in stderr for w in ("error sending request", "Could not connect", "dns error", "Connection refused")
+    )
 
 
 def _without_local_files(text: str) -> str:
@@ -246,10 +257,7 @@ def _failure(
 ) -> DlinfraError:
     lines = [GLYPHS.sub("", line).rstrip() for line in stderr.splitlines()]
     lines = [mask(line) for line in lines if line and not line.startswith(("hint:", "warning:"))]
-    network = any(
-        w in stderr for w in ("error sending request", "Could not connect", "dns error", "Connection refused")
-    )
-    if network:
+    if _unreachable(stderr):
         return DlinfraError(
             f"could not reach the package index to lock the run's environment ({index.shown()}): "
             f"{_whole_lines(lines[-3:], 600)}. Fix: check the network, or point PIP_INDEX_URL / "

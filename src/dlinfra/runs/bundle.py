@@ -116,6 +116,13 @@ def pack_entrypoint(entrypoint: str, base: Path, leave_out: Path | None = None) 
     return Bundle(archive, f"{path.name}:{entrypoint.rpartition(':')[2]}", listed, large)
 
 
+def code_root(training: TrainingSpec, base: Path) -> Path | None:
+    """The directory packed as the run's code (see pack_code); None: the run packs none."""
+    if training.entrypoint:
+        return entrypoint_file(training.entrypoint, base).parent
+    return base if training.command else None
+
+
 def pack_code(training: TrainingSpec, base: Path, leave_out: Path) -> Bundle | None:
     """The run's code: the entrypoint's directory, or in script mode (`training.command`) the
     experiment file's directory `base`, which the command runs from. `leave_out`: dlinfra's own runs
