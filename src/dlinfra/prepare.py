@@ -27,6 +27,7 @@ from dlinfra.render import (
     node_config_from_user_data,
     render_cluster,
 )
+from dlinfra.runs import versions
 from dlinfra.runs.bundle import Bundle, code_root, file_sha256, pack_code
 from dlinfra.runs.layout import RunStore, bundle_key, data_listing_key
 from dlinfra.runs.manifest import EnvironmentPin, WheelPin
@@ -167,7 +168,8 @@ def prepare(
         bundle=code.pin() if code else None,
         wheel=wheel_pin,
         install=boot.source if boot else None,
-        environment=env.pins(store.lock_uri),
+        environment=(pins := env.pins(store.lock_uri)),
+        versions=versions.planned(pins),
         dataset=dataset,
         seeds={"seed": spec.training.seed, "deterministic": spec.training.deterministic},
         **(pins or {}),

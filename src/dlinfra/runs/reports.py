@@ -9,6 +9,7 @@ from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.node.masked_log import masker
+from dlinfra.runs import versions
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
@@ -170,6 +171,8 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         **({"ami": manifest.ami_id} if manifest.ami_id else {}),
         **({"spot": spot_summary(metrics.interruptions, metrics.rebalances)} if metrics else {}),
         **({"startup": describe(steps)} if (steps := _startup(run)) else {}),
+        **({"versions": versions.shown(manifest.versions)} if manifest.versions else {}),
+        **({"version_changes": manifest.version_changes} if manifest.version_changes else {}),
         **({"environment": _environment(manifest)} if manifest.environment else {}),
         **({"preflight": _preflight(store)} if store.preflight_rounds() else {}),
         "metrics": shown,
