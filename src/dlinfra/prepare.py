@@ -15,8 +15,8 @@ from typing import Any
 
 from dlinfra import __version__
 from dlinfra.contract import NodeConfig, StoreConfig
-from dlinfra.environment import imports
-from dlinfra.environment.lock import PYPI, Flavor, Index, Lock, Platform, resolve
+from dlinfra.environment import imports, lock_cache
+from dlinfra.environment.lock import PYPI, Flavor, Index, Lock, Platform
 from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.pinned_data import absolute_dataset, dataset_pin, pinned_shards
 from dlinfra.render import (
@@ -205,15 +205,19 @@ class Environment:
         configs: dict[str, NodeConfig],
         install: NodeInstall,
         locks: dict[Flavor, Lock] | None,
+        fresh: bool = True,
     ) -> Environment:
-        """`locks` (a rerun's) are taken as they are; else each flavor is resolved now."""
+        """`locks` (a rerun's) are taken as they are; else each flavor is resolved now (`fresh`) or
+        taken from what this machine resolved last for the same inputs (validate: lock_cache)."""
         index = node_index(spec, install)
         if locks is None:
             dlinfra = str(install.wheel) if install.wheel else (install.requirement or "").partition("==")[2]
             flavors = sorted({cfg.flavor for cfg in configs.values()})
             script = spec.training.command is not None
             locks = {
-                f: resolve(dlinfra, spec.training.requirements, f, install.platform, index, script)
+                f: lock_cache.locked(
+                    dlinfra, spec.training.requirements, f, install.platform, index, script, fresh
+                )
                 for f in flavors
             }
         return cls(locks, index)
