@@ -70,3 +70,22 @@ def test_an_import_guarded_by_import_error_is_optional_and_not_refused(tmp_path:
 def test_dlinfra_itself_and_the_code_s_own_modules_are_provided(tmp_path: Path) -> None:
     root = project(tmp_path, {"train.py": "import dlinfra\nimport helpers\n", "helpers.py": "import json\n"})
     assert scan(root, [LOCK]) == []
+
+
+def test_only_what_the_run_packs_is_judged(tmp_path: Path) -> None:
+    """DLINFRA_HOME under the project, .dlinfraignore's lines: not packed, so not refused."""
+    from dlinfra.runs.bundle import code_files
+
+    root = project(
+        tmp_path,
+        {
+            "train.py": "import numpy\nfrom lib.util import f\n",
+            "lib/util.py": "import sklearn\n",
+            "scratch/old.py": "import cv2\n",
+            ".dlinfraignore": "scratch/*\n",
+            "home/runs/r/work/train.py": "import torch\n",
+        },
+    )
+    packed = [p for p in code_files(root, root / "home") if p.suffix == ".py"]
+    assert scan(root, [LOCK], packed) == [Missing("lib/util.py", 1, "sklearn")]
+    assert {m.module for m in scan(root, [LOCK])} == {"sklearn", "cv2", "torch"}  # all of root

@@ -28,7 +28,7 @@ from dlinfra.render import (
     render_cluster,
 )
 from dlinfra.runs import versions
-from dlinfra.runs.bundle import Bundle, code_root, file_sha256, pack_code
+from dlinfra.runs.bundle import Bundle, code_files, code_root, file_sha256, pack_code
 from dlinfra.runs.layout import RunStore, bundle_key, data_listing_key
 from dlinfra.runs.manifest import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, home, seconds_per_step
@@ -225,7 +225,8 @@ class Environment:
     def check_imports(self, spec: Spec, base: Path) -> None:
         """Refuse (exit 2) code that imports a module none of the locks provides (environment.imports)."""
         if root := code_root(spec.training, base):
-            imports.check(root, self.locks.values())
+            packed = [path for path in code_files(root, home()) if path.suffix == ".py"]
+            imports.check(root, self.locks.values(), packed)
 
     def locked(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
         """Each node's config naming the lock it must run."""

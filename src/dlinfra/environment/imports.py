@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,24 +76,34 @@ class Missing:
         )
 
 
-def check(root: Path, locks: Iterable[Lock]) -> None:
+def check(root: Path, locks: Iterable[Lock], files: Iterable[Path] | None = None) -> None:
     """Refuse (SpecError, exit 2) code under `root` that imports what a lock lacks."""
-    if missing := scan(root, locks):
+    if missing := scan(root, locks, files):
         raise SpecError([m.problem() for m in missing])
 
 
-def scan(root: Path, locks: Iterable[Lock]) -> list[Missing]:
-    """The imports under `root` that no package of every lock provides, outside an ImportError guard."""
+def scan(root: Path, locks: Iterable[Lock], files: Iterable[Path] | None = None) -> list[Missing]:
+    """The imports under `root` that no package of every lock provides, outside an ImportError guard.
+    `files`: the ones the run packs (a copy of them is scanned, laid out as under `root`, so what
+    the bundle leaves out, DLINFRA_HOME or .dlinfraignore's, is not judged); None: all of `root`."""
     pinned = [set(lock.pins()) for lock in locks]
     packages = sorted(set.intersection(*pinned) | {"dlinfra"}) if pinned else ["dlinfra"]
     root = root.resolve()
     with tempfile.TemporaryDirectory(prefix="dlinfra-imports-") as tmp:
         scratch = Path(tmp)
+        scanned = root
+        if files is not None:
+            scanned = scratch / "code"
+            for path in files:
+                copy = scanned / path.resolve().relative_to(root)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, copy)
+            scanned.mkdir(exist_ok=True)
         (scratch / "requirements.txt").write_text("\n".join(packages) + "\n", encoding="utf-8")
         (scratch / "pyproject.toml").write_text("", encoding="utf-8")  # not the user's [tool.deptry]
         mapping = [f"{name}={'|'.join(MODULES[name])}" for name in packages if MODULES.get(name)]
         command = [
-            sys.executable, "-m", "deptry", str(root), "--no-ansi", "--ignore-notebooks",
+            sys.executable, "-m", "deptry", str(scanned), "--no-ansi", "--ignore-notebooks",
             "--config", str(scratch / "pyproject.toml"),
             "--requirements-files", str(scratch / "requirements.txt"),
             "--ignore", "DEP002,DEP004,DEP005",
@@ -113,12 +124,14 @@ def scan(root: Path, locks: Iterable[Lock]) -> list[Missing]:
         # but not declared. The list declared is the whole lock, so both are missing from it.
         if issue["error"]["code"] not in ("DEP001", "DEP003"):
             continue
-        path = Path(issue["location"]["file"])
-        path = path if path.is_absolute() else root / path
+        where = Path(issue["location"]["file"])
+        relative = (where if where.is_absolute() else scanned / where).relative_to(scanned)
         line = int(issue["location"]["line"])
-        spans = guards.setdefault(path, _guarded_lines(path))
+        if relative not in guards:
+            guards[relative] = _guarded_lines(root / relative)
+        spans = guards[relative]
         if not any(first <= line <= last for first, last in spans):
-            out.add(Missing(path.relative_to(root).as_posix(), line, issue["module"]))
+            out.add(Missing(relative.as_posix(), line, issue["module"]))
     return sorted(out)
 
 

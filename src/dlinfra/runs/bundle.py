@@ -168,7 +168,7 @@ def _ignored(root: Path) -> tuple[list[str], list[str]]:
     return out, back
 
 
-def _files(root: Path, leave_out: Path | None) -> list[Path]:
+def code_files(root: Path, leave_out: Path | None) -> list[Path]:
     out, back = _ignored(root)
     root, skipped = root.resolve(), leave_out.resolve() if leave_out else None
     found = []
@@ -197,7 +197,7 @@ def pack(
     listed = []
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         total = 0
-        for path in _files(root, leave_out):
+        for path in code_files(root, leave_out):
             data = path.read_bytes()
             total += len(data)
             if total > MAX_BUNDLE_BYTES:
