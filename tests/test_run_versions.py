@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 from importlib import metadata
+from pathlib import Path
 
 from dlinfra.environment.installed import installed, node_versions
 from dlinfra.runs import versions
@@ -75,3 +76,19 @@ def test_a_rerun_names_what_its_nodes_ran_differently() -> None:
     assert versions.changes(before, after) == ["python 3.11.9 → 3.11.4"]
     assert versions.changes(before, dict(before)) == []
     assert versions.changes(before | {"source": "planned"}, after) == []  # the original never reported
+
+
+def test_a_rerun_s_record_names_what_changed_against_its_original(home: Path) -> None:
+    from dlinfra.runs.run import Run
+    from dlinfra.spec.model import Spec
+
+    ran = {"source": "nodes", "tensorflow": "2.15.1", "python": "3.11.9", "lock": "a"}
+    original = Run.create(Spec())
+    original.update_manifest(versions=ran)
+    rerun = Run.create(Spec())
+    rerun.update_manifest(rerun_of=original.id)
+    assert versions.rerun_changes(rerun, ran | {"python": "3.11.4"}) == ["python 3.11.9 → 3.11.4"]
+    assert versions.rerun_changes(rerun, ran) == []
+    assert versions.rerun_changes(original, ran) is None  # no rerun
+    rerun.update_manifest(rerun_of="gone-20260101-000000-0000")
+    assert versions.rerun_changes(rerun, ran) is None  # its original is not on this machine
