@@ -68,7 +68,14 @@ def test_an_import_guarded_by_import_error_is_optional_and_not_refused(tmp_path:
 
 
 def test_dlinfra_itself_and_the_code_s_own_modules_are_provided(tmp_path: Path) -> None:
-    root = project(tmp_path, {"train.py": "import dlinfra\nimport helpers\n", "helpers.py": "import json\n"})
+    root = project(
+        tmp_path,
+        {
+            "train.py": "import sys\nsys.path.insert(0, 'lib')\nimport dlinfra, helpers, tools\n",
+            "lib/helpers.py": "import json\n",
+            "lib/tools/__init__.py": "",
+        },
+    )
     assert scan(root, [LOCK]) == []
 
 

@@ -109,6 +109,7 @@ def scan(root: Path, locks: Iterable[Lock], files: Iterable[Path] | None = None)
             "--ignore", "DEP002,DEP004,DEP005",
             "--json-output", str(scratch / "found.json"),
             *(["--package-module-name-map", ",".join(mapping)] if mapping else []),
+            *(f"--known-first-party={name}" for name in _own_modules(scanned)),
         ]  # fmt: skip
         try:
             result = subprocess.run(command, cwd=scratch, capture_output=True, text=True, timeout=TIMEOUT)
@@ -133,6 +134,13 @@ def scan(root: Path, locks: Iterable[Lock], files: Iterable[Path] | None = None)
         if not any(first <= line <= last for first, last in spans):
             out.add(Missing(relative.as_posix(), line, issue["module"]))
     return sorted(out)
+
+
+def _own_modules(root: Path) -> list[str]:
+    """Every module name the code itself holds, at any depth: a script that puts a directory of its
+    own on sys.path imports `helpers` from lib/helpers.py, which no package provides."""
+    names = {p.stem for p in root.rglob("*.py")} | {p.parent.name for p in root.rglob("__init__.py")}
+    return sorted(n for n in names if n.isidentifier() and n != "__init__")
 
 
 def _guarded_lines(path: Path) -> tuple[tuple[int, int], ...]:
