@@ -13,12 +13,12 @@ from hostile import Case
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
 
 
-def _regression(requirements: str = "") -> Callable[[Path], list[str]]:
+def _regression(requirements: str = "", command: str = "validate") -> Callable[[Path], list[str]]:
     def args(work: Path) -> list[str]:
         shutil.copy(SCRIPTS / "keras_regression.py", work / "train.py")
         spec = work / "experiment.yaml"
         spec.write_text(f"name: imports\ntraining:\n  command: [python, train.py]\n{requirements}")
-        return ["validate", str(spec)]
+        return [command, str(spec)]
 
     return args
 
@@ -38,6 +38,11 @@ CASES = [
         _regression(),
         expected=("train.py:11: imports sklearn", "Fix: add 'scikit-learn' to training.requirements"),
         absent=("Traceback",),
+    ),
+    Case(  # deploy resolves anew and checks again, before the run exists (the suite checks no run dir)
+        "deploy-of-a-script-importing-a-package-it-does-not-require",
+        _regression(command="deploy"),
+        expected=("train.py:11: imports sklearn", "Fix: add 'scikit-learn' to training.requirements"),
     ),
     Case(
         "script-that-requires-what-it-imports",
