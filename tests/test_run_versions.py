@@ -92,3 +92,21 @@ def test_a_rerun_s_record_names_what_changed_against_its_original(home: Path) ->
     assert versions.rerun_changes(original, ran) is None  # no rerun
     rerun.update_manifest(rerun_of="gone-20260101-000000-0000")
     assert versions.rerun_changes(rerun, ran) is None  # its original is not on this machine
+
+
+def test_show_says_what_running_nodes_report_before_the_watcher_records_it(home: Path) -> None:
+    from dlinfra.runs.records import NodeState
+    from dlinfra.runs.reports import run_details
+    from dlinfra.runs.run import Run
+    from dlinfra.spec.model import Spec
+
+    run = Run.create(Spec())
+    run.update_manifest(nodes=["chief-0", "worker-0"], versions=versions.planned({"cpu": PIN}))
+    assert "planned by the lock" in run_details(run.id)["versions"]
+    ran = {"tensorflow": "2.15.1", "keras": "2.15.0", "python": "3.11.9", "lock": PIN.sha256}
+    now = 1.0e9
+    state = NodeState(node="chief-0", role="chief", index=0, state="training", started=now,
+                      first_started=now, heartbeat=now, versions=ran)  # fmt: skip
+    run.store().put_status(state)
+    shown = run_details(run.id)["versions"]
+    assert shown.startswith("tensorflow 2.15.1, keras 2.15.0, python 3.11.9") and "nodes ran" in shown
