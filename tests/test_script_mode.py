@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from dlinfra.environment.lock import EXTRAS, SCRIPT_EXTRAS, extras
+from dlinfra.environment.lock import EXTRAS, OWN_TENSORFLOW_EXTRAS, SCRIPT_EXTRAS, extras
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.script import expand, script_environ
 from dlinfra.progress import PROGRESS_FILE, read_report
@@ -133,17 +134,38 @@ def test_a_script_bundle_is_the_experiment_directory_without_dlinfra_home(tmp_pa
     ("requirements", "script", "wanted"),
     [
         ([], False, EXTRAS["cpu"]),
-        ([], True, EXTRAS["cpu"]),  # a script without its own TensorFlow gets dlinfra's
-        (["tensorflow-cpu==2.15.1"], True, SCRIPT_EXTRAS),
-        (["TensorFlow[and-cuda]>=2.16"], True, SCRIPT_EXTRAS),
+        ([], True, SCRIPT_EXTRAS["cpu"]),  # a script without its own TensorFlow gets dlinfra's
+        (["tensorflow-cpu==2.15.1"], True, OWN_TENSORFLOW_EXTRAS),
+        (["TensorFlow[and-cuda]>=2.16"], True, OWN_TENSORFLOW_EXTRAS),
         (["tensorflow-cpu==2.15.1"], False, EXTRAS["cpu"]),  # a Program trains on dlinfra's loop
-        (["tensorflow-datasets"], True, EXTRAS["cpu"]),
+        (["tensorflow-datasets"], True, SCRIPT_EXTRAS["cpu"]),
     ],
 )
 def test_a_script_that_pins_tensorflow_gets_no_tensorflow_of_dlinfras(
     requirements: list[str], script: bool, wanted: str
 ) -> None:
     assert extras("cpu", requirements, script) == wanted
+
+
+def test_a_script_environment_holds_the_same_beside_tensorflow_whether_or_not_it_is_pinned() -> None:
+    """Issue 56: pinning TensorFlow dropped scikit-learn (the `train` extra carried it, `script` did
+    not). One rule now: the script extras differ from `script` by TensorFlow's build alone."""
+    import tomllib
+
+    from dlinfra.environment.lock import TENSORFLOW_NAMES, normalize
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = project["project"]["optional-dependencies"]
+
+    def names(extra: str) -> set[str]:
+        return {normalize(re.split(r"[\[=<>~! ]", r, maxsplit=1)[0]) for r in declared[extra]}
+
+    own = names("script")
+    for flavor in ("cpu", "gpu"):
+        ours = names(SCRIPT_EXTRAS[flavor].split(",")[0]) - own
+        assert ours == {"tensorboard", *(n for n in ours if n in TENSORFLOW_NAMES)}, ours
+        assert "scikit-learn" not in names(SCRIPT_EXTRAS[flavor].split(",")[0]) | own
+    assert "scikit-learn" in names("train")  # Program mode's stack keeps it, as its README says
 
 
 def test_tensorboard_scalars_are_read_without_tensorflow_as_they_are_appended(tmp_path: Path) -> None:

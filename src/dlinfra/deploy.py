@@ -72,7 +72,8 @@ def preview(
     check_fits(configs, target.user_data_limit)  # a user-data too big is refused before the resolver runs
     # the run's environment is resolved as a deploy would: a conflict is refused here already
     install = target.node_install(spec)
-    env = Environment.of(spec, configs, install, None)
+    env = Environment.of(spec, configs, install, None, fresh=False)
+    env.check_imports(spec, spec_path.absolute().parent if spec_path else Path.cwd())
     boot = boot_install(spec, install, lambda name: f"{store.url}/code/{name}", env)
     return env.locked(configs), render_cluster(env.locked(configs), boot, target.user_data_limit)
 

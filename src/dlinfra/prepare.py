@@ -15,7 +15,8 @@ from typing import Any
 
 from dlinfra import __version__
 from dlinfra.contract import NodeConfig, StoreConfig
-from dlinfra.environment.lock import PYPI, Flavor, Index, Lock, Platform, resolve
+from dlinfra.environment import imports, lock_cache
+from dlinfra.environment.lock import PYPI, Flavor, Index, Lock, Platform
 from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.pinned_data import absolute_dataset, dataset_pin, pinned_shards
 from dlinfra.render import (
@@ -26,7 +27,8 @@ from dlinfra.render import (
     node_config_from_user_data,
     render_cluster,
 )
-from dlinfra.runs.bundle import Bundle, file_sha256, pack_code
+from dlinfra.runs import versions
+from dlinfra.runs.bundle import Bundle, code_files, code_root, file_sha256, pack_code
 from dlinfra.runs.layout import RunStore, bundle_key, data_listing_key
 from dlinfra.runs.manifest import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, home, seconds_per_step
@@ -100,6 +102,7 @@ def prepare(
     names the wheel's store URI, but nothing goes to the store. A spec whose user-data would exceed
     `user_data_limit` leaves nothing behind: it is rendered before anything is stored."""
     base = spec_path.absolute().parent if spec_path else Path.cwd()
+    packed_here = code is None  # else a rerun's pinned bundle, whose imports its original ran
     if code is None:
         code = pack_code(spec.training, base, home())
     spec, data_note, listing = pinned_shards(absolute_dataset(spec, base), own_disks=typed)
@@ -110,6 +113,8 @@ def prepare(
         spec, "RUN_ID", StoreConfig(url="file:///RUN_ID"), plan, typed=typed, own_machines=own_machines
     )
     env = Environment.of(spec, probe, install, locks)
+    if packed_here:
+        env.check_imports(spec, base)
     run = Run.create(spec, spec_path, argv)
     store = run.store()
     wheel_pin = None
@@ -163,7 +168,8 @@ def prepare(
         bundle=code.pin() if code else None,
         wheel=wheel_pin,
         install=boot.source if boot else None,
-        environment=env.pins(store.lock_uri),
+        environment=(lock_pins := env.pins(store.lock_uri)),
+        versions=versions.planned(lock_pins),
         dataset=dataset,
         seeds={"seed": spec.training.seed, "deterministic": spec.training.deterministic},
         **(pins or {}),
@@ -199,18 +205,28 @@ class Environment:
         configs: dict[str, NodeConfig],
         install: NodeInstall,
         locks: dict[Flavor, Lock] | None,
+        fresh: bool = True,
     ) -> Environment:
-        """`locks` (a rerun's) are taken as they are; else each flavor is resolved now."""
+        """`locks` (a rerun's) are taken as they are; else each flavor is resolved now (`fresh`) or
+        taken from what this machine resolved last for the same inputs (validate: lock_cache)."""
         index = node_index(spec, install)
         if locks is None:
             dlinfra = str(install.wheel) if install.wheel else (install.requirement or "").partition("==")[2]
             flavors = sorted({cfg.flavor for cfg in configs.values()})
             script = spec.training.command is not None
             locks = {
-                f: resolve(dlinfra, spec.training.requirements, f, install.platform, index, script)
+                f: lock_cache.locked(
+                    dlinfra, spec.training.requirements, f, install.platform, index, script, fresh
+                )
                 for f in flavors
             }
         return cls(locks, index)
+
+    def check_imports(self, spec: Spec, base: Path) -> None:
+        """Refuse (exit 2) code that imports a module none of the locks provides (environment.imports)."""
+        if root := code_root(spec.training, base):
+            packed = [path for path in code_files(root, home()) if path.suffix == ".py"]
+            imports.check(root, self.locks.values(), packed)
 
     def locked(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
         """Each node's config naming the lock it must run."""

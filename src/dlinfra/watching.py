@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from dlinfra.errors import DlinfraError
 from dlinfra.node.masked_log import masker
 from dlinfra.prepare import Prepared
-from dlinfra.runs import preflight_history
+from dlinfra.runs import preflight_history, versions
 from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.ownership import Lease, owner_of
@@ -144,8 +144,19 @@ def _stop(
     marker = store.marker()
     finished = utc_now(ended_unwatched.time) if ended_unwatched else utc_now()
     # What each node proved it trained on, kept with the run (statuses are overwritten by reruns).
-    devices = {name: st.devices for name, st in store.statuses(names).items() if st and st.devices}
-    run.update_manifest(status=marker.marker if marker else "STOPPED", finished=finished, devices=devices)
+    statuses = store.statuses(names)
+    devices = {name: st.devices for name, st in statuses.items() if st and st.devices}
+    ran, each = versions.reported(
+        run.manifest(), {name: st.versions if st else None for name, st in statuses.items()}
+    )
+    run.update_manifest(
+        status=marker.marker if marker else "STOPPED",
+        finished=finished,
+        devices=devices,
+        versions=ran,
+        node_versions=each,
+        version_changes=versions.rerun_changes(run, ran),
+    )
     run.publish_manifest()
 
 

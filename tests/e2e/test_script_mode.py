@@ -219,6 +219,15 @@ def test_an_estimator_program_runs_unchanged_on_its_own_tensorflow_2_15(tmp_path
     packages = run.manifest["environment"]["cpu"]["packages"]
     assert packages["tensorflow-cpu"] == "2.15.1" and packages["keras"].startswith("2.15.")
     assert "scikit-learn" not in packages, "nothing of dlinfra's train extra"
+    # the record says what the nodes ran (issue 56: it said the CLI's TensorFlow 2.21.0)
+    versions = run.manifest["versions"]
+    assert versions["source"] == "nodes" and versions["tensorflow"] == "2.15.1", versions
+    assert versions["keras"] == packages["keras"] and versions["numpy"] == packages["numpy"], versions
+    assert versions["lock"] == run.manifest["environment"]["cpu"]["sha256"], versions
+    assert versions["python"].startswith("3.") and run.manifest["node_versions"] == {}  # all agree
+    env = dict(os.environ, DLINFRA_HOME=str(run.home))
+    shown = run_cli("show", run.run_id, env=env).stdout
+    assert "tensorflow 2.15.1, keras 2.15." in shown and "(what the nodes ran)" in shown, shown
     chief_log = (run.run_dir / "logs" / "chief-0.log").read_text()
     accuracy = float(re.search(r"'accuracy': ([\d.]+)", chief_log).group(1))  # type: ignore[union-attr]
     assert accuracy > 0.8, chief_log[-3000:]
@@ -242,7 +251,8 @@ def test_a_typical_keras_regression_runs_on_one_node_with_its_own_metric(tmp_pat
         "keras_regression.py",
         "name: regression\nstrategy: multi_worker_mirrored\ncluster: {workers: {count: 1}}\ntraining:\n"
         "  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR, --tensorboard_dir,\n"
-        "            $DLINFRA_TENSORBOARD_DIR]\n",
+        "            $DLINFRA_TENSORBOARD_DIR]\n"
+        "  requirements: [scikit-learn]  # the script loads its data with it (dlinfra adds none)\n",
     )
     run = deploy_project(tmp_path, project)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr

@@ -19,7 +19,7 @@ from dlinfra.cli.controller import controller_app, setup
 from dlinfra.cli.data import data_app
 from dlinfra.cli.images import image_app
 from dlinfra.cli.inspection import inspection_app
-from dlinfra.cli.loading import load_checked, warn_hardware
+from dlinfra.cli.loading import environment_line, load_checked, warn_hardware
 from dlinfra.cli.node import node_app
 from dlinfra.cli.options import (
     ALL_OVERRIDES,
@@ -158,6 +158,7 @@ def validate(spec: SpecArg = None, *, overrides: Overrides) -> None:
         out.print(f"  {role:<7} {hw.count:>3} x {hw.describe(target.uses_instance_types)}", markup=False)
     for line in sizing:
         out.print(line, markup=False, highlight=False)
+    out.print(environment_line(resolved), markup=False, highlight=False)
 
 
 @app.command()

@@ -39,3 +39,12 @@ def warn_hardware(spec: Spec) -> None:
 
     for warning in warnings(spec, uses_instance_types(spec.target)):
         err.print(f"warning: {warning}", markup=False, highlight=False)
+
+
+def environment_line(spec: Spec) -> str:
+    """What the nodes' environment holds beside training.requirements (one rule: README)."""
+    from dlinfra.environment.lock import beside
+
+    script = spec.training.command is not None
+    own = f"training.requirements ({len(spec.training.requirements)})"
+    return f"environment: {own} + {beside(spec.training.requirements, script)}"

@@ -61,7 +61,7 @@ def plan(
     overrides: Overrides,
 ) -> None:
     """terraform plan of an experiment on AWS: resources, instances by role, estimated $/hour."""
-    from dlinfra.cli.loading import load_checked
+    from dlinfra.cli.loading import environment_line, load_checked
     from dlinfra.cli.outputs import check_file, write_file
     from dlinfra.deploy import Request
     from dlinfra.deploy import plan as make_plan
@@ -90,6 +90,7 @@ def plan(
         text, summary, written = diff.text(), diff.markdown(), prepared.run.dir / "review.md"
         written.write_text(summary, encoding="utf-8")
     out.print(text, markup=False)
+    out.print(environment_line(resolved), markup=False, highlight=False)
     print_summary(resolved)
     if markdown:
         write_file(markdown, "--markdown", summary)

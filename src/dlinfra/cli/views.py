@@ -234,6 +234,12 @@ def result_view(outcome: Outcome) -> Group:
     lines = [Text(f"model: {model}"), *map(Text, outcome.metrics.outputs_refused if outcome.metrics else [])]
     if outcome.metrics is not None and (advice := input_bound(outcome.metrics.input_wait)):
         lines.append(Text(advice))
+    manifest = outcome.run.manifest()
+    if manifest.version_changes:  # a rerun is warned, not refused: its nodes have run by now
+        changed = "; ".join(manifest.version_changes)
+        lines.append(
+            Text(f"warning: this rerun's nodes ran other versions than {manifest.rerun_of}'s: {changed}")
+        )
     if outcome.metrics is not None and outcome.metrics.command:  # a script run: its command, whole
         lines.insert(0, Text(f"command: {shlex.join(outcome.metrics.command)}"))
     return Group(result_table(outcome), *lines)

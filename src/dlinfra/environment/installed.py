@@ -7,11 +7,32 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 from importlib import metadata
 from pathlib import Path
 
 from dlinfra.contract import LOCK_PATH
-from dlinfra.environment.lock import normalize, pins_of
+from dlinfra.environment.lock import TENSORFLOW_NAMES, normalize, pins_of
+
+# What a run's record names of its environment (`versions`): the packages a result depends on most
+SHOWN = ("keras", "tf-keras", "numpy")
+
+
+def versions_of(packages: dict[str, str], python: str, lock_sha256: str | None) -> dict[str, str]:
+    """{tensorflow, keras, numpy, python, lock} of an environment's packages (a node's installed
+    ones, or a lock's pins for what is planned): what `versions` in a run's manifest says."""
+    out = {"python": python}
+    if tensorflow := next((packages[n] for n in TENSORFLOW_NAMES if n in packages), None):
+        out["tensorflow"] = tensorflow
+    out |= {name: packages[name] for name in SHOWN if name in packages}
+    if lock_sha256:
+        out["lock"] = lock_sha256
+    return out
+
+
+def node_versions(packages: dict[str, str], lock_sha256: str | None) -> dict[str, str]:
+    """What this interpreter (the run's environment, which the node's agent runs in) runs."""
+    return versions_of(packages, platform.python_version(), lock_sha256)
 
 
 def installed() -> dict[str, str]:

@@ -27,9 +27,12 @@ from dlinfra.errors import DlinfraError, SpecError, mask
 # "controller": the account controller's image (dlinfra and boto3 to drive terraform; no TensorFlow)
 Flavor = Literal["cpu", "gpu", "controller"]
 EXTRAS: dict[Flavor, str] = {"cpu": "train,aws", "gpu": "train-gpu,aws", "controller": "aws"}
-# A script that pins its own TensorFlow (an Estimator program on 2.15, say) gets no TensorFlow of
-# dlinfra's: its beacon and agent import none, so the script's pin is the only one in the lock.
-SCRIPT_EXTRAS = "script,aws"
+# Script mode holds the user's requirements, dlinfra's agent (its own dependencies, py-spy, boto3)
+# and a TensorFlow: dlinfra's build, unless the requirements pin their own (an Estimator program on
+# 2.15, say), which is then the only one in the lock. Nothing else, pinned or not: no scikit-learn,
+# which Program mode's extras carry (a script that imports it lists it; validate says so).
+SCRIPT_EXTRAS: dict[Flavor, str] = {"cpu": "script-cpu,aws", "gpu": "script-gpu,aws", "controller": "aws"}
+OWN_TENSORFLOW_EXTRAS = "script,aws"
 TENSORFLOW_NAMES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tf-nightly")
 FIELD = "training.requirements"
 PYPI = "https://pypi.org/simple"
@@ -167,8 +170,22 @@ def pins_tensorflow(requirements: list[str]) -> bool:
 
 
 def extras(flavor: Flavor, requirements: list[str], script: bool) -> str:
-    """dlinfra's extras in the lock: its TensorFlow build, unless a script brings its own."""
-    return SCRIPT_EXTRAS if script and pins_tensorflow(requirements) else EXTRAS[flavor]
+    """dlinfra's extras in the lock (see SCRIPT_EXTRAS for script mode's one rule)."""
+    if not script:
+        return EXTRAS[flavor]
+    return OWN_TENSORFLOW_EXTRAS if pins_tensorflow(requirements) else SCRIPT_EXTRAS[flavor]
+
+
+def beside(requirements: list[str], script: bool) -> str:
+    """What a run's environment holds beside the user's requirements, for `plan` and `validate`."""
+    if not script:
+        return "dlinfra's training stack (TensorFlow 2.21, Keras, scikit-learn, TensorBoard) and boto3"
+    tensorflow = (
+        "no TensorFlow of dlinfra's (yours is pinned)"
+        if pins_tensorflow(requirements)
+        else ("TensorFlow 2.21 and TensorBoard (pin tensorflow in training.requirements for your own)")
+    )
+    return f"dlinfra's agent (its dependencies, py-spy, boto3), {tensorflow}; nothing else"
 
 
 def resolve(
@@ -196,23 +213,32 @@ def resolve(
             "--python-version", target.python, "--python-platform", target.uv,
             "-o", str(scratch / "lock.txt"), *index.uv_args(),
         ]  # fmt: skip
-        try:
-            result = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                env=uv_environ(index, scratch),
-                timeout=RESOLVE_TIMEOUT,
-            )
-        except subprocess.TimeoutExpired:
-            raise DlinfraError(
-                f"resolving the run's environment took over {RESOLVE_TIMEOUT:.0f}s ({index.shown()}). "
-                "Fix: check that the package index answers"
-            ) from None
+        result = _compile(command, index, scratch)
+        if result.returncode != 0 and _unreachable(result.stderr):
+            # offline: what uv cached from the index resolves it alike (validate on a train, say)
+            result = _compile([*command, "--offline"], index, scratch)
         if result.returncode != 0:
             raise _failure(result.stderr, requirements, flavor, target, index)
         text = (scratch / "lock.txt").read_text(encoding="utf-8")
     return Lock(_without_local_files(text), flavor, target)
+
+
+def _compile(command: list[str], index: Index, scratch: Path) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            command, capture_output=True, text=True, env=uv_environ(index, scratch), timeout=RESOLVE_TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        raise DlinfraError(
+            f"resolving the run's environment took over {RESOLVE_TIMEOUT:.0f}s ({index.shown()}). "
+            "Fix: check that the package index answers"
+        ) from None
+
+
+def _unreachable(stderr: str) -> bool:
+    return any(
+        w in stderr for w in ("error sending request", "Could not connect", "dns error", "Connection refused")
+    )
 
 
 def _without_local_files(text: str) -> str:
@@ -231,10 +257,7 @@ def _failure(
 ) -> DlinfraError:
     lines = [GLYPHS.sub("", line).rstrip() for line in stderr.splitlines()]
     lines = [mask(line) for line in lines if line and not line.startswith(("hint:", "warning:"))]
-    network = any(
-        w in stderr for w in ("error sending request", "Could not connect", "dns error", "Connection refused")
-    )
-    if network:
+    if _unreachable(stderr):
         return DlinfraError(
             f"could not reach the package index to lock the run's environment ({index.shown()}): "
             f"{_whole_lines(lines[-3:], 600)}. Fix: check the network, or point PIP_INDEX_URL / "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, WORKER_INDEX_FILE, NodeConfig, tf_config
-from dlinfra.environment.installed import check
+from dlinfra.environment.installed import check, node_versions
 from dlinfra.node import devices, preflight, serving, spot, watchdog
 from dlinfra.node.checkpoints import CheckpointSync
 from dlinfra.node.instance_store import OWN_MACHINE_ENV, stage_on_instance_store
@@ -122,7 +122,7 @@ def _off_lock(cfg: NodeConfig, status: NodeStatus) -> str | None:
     """Check this interpreter against the node's lock, and report what it runs."""
     assert cfg.lock_sha256 is not None
     packages, problem = check(cfg.name, cfg.lock_sha256)
-    status.update(packages=packages)
+    status.update(packages=packages, versions=node_versions(packages, cfg.lock_sha256))
     if problem is None:
         print(f"environment: the run's lock {cfg.lock_sha256[:12]}, {len(packages)} packages", flush=True)
     return problem

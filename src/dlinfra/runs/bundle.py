@@ -116,6 +116,13 @@ def pack_entrypoint(entrypoint: str, base: Path, leave_out: Path | None = None) 
     return Bundle(archive, f"{path.name}:{entrypoint.rpartition(':')[2]}", listed, large)
 
 
+def code_root(training: TrainingSpec, base: Path) -> Path | None:
+    """The directory packed as the run's code (see pack_code); None: the run packs none."""
+    if training.entrypoint:
+        return entrypoint_file(training.entrypoint, base).parent
+    return base if training.command else None
+
+
 def pack_code(training: TrainingSpec, base: Path, leave_out: Path) -> Bundle | None:
     """The run's code: the entrypoint's directory, or in script mode (`training.command`) the
     experiment file's directory `base`, which the command runs from. `leave_out`: dlinfra's own runs
@@ -161,7 +168,7 @@ def _ignored(root: Path) -> tuple[list[str], list[str]]:
     return out, back
 
 
-def _files(root: Path, leave_out: Path | None) -> list[Path]:
+def code_files(root: Path, leave_out: Path | None) -> list[Path]:
     out, back = _ignored(root)
     root, skipped = root.resolve(), leave_out.resolve() if leave_out else None
     found = []
@@ -190,7 +197,7 @@ def pack(
     listed = []
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         total = 0
-        for path in _files(root, leave_out):
+        for path in code_files(root, leave_out):
             data = path.read_bytes()
             total += len(data)
             if total > MAX_BUNDLE_BYTES:

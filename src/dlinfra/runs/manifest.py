@@ -81,7 +81,10 @@ class Manifest(Record):
     spec_path: str | None = None
     command: str
     git: dict[str, Any] | None = None  # commit, dirty
+    # what the nodes ran (tensorflow, keras, numpy, python, lock; "source": planned | nodes): runs.versions
     versions: dict[str, str | None] = Field(default_factory=dict)
+    node_versions: dict[str, dict[str, str]] = Field(default_factory=dict)  # node → its own, if they differ
+    version_changes: list[str] | None = None  # a rerun: what its nodes ran differently from the original's
     nodes: list[str] = Field(default_factory=list)
     addresses: dict[str, list[str]] = Field(default_factory=dict)
     bundle: BundlePin | None = None

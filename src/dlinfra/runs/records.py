@@ -60,6 +60,8 @@ class NodeState(Record):
     devices: list[str] | None = None  # what TensorFlow sees on the node: "GPU:0 Tesla T4 15 GiB", "CPU:0"
     packages: dict[str, str] | None = None  # what the node runs of its lock's packages: name → version
     warnings: list[str] | None = None  # what its program asks that training does not do (unused compile())
+    # what the node ran, read from its own environment: tensorflow, keras, numpy, python, lock (sha256)
+    versions: dict[str, str] | None = None
     # when this life reached each startup phase (epoch seconds): spawned, up, tensorflow, peers, program,
     # first step (contract.PHASES); `dlinfra show` and deploy's result say where the seconds went
     phases: dict[str, float] = Field(default_factory=dict)

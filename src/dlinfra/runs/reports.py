@@ -9,6 +9,7 @@ from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.node.masked_log import masker
+from dlinfra.runs import versions
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
@@ -170,11 +171,22 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         **({"ami": manifest.ami_id} if manifest.ami_id else {}),
         **({"spot": spot_summary(metrics.interruptions, metrics.rebalances)} if metrics else {}),
         **({"startup": describe(steps)} if (steps := _startup(run)) else {}),
+        **({"versions": versions.shown(_versions(manifest, store))} if manifest.versions else {}),
+        **({"version_changes": manifest.version_changes} if manifest.version_changes else {}),
         **({"environment": _environment(manifest)} if manifest.environment else {}),
         **({"preflight": _preflight(store)} if store.preflight_rounds() else {}),
         "metrics": shown,
         "manifest": manifest.model_dump(mode="json"),
     }
+
+
+def _versions(manifest: Manifest, store: RunStore) -> dict[str, str | None]:
+    """The record's versions; for a run whose watcher has not recorded them yet (running, or
+    followed by the account's controller), what its nodes report now, if any has."""
+    if manifest.versions.get("source") != versions.PLANNED:
+        return manifest.versions
+    reports = {name: st.versions if st else None for name, st in store.statuses(manifest.nodes).items()}
+    return versions.reported(manifest, reports)[0]
 
 
 def _preflight(store: RunStore) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
 import secrets
 import shlex
@@ -103,16 +102,8 @@ class Run:
             spec_path=str(spec_path.absolute()) if spec_path else None,
             command=shlex.join(argv if argv is not None else sys.argv),
             git=git_state(spec_path.absolute()) if spec_path else None,
-            versions={
-                "dlinfra": __version__,
-                "python": platform.python_version(),
-                "tensorflow": package_version("tensorflow-cpu", "tensorflow"),
-                "keras": package_version("keras"),
-                "tf-keras": package_version("tf-keras"),
-                "numpy": package_version("numpy"),
-                "scikit-learn": package_version("scikit-learn"),
-                "py-spy": package_version("py-spy"),
-            },
+            # what the nodes run: planned from the lock at prepare, then what they report (runs.versions)
+            versions={"dlinfra": __version__},
         )
         run.write_manifest(manifest)
         return run

@@ -1,0 +1,44 @@
+"""Locks resolved before, by their inputs, for `validate` (and `render`): a check that answers from
+what this machine last resolved for the same requirements, dlinfra build, platform and index, in
+about a second less and without the network. `plan` and `deploy` always resolve anew (the newest
+releases the requirements allow) and leave their lock here for the next `validate`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from dlinfra.environment.lock import Flavor, Index, Lock, Platform, resolve
+from dlinfra.environment.venvs import cache_home
+
+
+def locked(
+    dlinfra: str,
+    requirements: list[str],
+    flavor: Flavor,
+    target: Platform,
+    index: Index,
+    script: bool,
+    fresh: bool,
+) -> Lock:
+    """resolve(...), from the cache unless `fresh`; a fresh lock is cached for the next validate."""
+    path = cache_home() / "locks" / f"{_key(dlinfra, requirements, flavor, target, index, script)}.lock"
+    if not fresh and path.is_file():
+        return Lock(path.read_text(encoding="utf-8"), flavor, target)
+    lock = resolve(dlinfra, requirements, flavor, target, index, script)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    scratch.write_text(lock.text, encoding="utf-8")
+    scratch.replace(path)  # whole or absent: two deploys at once each write their own first
+    return lock
+
+
+def _key(
+    dlinfra: str, requirements: list[str], flavor: Flavor, target: Platform, index: Index, script: bool
+) -> str:
+    # a wheel by its content (its dependencies are in it), a release by its pin
+    build = hashlib.sha256(Path(dlinfra).read_bytes()).hexdigest() if dlinfra.endswith(".whl") else dlinfra
+    inputs = [build, requirements, flavor, repr(target), index.url, list(index.extra), index.extra_ca, script]
+    return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:32]
