@@ -54,7 +54,9 @@ def _table(headers: list[str], rows: list[list[str]], caption: str | None = None
     for r in rows:
         cells: list[str | Text] = list(r)
         if status is not None:
-            cells[status] = Text(r[status], style=STATUS_STYLE.get(r[status], ""))
+            cells[status] = Text(
+                r[status], style=STATUS_STYLE.get(r[status].split(" ")[0], "")
+            )  # DONE · no model
         table.add_row(*cells)
     return table
 
@@ -67,7 +69,7 @@ def _run_cells(r: dict[str, Any]) -> dict[str, str]:
     cost = _num(r.get("usd_spent"), "${:.2f}")  # at the plan's prices since the nodes started
     texts = (
         r["run_id"],
-        r["status"],
+        r["status"] + (f" · {r['note']}" if r.get("note") else ""),
         r["age"],
         r["target"] or "-",
         r["strategy"] or "-",

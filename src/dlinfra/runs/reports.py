@@ -13,7 +13,7 @@ from dlinfra.runs.layout import RunStore
 from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
 from dlinfra.runs.preflight import figures
-from dlinfra.runs.records import MARKERS, Notice
+from dlinfra.runs.records import MARKERS, NO_MODEL, NO_MODEL_SAVED, Notice
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
 from dlinfra.spec.hardware import cluster_hardware
@@ -107,9 +107,11 @@ def list_run_rows() -> list[dict[str, Any]]:
         if m.handed_over and (m.resources_up or m.status not in FINAL_STATUSES):
             m = _as_the_controller_left_it(run, m)
         status, accuracy = m.status, (m.metrics or {}).get("eval_accuracy")
+        no_model = bool((m.metrics or {}).get("no_model"))
         # nobody watching a detached run: the store knows whether it ended
         if status == "RUNNING" and m.detached and (marker := run.store().marker()):
             status, accuracy = marker.marker, marker.eval_accuracy
+            no_model = marker.reason == NO_MODEL_SAVED
         owner = _owner(run) if m.resources_up or status not in FINAL_STATUSES else None
         rows.append(
             {
@@ -125,6 +127,7 @@ def list_run_rows() -> list[dict[str, Any]]:
                 "usd_per_hour": (m.plan.usd_per_hour if m.plan else None) if m.resources_up else None,
                 "resources_up": m.resources_up,
                 "owner": owner,
+                "note": NO_MODEL if status == "DONE" and no_model else None,  # a script that saved none
             }
         )
     return rows
