@@ -1,10 +1,11 @@
 """TensorFlow's guide "Custom training loop with Keras and MultiWorkerMirroredStrategy", as a user
 would run it by hand: the cluster from TF_CONFIG, per-worker checkpoints (the chief's in
---checkpoint_dir, the others' in temporary directories) and a restore from the latest checkpoint. Like
-the guide, it saves no model: its checkpoints are what it leaves. Its changes from the guide: it reads a local .npz instead of downloading
-MNIST, and it divides by max(num_batches, 1): the guide saves its checkpoint before it moves on to the
-next epoch, so resumed from it, its first epoch runs no batch and divides by zero. It knows nothing of
-dlinfra except that it calls dlinfra.report when asked to (--report)."""
+--checkpoint_dir, the others' in temporary directories) and a restore from the latest checkpoint.
+Like the guide, it saves no model: its checkpoints are what it leaves. Its changes from the guide: it
+reads a local .npz instead of downloading MNIST, and it divides by max(num_batches, 1): the guide
+saves its checkpoint before it moves on to the next epoch, so resumed from it, its first epoch runs
+no batch and divides by zero. It knows nothing of dlinfra except that it calls dlinfra.report when
+asked to (--report)."""
 
 import argparse
 import json
