@@ -203,6 +203,9 @@ def test_an_estimator_program_runs_unchanged_on_its_own_tensorflow_2_15(tmp_path
     accuracy = float(re.search(r"'accuracy': ([\d.]+)", chief_log).group(1))  # type: ignore[union-attr]
     assert accuracy > 0.8, chief_log[-3000:]
     [export] = [p.parent for p in (run.store / "model").rglob("saved_model.pb")]
+    # found in its timestamped directory, read with the run's TensorFlow 2.15 protobufs
+    assert run.metrics["models"] == [f"SavedModel {export.relative_to(run.store / 'model')}"]
+    assert run.metrics["no_model"] is None and "no model" not in run.result.stdout
     code = (
         "m = tf.saved_model.load(sys.argv[1])\n"
         "d = np.load(sys.argv[2])\n"
@@ -227,6 +230,7 @@ def test_a_typical_keras_regression_runs_on_one_node_with_its_own_metric(tmp_pat
     run = deploy_project(tmp_path, project)
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     scalars = run.metrics["scalars"]
+    assert run.metrics["models"] == [".keras model.keras"] and run.metrics["no_model"] is None
     assert run.metrics["progress"] == "tensorboard" and run.metrics["eval_accuracy"] is None
     assert scalars["validation/epoch_mae"] < 55, scalars  # predicting the mean: 66
     assert "validation/epoch_mae" in run.result.stdout and "accuracy" not in run.result.stdout
