@@ -71,6 +71,8 @@ def test_a_script_that_leaves_only_notes_in_its_model_dir_is_done_with_no_model_
     assert "DONE · no model" in listed.stdout, listed.stdout
     as_json = json.loads(run_cli("runs", "--json", env=env, cwd=tmp_path).stdout)
     assert [(r["status"], r["note"]) for r in as_json] == [("DONE", "no model")]
+    shown = json.loads(run_cli("show", run.run_id, "--json", env=env, cwd=tmp_path).stdout)
+    assert shown["model"] is None and shown["no_model"].startswith(found), shown["no_model"]
 
 
 def test_a_command_that_does_not_exist_fails_on_the_node_naming_it(tmp_path: Path) -> None:

@@ -165,7 +165,13 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         "status": manifest.status,
         "run_dir": str(run.dir),
         "store": store.uri(),
-        "model": store.model_uri() if metrics else None,
+        "model": store.model_uri() if metrics and not metrics.no_model else None,
+        # a script that saved none: what it left instead, and where (its checkpoints, its model dir's files)
+        **(
+            {"no_model": f"{metrics.no_model}; {metrics.left_instead()}"}
+            if metrics and metrics.no_model
+            else {}
+        ),
         "tensorboard": tensorboard,
         "tensorboard_command": f"tensorboard --logdir {tensorboard.removeprefix('file://')}"
         if tensorboard.startswith("file://")
