@@ -54,9 +54,8 @@ def _table(headers: list[str], rows: list[list[str]], caption: str | None = None
     for r in rows:
         cells: list[str | Text] = list(r)
         if status is not None:
-            cells[status] = Text(
-                r[status], style=STATUS_STYLE.get(r[status].split(" ")[0], "")
-            )  # DONE · no model
+            state = r[status].split(" ")[0]  # a note may follow it: "DONE · no model"
+            cells[status] = Text(r[status], style=STATUS_STYLE.get(state, ""))
         table.add_row(*cells)
     return table
 

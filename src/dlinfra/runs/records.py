@@ -243,7 +243,7 @@ class Metrics(Record):
         else:
             latest = f", the latest {self.latest_checkpoint}" if self.latest_checkpoint else ""
             left = f"its checkpoints at {self.checkpoint}{latest}"
-        if self.no_model and not self.no_model.startswith("found nothing"):
+        if self.no_model and not self.no_model.startswith("found nothing"):  # node.model_probe's words
             left += f"; what its model directory held at {self.model_uri}"
         return left
 
