@@ -124,8 +124,8 @@ def startup(kind: str, scratch: Path) -> float:
         # its checkpoints where dlinfra keeps them: the guide's default, /tmp/ckpt, outlives a run, and
         # the next run on this machine resumes from it and trains nothing
         body += (
-            "  command: [python, train.py, --data, digits.npz, --model_dir, $DLINFRA_MODEL_DIR,\n"
-            "            --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR, --report]\n"
+            "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
+            "            --report]\n"
         )
     else:
         body += "  steps: 60\n"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from support import run_cli
+
 from .conftest import Deployed
 from .script_projects import deploy_project, failed_marker, user_project
 
@@ -53,10 +55,24 @@ def test_a_script_that_ignores_tf_config_and_trains_alone_is_refused(tmp_path: P
     assert "ignored TF_CONFIG" in str(failed["error"])
 
 
-def test_a_script_that_writes_no_model_fails_naming_the_directory(tmp_path: Path) -> None:
-    failed = failed_marker(_misbehaving(tmp_path, "no-model"))
-    assert failed["verdict"] == "no model"
-    assert "DLINFRA_MODEL_DIR" in str(failed["error"])
+def test_a_script_that_leaves_only_notes_in_its_model_dir_is_done_with_no_model_saved(tmp_path: Path) -> None:
+    """A model directory holding nothing TensorFlow loads: DONE, the result and `runs` say no model
+    was saved and what was found; the notes are uploaded all the same, as SageMaker and Vertex would."""
+    run = _misbehaving(tmp_path, "no-model")
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    found = "found NOTES.txt (32 bytes), no SavedModel/.keras/.h5"
+    assert f"model: none: no model saved ({found}); no checkpoint either" in run.result.stdout
+    assert run.metrics["no_model"] == found and run.metrics["models"] == []
+    assert (run.store / "model" / "NOTES.txt").read_text() == "notes: trained, model elsewhere\n"
+    assert f"what its model directory held at {run.metrics['model_uri']}" in run.result.stdout
+    assert json.loads((run.store / "DONE").read_text())["reason"] == "no model saved"
+    env = dict(os.environ, DLINFRA_HOME=str(run.home), COLUMNS="200")
+    listed = run_cli("runs", env=env, cwd=tmp_path)
+    assert "DONE · no model" in listed.stdout, listed.stdout
+    as_json = json.loads(run_cli("runs", "--json", env=env, cwd=tmp_path).stdout)
+    assert [(r["status"], r["note"]) for r in as_json] == [("DONE", "no model")]
+    shown = json.loads(run_cli("show", run.run_id, "--json", env=env, cwd=tmp_path).stdout)
+    assert shown["model"] is None and shown["no_model"].startswith(found), shown["no_model"]
 
 
 def test_a_command_that_does_not_exist_fails_on_the_node_naming_it(tmp_path: Path) -> None:

@@ -54,7 +54,8 @@ def _table(headers: list[str], rows: list[list[str]], caption: str | None = None
     for r in rows:
         cells: list[str | Text] = list(r)
         if status is not None:
-            cells[status] = Text(r[status], style=STATUS_STYLE.get(r[status], ""))
+            state = r[status].split(" ")[0]  # a note may follow it: "DONE · no model"
+            cells[status] = Text(r[status], style=STATUS_STYLE.get(state, ""))
         table.add_row(*cells)
     return table
 
@@ -67,7 +68,7 @@ def _run_cells(r: dict[str, Any]) -> dict[str, str]:
     cost = _num(r.get("usd_spent"), "${:.2f}")  # at the plan's prices since the nodes started
     texts = (
         r["run_id"],
-        r["status"],
+        r["status"] + (f" · {r['note']}" if r.get("note") else ""),
         r["age"],
         r["target"] or "-",
         r["strategy"] or "-",

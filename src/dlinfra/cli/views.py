@@ -15,7 +15,7 @@ from rich.text import Text
 
 from dlinfra.cli.console import table_box
 from dlinfra.cli.tables import _dropped_caption, _fitting, _mean_sd, _num
-from dlinfra.runs.records import Metrics
+from dlinfra.runs.records import NO_MODEL_SAVED, Metrics
 from dlinfra.runs.reports import run_cost
 from dlinfra.runs.startup import describe
 from dlinfra.watching import Outcome, Snapshot
@@ -216,6 +216,7 @@ def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:
         ("strategy", m.strategy),
         ("workers / ps", f"{m.workers} / {m.ps}"),
         ("steps", steps),
+        ("model", NO_MODEL_SAVED if m.no_model else ", ".join(m.models) or "-"),
         *((name, f"{value:.6g}") for name, value in sorted(m.scalars.items())),
         ("script time", f"{m.train_seconds:.1f} s"),
         ("total time", f"{outcome.wall_seconds:.1f} s"),
@@ -230,7 +231,10 @@ def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:
 def result_view(outcome: Outcome) -> Group:
     """The result table, then the model's URI (and a script's command) on lines of their own: what a
     user copies, which a table cell would wrap or cut to fit the screen."""
-    model = outcome.metrics.model_uri if outcome.metrics else "-"
+    m = outcome.metrics
+    model = "-" if m is None else m.model_uri
+    if m is not None and m.no_model:  # a script that saved none: what it left instead, and where
+        model = f"none: {NO_MODEL_SAVED} ({m.no_model}); {m.left_instead()}"
     lines = [Text(f"model: {model}"), *map(Text, outcome.metrics.outputs_refused if outcome.metrics else [])]
     if outcome.metrics is not None and (advice := input_bound(outcome.metrics.input_wait)):
         lines.append(Text(advice))

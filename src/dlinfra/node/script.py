@@ -7,8 +7,9 @@ checkpoint and TensorBoard directories synced to the store, and ends the node th
 ended. The agent imports no TensorFlow, so the script's environment may hold whichever TensorFlow its
 requirements pin.
 
-The node that owns the result (the chief; worker 0 without one) decides the run: its exit 0, with a
-model in DLINFRA_MODEL_DIR, is DONE; any node's failure is FAILED with its exit code and last lines.
+The node that owns the result (the chief; worker 0 without one) decides the run: its exit 0 is DONE
+with what it left (a model TensorFlow loads, else "no model saved": node.script_end), FAILED under
+training.require_model without one; any node's failure is FAILED with its exit code and last lines.
 The other nodes stop once the run has ended (a ps serves until then).
 """
 

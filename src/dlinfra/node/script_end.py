@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
+from dlinfra.node import model_check
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.script_dirs import MODEL_DIR, ScriptDirs
 from dlinfra.node.script_log import TAIL_LINES, last_error, log_tail, tail_text
@@ -14,8 +15,8 @@ from dlinfra.node.script_progress import ScriptProgress
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import TRANSIENT_TF_ERRORS
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
-from dlinfra.runs.local_files import OutputsTooBig, regular_files
-from dlinfra.runs.records import Metrics
+from dlinfra.runs.local_files import OutputsTooBig
+from dlinfra.runs.records import NO_MODEL, NO_MODEL_SAVED, Metrics
 
 
 def ended(
@@ -77,20 +78,10 @@ def finish(
 ) -> int:
     """The owner's script exited 0: its model, metrics and the DONE marker, or why there are none."""
     checkpoints, tensorboard = syncs
-    if not regular_files(dirs.model, MODEL_DIR).files:
-        return give_up(
-            cfg,
-            store,
-            status,
-            f"the script on {cfg.name} exited 0 but wrote no model into {MODEL_DIR} ({dirs.model}). Fix: "
-            f"save it there, e.g. model.save(os.path.join(os.environ['{MODEL_DIR}'], 'model.keras')) or "
-            f"tf.saved_model.save(model, os.environ['{MODEL_DIR}'])",
-            "",
-            verdict="no model",
-        )
     status.update(state="exporting")
+    found = model_check.check(dirs.model)
     refused: list[str] = []
-    try:
+    try:  # a model or not, what the script left there is kept, as SageMaker and Vertex keep it
         model_uri = store.put_model(dirs.model, cfg.training.outputs_max_gb, refused)
     except OutputsTooBig as exc:
         return give_up(cfg, store, status, f"on {cfg.name}: {exc}", "", verdict="outputs")
@@ -115,10 +106,37 @@ def finish(
         final_loss=scalars.get("loss"),
         model_uri=model_uri,
         checkpoint=store.synced_uri(SCRIPT_CHECKPOINTS) if checkpoints.files else None,
+        models=found.models,
+        no_model=found.why_none,
+        latest_checkpoint=model_check.latest_checkpoint(dirs.checkpoint) if checkpoints.files else None,
         outputs_refused=[*refused, *checkpoints.refused, *tensorboard.refused],
     )
-    store.put_metrics(metrics)
-    store.write_marker("DONE", node=cfg.name, step=progress.step, eval_accuracy=metrics.eval_accuracy)
+    store.put_metrics(metrics)  # what it trained, whether or not the run is DONE
+    if found.why_none is not None and cfg.training.require_model:
+        return give_up(
+            cfg,
+            store,
+            status,
+            f"the script on {cfg.name} exited 0 but saved no model TensorFlow can load into {MODEL_DIR} "
+            f"({found.why_none}), and training.require_model is true. Fix: save it there, e.g. "
+            f"model.save(os.path.join(os.environ['{MODEL_DIR}'], 'model.keras')) or "
+            f"tf.saved_model.save(model, os.environ['{MODEL_DIR}']); {metrics.left_instead()}",
+            "",
+            verdict=NO_MODEL,
+        )
+    store.write_marker(
+        "DONE",
+        node=cfg.name,
+        step=progress.step,
+        eval_accuracy=metrics.eval_accuracy,
+        reason=None if found.why_none is None else NO_MODEL_SAVED,
+    )
     status.stop(state="done", step=progress.step or 0)
-    print(f"done: the script exited 0, model at {model_uri}", flush=True)
+    if found.why_none is None:
+        print(f"done: the script exited 0, model ({', '.join(found.models)}) at {model_uri}", flush=True)
+    else:
+        print(
+            f"done: the script exited 0, {NO_MODEL_SAVED} ({found.why_none}); {metrics.left_instead()}",
+            flush=True,
+        )
     return EXIT_DONE

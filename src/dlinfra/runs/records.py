@@ -22,6 +22,8 @@ MARKERS: tuple[MarkerName, ...] = ("DONE", "FAILED", "STOPPED")
 FINISHED_NODE_STATES = ("done", "failed", "stopped")
 INTERRUPTED_NODE_STATES = ("interrupted", "replacing (interrupted)", "replacing (straggler)")
 NoticeKind = Literal["interruption", "rebalance"]
+NO_MODEL = "no model"  # the verdict of a script run that saved none under training.require_model
+NO_MODEL_SAVED = "no model saved"  # the reason on the DONE marker of one without it
 
 
 class Record(BaseModel):
@@ -226,10 +228,27 @@ class Metrics(Record):
     final_loss: float | None = None
     model_uri: str
     checkpoint: str | None = None
+    # a script's model directory: what in it TensorFlow loads ("SavedModel export/17", ".keras model.keras"),
+    # or, none loading, what it held instead (node.model_probe): the run is DONE with "no model saved"
+    models: list[str] = Field(default_factory=list)
+    no_model: str | None = None
+    latest_checkpoint: str | None = None  # the one TensorFlow's state file names, under `checkpoint`
     # a script's outputs not uploaded: links out of their directory, special files (runs.local_files)
     outputs_refused: list[str] = Field(default_factory=list)
     interruptions: list[Notice] = Field(default_factory=list)  # spot notices the nodes acted on
     rebalances: int = 0  # rebalance recommendations seen (only logged unless act_on_rebalance)
+
+    def left_instead(self) -> str:
+        """Where a script run that saved no model keeps what it did leave: its checkpoints, and the
+        files of its model directory (uploaded as they are)."""
+        if self.checkpoint is None:
+            left = "no checkpoint either (nothing in $DLINFRA_CHECKPOINT_DIR)"
+        else:
+            latest = f", the latest {self.latest_checkpoint}" if self.latest_checkpoint else ""
+            left = f"its checkpoints at {self.checkpoint}{latest}"
+        if self.no_model and not self.no_model.startswith("found nothing"):  # node.model_probe's words
+            left += f"; what its model directory held at {self.model_uri}"
+        return left
 
     def steady_examples_per_sec(self) -> float | None:
         """Every example over all the time from the first report to the last: what a run sustains.
@@ -249,6 +268,7 @@ class Metrics(Record):
             "steps": self.steps,
             "train_seconds": self.train_seconds,
             "model_uri": self.model_uri,
+            **({"no_model": self.no_model} if self.no_model else {}),
             **(
                 {
                     "interruptions": len(self.interruptions),

@@ -14,7 +14,7 @@ from dlinfra.runs.layout import RunStore
 from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
 from dlinfra.runs.preflight import figures
-from dlinfra.runs.records import MARKERS, Notice
+from dlinfra.runs.records import MARKERS, NO_MODEL, NO_MODEL_SAVED, Notice
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
 from dlinfra.spec.hardware import cluster_hardware
@@ -108,9 +108,11 @@ def list_run_rows() -> list[dict[str, Any]]:
         if m.handed_over and (m.resources_up or m.status not in FINAL_STATUSES):
             m = _as_the_controller_left_it(run, m)
         status, accuracy = m.status, (m.metrics or {}).get("eval_accuracy")
+        no_model = bool((m.metrics or {}).get("no_model"))
         # nobody watching a detached run: the store knows whether it ended
         if status == "RUNNING" and m.detached and (marker := run.store().marker()):
             status, accuracy = marker.marker, marker.eval_accuracy
+            no_model = marker.reason == NO_MODEL_SAVED
         owner = _owner(run) if m.resources_up or status not in FINAL_STATUSES else None
         rows.append(
             {
@@ -126,6 +128,7 @@ def list_run_rows() -> list[dict[str, Any]]:
                 "usd_per_hour": (m.plan.usd_per_hour if m.plan else None) if m.resources_up else None,
                 "resources_up": m.resources_up,
                 "owner": owner,
+                "note": NO_MODEL if status == "DONE" and no_model else None,  # a script that saved none
             }
         )
     return rows
@@ -163,7 +166,13 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         "status": manifest.status,
         "run_dir": str(run.dir),
         "store": store.uri(),
-        "model": store.model_uri() if metrics else None,
+        "model": store.model_uri() if metrics and not metrics.no_model else None,
+        # a script that saved none: what it left instead, and where (its checkpoints, its model dir's files)
+        **(
+            {"no_model": f"{metrics.no_model}; {metrics.left_instead()}"}
+            if metrics and metrics.no_model
+            else {}
+        ),
         "tensorboard": tensorboard,
         "tensorboard_command": f"tensorboard --logdir {tensorboard.removeprefix('file://')}"
         if tensorboard.startswith("file://")

@@ -45,6 +45,12 @@ class TrainingSpec(StrictModel):
         "(GB, sparse files at their full length) for the node to upload it; past it the run fails naming "
         "this field. Only regular files under a directory are uploaded: a link out of it is refused.",
     )
+    require_model: bool = Field(
+        False,
+        description="Script mode: a script that exits 0 without leaving a model TensorFlow can load "
+        "(a SavedModel, .keras or .h5 file in $DLINFRA_MODEL_DIR) fails the run with verdict 'no model'; "
+        "false ends it DONE with 'no model saved' and its checkpoints.",
+    )
     requirements: list[str] = Field(
         default_factory=list,
         description="Packages the entrypoint imports beyond dlinfra's own (PEP 508 strings), or the path "
@@ -146,6 +152,11 @@ class TrainingSpec(StrictModel):
             raise ValueError(
                 "outputs_max_gb caps what a script's directories upload; without training.command "
                 "dlinfra's loop writes the model itself. Fix: remove outputs_max_gb, or set command"
+            )
+        if self.require_model and not self.command:
+            raise ValueError(
+                "require_model asks a script for its model; without training.command dlinfra's loop "
+                "saves the model itself. Fix: remove require_model, or set command"
             )
         return self
 

@@ -76,8 +76,10 @@ elif args.mode == "alone":  # trains on its own copy of the data, never looking 
     time.sleep(1)
     with open(os.path.join(os.environ["DLINFRA_MODEL_DIR"], "model.txt"), "w") as out:
         out.write("a model trained alone\n")
-elif args.mode == "no-model":
+elif args.mode == "no-model":  # leaves a note where the model goes, and no model
     server = serve_like_tensorflow()
+    with open(os.path.join(os.environ["DLINFRA_MODEL_DIR"], "NOTES.txt"), "w") as out:
+        out.write("notes: trained, model elsewhere\n")  # 32 bytes
     time.sleep(5)  # serving as a training run would, long enough for its agent's look (every 0.5 s)
 elif args.mode == "leave-behind":  # a model, with links out of every output directory, and a daemon
     server = serve_like_tensorflow()

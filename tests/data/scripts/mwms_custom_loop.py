@@ -1,10 +1,11 @@
 """TensorFlow's guide "Custom training loop with Keras and MultiWorkerMirroredStrategy", as a user
 would run it by hand: the cluster from TF_CONFIG, per-worker checkpoints (the chief's in
---checkpoint_dir, the others' in temporary directories), a restore from the latest checkpoint, and
-the model saved at the end. Its changes from the guide: it reads a local .npz instead of downloading
-MNIST, and it divides by max(num_batches, 1): the guide saves its checkpoint before it moves on to the
-next epoch, so resumed from it, its first epoch runs no batch and divides by zero. It knows nothing of
-dlinfra except that it calls dlinfra.report when asked to (--report)."""
+--checkpoint_dir, the others' in temporary directories) and a restore from the latest checkpoint.
+Like the guide, it saves no model: its checkpoints are what it leaves. Its changes from the guide: it
+reads a local .npz instead of downloading MNIST, and it divides by max(num_batches, 1): the guide
+saves its checkpoint before it moves on to the next epoch, so resumed from it, its first epoch runs
+no batch and divides by zero. It knows nothing of dlinfra except that it calls dlinfra.report when
+asked to (--report)."""
 
 import argparse
 import json
@@ -16,7 +17,6 @@ import tensorflow as tf
 parser = argparse.ArgumentParser()
 parser.add_argument("--data", required=True)
 parser.add_argument("--checkpoint_dir", default="/tmp/ckpt")
-parser.add_argument("--model_dir", default="/tmp/model")
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--steps_per_epoch", type=int, default=20)
 parser.add_argument("--report", action="store_true")
@@ -140,8 +140,3 @@ while epoch.numpy() < args.epochs:
         tf.io.gfile.rmtree(write_checkpoint_dir)
     epoch.assign_add(1)
     step_in_epoch.assign(0)
-
-model_path = write_filepath(os.path.join(args.model_dir, "model.keras"), task_type, task_id, cluster_spec)
-multi_worker_model.save(model_path)
-if not _is_chief(task_type, task_id, cluster_spec):
-    tf.io.gfile.rmtree(os.path.dirname(model_path))

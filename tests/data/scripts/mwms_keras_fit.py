@@ -1,8 +1,8 @@
 """TensorFlow's guide "Multi-worker training with Keras": `model.fit` under MultiWorkerMirroredStrategy
 with tf-keras (TF_USE_LEGACY_KERAS=1; Keras 3's fit fails under the strategy, keras#20585), the
-cluster from TF_CONFIG, BackupAndRestore for fault tolerance, a TensorBoard callback, and the
-guide's write_filepath pattern to save the model from the chief. Its only change from the guide: a
-local .npz where it downloads MNIST. It reports nothing to dlinfra: its progress is what it writes
+cluster from TF_CONFIG, BackupAndRestore for fault tolerance and a TensorBoard callback: the guide's
+main.py, which saves no model (its "Model saving" section runs in the notebook, not in main.py). Its
+only change from the guide: a local .npz where it downloads MNIST. It reports nothing to dlinfra: its progress is what it writes
 for TensorBoard."""
 
 import argparse
@@ -16,7 +16,6 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--data", required=True)
 parser.add_argument("--backup_dir", default="/tmp/backup")
 parser.add_argument("--tensorboard_dir", default="/tmp/logs")
-parser.add_argument("--model_dir", default="/tmp/model")
 parser.add_argument("--epochs", type=int, default=3)
 args = parser.parse_args()
 
@@ -63,28 +62,3 @@ callbacks = [
     tf.keras.callbacks.TensorBoard(log_dir=args.tensorboard_dir),
 ]
 multi_worker_model.fit(multi_worker_dataset, epochs=args.epochs, steps_per_epoch=40, callbacks=callbacks)
-
-
-def _is_chief(task_type, task_id):
-    return task_type == "chief" or (task_type == "worker" and task_id == 0) or task_type is None
-
-
-def _get_temp_dir(dirpath, task_id):
-    temp_dir = os.path.join(dirpath, "workertemp_" + str(task_id))
-    tf.io.gfile.makedirs(temp_dir)
-    return temp_dir
-
-
-def write_filepath(filepath, task_type, task_id):
-    dirpath = os.path.dirname(filepath)
-    base = os.path.basename(filepath)
-    if not _is_chief(task_type, task_id):
-        dirpath = _get_temp_dir(dirpath, task_id)
-    return os.path.join(dirpath, base)
-
-
-task_type, task_id = strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id
-write_model_path = write_filepath(os.path.join(args.model_dir, "saved_model"), task_type, task_id)
-multi_worker_model.save(write_model_path)
-if not _is_chief(task_type, task_id):
-    tf.io.gfile.rmtree(os.path.dirname(write_model_path))

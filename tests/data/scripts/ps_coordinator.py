@@ -2,9 +2,8 @@
 loop, as a user runs it on a real cluster: TF_CONFIG names the cluster, workers and parameter servers
 start a tf.distribute.Server and join it, the chief coordinates. StringLookup and Embedding features,
 a variable partitioner over the parameter servers, a ClusterCoordinator scheduling steps. Changed from
-the guide only where Keras 3 differs (no legacy optimizer, no TF op on a symbolic tensor) and to save
-the model at the end into --model_dir (with tf-keras as a SavedModel: its .keras file keeps the
-embedding's shards, which a single process cannot load)."""
+the guide only where Keras 3 differs (no legacy optimizer, no TF op on a symbolic tensor). Like the
+guide, it saves no model and writes no checkpoint."""
 
 import argparse
 import os
@@ -13,7 +12,6 @@ import random
 import tensorflow as tf
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--model_dir", default="/tmp/model")
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--steps_per_epoch", type=int, default=5)
 args = parser.parse_args()
@@ -130,7 +128,3 @@ for i in range(args.epochs):
 
 loss = coordinator.schedule(step_fn, args=(per_worker_iterator,))
 print("Final loss is %f" % loss.fetch(), flush=True)
-if os.environ.get("TF_USE_LEGACY_KERAS") == "1":  # tf-keras: a SavedModel holds each sharded variable whole
-    model.save(os.path.join(args.model_dir, "saved_model"))
-else:
-    model.save(os.path.join(args.model_dir, "model.keras"))
