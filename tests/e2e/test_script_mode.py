@@ -92,9 +92,9 @@ def test_the_mwms_custom_loop_guide_runs_unchanged_and_resumes_from_its_checkpoi
         r'model_checkpoint_path: "([^"]+)"', (live.store / "checkpoints" / "files" / "checkpoint").read_text()
     )
     assert state is not None
-    assert sorted(stored) == sorted(
-        ["checkpoint", f"{state[1]}.index", f"{state[1]}.data-00000-of-00001"]
-    ), "the guide keeps one checkpoint (max_to_keep=1): the store holds that one, as the script does"
+    assert sorted(stored) == sorted(["checkpoint", f"{state[1]}.index", f"{state[1]}.data-00000-of-00001"]), (
+        "the guide keeps one checkpoint (max_to_keep=1): the store holds that one, as the script does"
+    )
     assert metrics["scalars"]["train_accuracy"] > 0.7
     assert metrics["no_model"] == "found nothing, no SavedModel/.keras/.h5" and metrics["models"] == []
     latest = metrics["latest_checkpoint"]
