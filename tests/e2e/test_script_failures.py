@@ -51,6 +51,7 @@ def test_a_script_that_ignores_tf_config_and_trains_alone_is_refused(tmp_path: P
     failed = failed_marker(_misbehaving(tmp_path, "alone"))
     assert failed["verdict"] == "alone" and failed["node"] == "worker-0"
     assert "ignored TF_CONFIG" in str(failed["error"])
+    assert "DLINFRA_MODEL_DIR is kept at" in str(failed["error"]), "its model is the run's output"
 
 
 def test_a_script_that_writes_no_model_fails_naming_the_directory(tmp_path: Path) -> None:
