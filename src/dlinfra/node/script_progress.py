@@ -1,10 +1,11 @@
 """A script's progress, as its node agent learns it: its dlinfra.report calls, else the scalars it
 writes for TensorBoard, else (for the stall verdict alone) its CPU use.
 
-A script that reports is stalled sooner than cluster.stall_timeout: after STALL_MULTIPLE times the
-median interval between its reports, never under STALL_FLOOR (TensorFlow's tracing, a checkpoint or
-an evaluation pause a healthy script), and never under twice the longest pause it has already made
-and come back from. The node publishes that bound (stall_after); the watcher takes the run's from it.
+A script that reports (dlinfra.report) is stalled sooner than cluster.stall_timeout: after
+STALL_MULTIPLE times the median interval between its new steps, never under STALL_FLOOR (TensorFlow's
+tracing, a checkpoint or an evaluation pause a healthy script), and never under twice the longest
+pause it has already made and come back from. The node publishes that bound (stall_after); the
+watcher takes the run's from it (runs.diagnosis.stall_limit).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class ScriptProgress:
             found = {"step": self.events.step, "scalars": self.events.values, "time": time.time()}
         if found is None or (found["step"] == self.step and found.get("scalars") == self.scalars):
             return
-        stepped = found["step"] != self.step  # only a new step moves the stall clock, and paces it
+        # only a new step moves the stall clock; only reports pace it (event files are flushed
+        # on TensorFlow's own schedule, not the script's)
+        pace = found["step"] != self.step and self.source == "report"
         self.step, self.scalars = found["step"], dict(found.get("scalars") or {})
         at = float(found.get("time") or time.time())
         if self.first_step_at is None:
@@ -68,7 +71,7 @@ class ScriptProgress:
         if rate is not None:
             self.series.append((at, self.step, rate))
         self.status.update(
-            step=self.step, loss=loss, examples_per_sec=rate, **(self._paced(at) if stepped else {})
+            step=self.step, loss=loss, examples_per_sec=rate, **(self._paced(at) if pace else {})
         )
 
     def _paced(self, at: float) -> dict[str, float]:
