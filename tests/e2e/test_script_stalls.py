@@ -54,3 +54,5 @@ def test_a_script_that_trains_alone_is_refused_after_a_minute_not_at_its_end_and
     assert re.search(r"ran \d+s, training, without ever serving", str(failed["error"])), failed
     assert "what it wrote into DLINFRA_MODEL_DIR is kept at " in str(failed["error"]), failed
     assert (run.store / "model" / "model.txt").read_text() == "a model trained alone\n"
+    # it reports nothing: the deploy line says it runs, and how busy it is, not `starting`
+    assert re.search(r"nodes up 2/2 · running · no progress reported · CPU \d+%", run.result.stdout)
