@@ -11,7 +11,7 @@ from dlinfra.errors import DlinfraError
 from dlinfra.node.masked_log import masker
 from dlinfra.prepare import Prepared
 from dlinfra.runs import preflight_history, versions
-from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, stack_summary
+from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, hung_first, stack_summary
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.ownership import Lease, owner_of
 from dlinfra.runs.records import Marker, Metrics, NodeState
@@ -184,12 +184,17 @@ def _fail(store: RunStore, verdict: Verdict, nodes: dict[str, NodeState | None])
     """FAILED, naming the culprit and the verdict; for nodes that are there but not moving, first
     their stacks (kept in the store) and where each one waits."""
     error = f"{verdict.kind}: {verdict.detail}"
-    stacks = None
+    stacks, culprit = None, verdict.nodes[0]
     if verdict.wants_stacks:
         alive = [n for n, s in nodes.items() if s is not None and not s.finished]
-        stacks = stack_summary(verdict, nodes, collect_stacks(store, alive))
-        error += "; " + "; ".join(f"{name} {where}" for name, where in stacks.items())
-    store.write_marker("FAILED", node=verdict.nodes[0], verdict=verdict.kind, error=error, stacks=stacks)
+        dumps = collect_stacks(store, alive)
+        stacks = stack_summary(verdict, nodes, dumps)
+        order = list(stacks)
+        if verdict.kind == "stalled":  # every node is named: the one that hung, not its waiting peers
+            order = hung_first(order, dumps)
+            culprit = hung_first(verdict.nodes, dumps)[0]
+        error += "; " + "; ".join(f"{name} {stacks[name]}" for name in order)
+    store.write_marker("FAILED", node=culprit, verdict=verdict.kind, error=error, stacks=stacks)
 
 
 def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) -> Outcome:

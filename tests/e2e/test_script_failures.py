@@ -53,6 +53,7 @@ def test_a_script_that_ignores_tf_config_and_trains_alone_is_refused(tmp_path: P
     failed = failed_marker(_misbehaving(tmp_path, "alone"))
     assert failed["verdict"] == "alone" and failed["node"] == "worker-0"
     assert "ignored TF_CONFIG" in str(failed["error"])
+    assert "DLINFRA_MODEL_DIR is kept at" in str(failed["error"]), "its model is the run's output"
 
 
 def test_a_script_that_leaves_only_notes_in_its_model_dir_is_done_with_no_model_saved(tmp_path: Path) -> None:

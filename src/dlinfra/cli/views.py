@@ -43,7 +43,7 @@ def _node_cells(name: str, st: dict[str, Any] | None, now: float) -> dict[str, s
         return dict(zip(NODE_COLUMNS, (name, "booting", *("-",) * 6), strict=True))
     total = st.get("total_steps")
     step = f"{st.get('step', 0)}/{total}" if total else (str(st["step"]) if st.get("step") else "-")
-    state = st.get("state", "?")
+    state = unreported(st) or st.get("state", "?")
     if st.get("process") in ("stopped", "zombie", "gone") and state not in ("done", "failed", "stopped"):
         state += f" (process {st['process']})"  # what the beacon sees, not what the trainer last said
     if st.get("notice"):  # EC2's word about the machine: a rebalance or a coming interruption
@@ -89,13 +89,23 @@ def nodes_table(nodes: dict[str, dict[str, Any] | None], width: int, title: str 
     return table
 
 
+def unreported(st: dict[str, Any]) -> str | None:
+    """A script running without reports (dlinfra.report or TensorBoard scalars): say so, and how busy
+    it is, rather than a step it never gives."""
+    if st.get("state") != "running" or st.get("step"):
+        return None
+    cpu = st.get("cpu_percent")
+    return "running · no progress reported" + (f" · CPU {cpu:.0f}%" if cpu is not None else "")
+
+
 def progress_line(snap: Snapshot) -> str:
     """One line for logs and CI, where a live table cannot redraw."""
     up = sum(1 for s in snap.nodes.values() if s is not None)
     trainer = next((s for s in snap.nodes.values() if s and (s.total_steps or s.step)), None)
     checking = [s.state for s in snap.nodes.values() if s and s.state.startswith("preflight")]
+    silent = [text for s in snap.nodes.values() if s and (text := unreported(s.model_dump()))]
     if trainer is None or (checking and not trainer.step):  # the chief's round, or the last node's
-        step = checking[0] if checking else "starting"
+        step = checking[0] if checking else (silent[0] if silent else "starting")
     else:  # a script reports steps without a total (or nothing: then its nodes' states say it runs)
         step = f"step {trainer.step}" + (f"/{trainer.total_steps}" if trainer.total_steps else "")
     loss = f" loss {trainer.loss:.4f}" if trainer and trainer.loss is not None else ""

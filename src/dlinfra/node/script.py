@@ -53,6 +53,10 @@ POLL_SECONDS = 0.5
 MARKER_SECONDS = 1.0  # how often a node looks for the run's end in the store
 SYNC_SECONDS = 10.0
 STOP_GRACE = 30.0  # after the run ended elsewhere: SIGTERM, then this long before SIGKILL
+# An owner whose script trains this long (from its first reported step, else from its start) without
+# serving on its TF_CONFIG address, while it has peers, ignores them: it is refused as `alone` then,
+# not after it trained its full length on every node.
+ALONE_AFTER = 60.0
 
 
 def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_file: Path | None) -> int:
@@ -119,6 +123,10 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
         progress.read()
         progress.busy(script.pid)
         served = served or port_open(cfg.address)
+        if not served and time.time() - (progress.first_step_at or started) > ALONE_AFTER:
+            _stop(script)
+            _end_left_behind()
+            return alone(cfg, store, status, dirs, time.time() - started)
         now = time.monotonic()
         try:
             if sends:  # looked at every poll, sent once settled: a restart finds the newest checkpoint
@@ -151,7 +159,7 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     if too_big is not None:
         return give_up(cfg, store, status, f"on {cfg.name}: {too_big}", "", verdict="outputs")
     if exit_code == 0 and owner and not served:
-        return alone(cfg, store, status)
+        return alone(cfg, store, status, dirs, None)
     if exit_code == 0 and owner:
         return finish(cfg, store, status, dirs, progress, (checkpoints, tensorboard), took)
     return ended(cfg, store, status, exit_code, progress, log_file)

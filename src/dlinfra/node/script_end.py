@@ -53,14 +53,25 @@ def ended(
     return EXIT_DONE
 
 
-def alone(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> int:
+def alone(cfg: NodeConfig, store: RunStore, status: NodeStatus, dirs: ScriptDirs, ran: float | None) -> int:
+    """The owner's script never served on its TF_CONFIG address: it trains alone, as every node does.
+    `ran`: the seconds after which it was stopped for it (script.ALONE_AFTER), None if it exited 0.
+    What it wrote into its model directory is kept, as the run's only output, named with the verdict."""
+    kept = "it wrote no model"
+    if regular_files(dirs.model, MODEL_DIR).files:
+        try:
+            uri = store.put_model(dirs.model, cfg.training.outputs_max_gb)
+            kept = f"what it wrote into {MODEL_DIR} is kept at {uri}"
+        except OutputsTooBig as exc:
+            kept = f"what it wrote into {MODEL_DIR} was not kept: {exc}"
+    did = "exited 0" if ran is None else f"ran {ran:.0f}s, training,"
     return give_up(
         cfg,
         store,
         status,
-        f"the script on {cfg.name} exited 0 without ever serving on its TF_CONFIG address "
-        f"{cfg.address}: it ignored TF_CONFIG and trained alone, as every node did. Fix: build the "
-        "strategy from TF_CONFIG, e.g. tf.distribute.MultiWorkerMirroredStrategy() or "
+        f"the script on {cfg.name} {did} without ever serving on its TF_CONFIG address "
+        f"{cfg.address}: it ignored TF_CONFIG and trained alone, as every node did ({kept}). Fix: build "
+        "the strategy from TF_CONFIG, e.g. tf.distribute.MultiWorkerMirroredStrategy() or "
         "ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())",
         "",
         verdict="alone",

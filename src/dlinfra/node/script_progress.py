@@ -1,9 +1,17 @@
 """A script's progress, as its node agent learns it: its dlinfra.report calls, else the scalars it
-writes for TensorBoard, else (for the stall verdict alone) its CPU use."""
+writes for TensorBoard, else (for the stall verdict alone) its CPU use.
+
+A script that reports (dlinfra.report) is stalled sooner than cluster.stall_timeout: after
+STALL_MULTIPLE times the median interval between its new steps, never under STALL_FLOOR (TensorFlow's
+tracing, a checkpoint or an evaluation pause a healthy script), and never under twice the longest
+pause it has already made and come back from. The node publishes that bound (stall_after); the
+watcher takes the run's from it (runs.diagnosis.stall_limit).
+"""
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +25,10 @@ from dlinfra.progress import read_report
 # that never comes, on a lock) uses next to none; one that trains uses a core.
 BUSY_CPU_SECONDS = 0.5
 BUSY_WINDOW = 10.0
+STALL_MULTIPLE = 10.0
+STALL_FLOOR = 30.0
+STALL_INTERVALS = 3  # intervals seen before the script's own pace counts (a median of one is noise)
+KEPT_REPORT_TIMES = 50
 
 
 @dataclass
@@ -32,6 +44,8 @@ class ScriptProgress:
     first_step_at: float | None = None
     series: list[tuple[float, int, float]] = field(default_factory=list)
     losses: list[tuple[int, float]] = field(default_factory=list)
+    report_times: list[float] = field(default_factory=list)  # when each new step was reported, latest last
+    longest_pause: float = 0.0
     _cpu: tuple[float, float] | None = None  # (when, CPU seconds) of the last busy check
 
     def read(self) -> None:
@@ -43,6 +57,9 @@ class ScriptProgress:
             found = {"step": self.events.step, "scalars": self.events.values, "time": time.time()}
         if found is None or (found["step"] == self.step and found.get("scalars") == self.scalars):
             return
+        # only a new step moves the stall clock; only reports pace it (event files are flushed
+        # on TensorFlow's own schedule, not the script's)
+        pace = found["step"] != self.step and self.source == "report"
         self.step, self.scalars = found["step"], dict(found.get("scalars") or {})
         at = float(found.get("time") or time.time())
         if self.first_step_at is None:
@@ -53,7 +70,19 @@ class ScriptProgress:
             self.losses.append((self.step, loss))
         if rate is not None:
             self.series.append((at, self.step, rate))
-        self.status.update(step=self.step, loss=loss, examples_per_sec=rate)
+        self.status.update(
+            step=self.step, loss=loss, examples_per_sec=rate, **(self._paced(at) if pace else {})
+        )
+
+    def _paced(self, at: float) -> dict[str, float]:
+        """The stall bound this script's own pace sets, once it has one: {"stall_after": seconds}."""
+        if self.report_times:
+            self.longest_pause = max(self.longest_pause, at - self.report_times[-1])
+        self.report_times = [*self.report_times, at][-KEPT_REPORT_TIMES:]
+        intervals = [b - a for a, b in zip(self.report_times, self.report_times[1:], strict=False)]
+        if len(intervals) < STALL_INTERVALS:
+            return {}
+        return {"stall_after": stall_after(intervals, self.longest_pause)}
 
     def busy(self, pid: int) -> None:
         """A script that reports nothing: its CPU use marks progress for the stall verdict."""
@@ -65,9 +94,16 @@ class ScriptProgress:
         if self._cpu is None:
             self._cpu = (now, cpu)
         elif now - self._cpu[0] >= BUSY_WINDOW:
-            if cpu - self._cpu[1] >= BUSY_CPU_SECONDS:
-                self.status.update(progress_at=now)
+            used = cpu - self._cpu[1]
+            # its share of one core, shown where a reporting script shows its step
+            shown = {"cpu_percent": round(100 * used / (now - self._cpu[0]))}
+            self.status.update(**shown, **({"progress_at": now} if used >= BUSY_CPU_SECONDS else {}))
             self._cpu = (now, cpu)
+
+
+def stall_after(intervals: list[float], longest_pause: float = 0.0) -> float:
+    """Seconds without a new report after which a script reporting at these intervals is stalled."""
+    return max(STALL_FLOOR, STALL_MULTIPLE * statistics.median(intervals), 2 * longest_pause)
 
 
 def cpu_seconds(pid: int) -> float | None:

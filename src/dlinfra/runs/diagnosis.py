@@ -4,13 +4,16 @@ Verdicts, in the order they are checked (the first that holds names the culprit)
     crashed  a node's process ended with an error (its supervisor reports the exit code)
     frozen   a trainer stopped (SIGSTOP, a debugger) for longer than heartbeat_timeout
     lost     a node's beacon went silent for heartbeat_timeout: the machine or its supervisor is gone
-    stalled  every node alive, yet no training step for stall_timeout (the first counted from the start)
+    stalled  every node alive, yet no training step for stall_timeout (the first counted from the start),
+             or sooner for a script whose reports set a pace (stall_limit)
 A pure function of the node states and the clock, so it is tested table by table.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dlinfra.contract import EXIT_INTERRUPTED
@@ -21,6 +24,8 @@ REPLACE_GRACE = 900.0  # a replacement instance boots and installs TensorFlow be
 STACKS_WAIT = 30.0
 # Frames that only say "waiting": the interesting frame is the first one below them.
 _PLUMBING = ("threading.py", "queue.py", "selectors.py", "concurrent/futures", "socket.py")
+# Where a node waits for its peers: TensorFlow's collectives and RPCs (Keras calls into them).
+_WAITING_FOR_PEERS = re.compile(r"[(/](tensorflow|keras|tf_keras)/")
 
 
 @dataclass(frozen=True)
@@ -80,12 +85,24 @@ def diagnose(
         s.state == "exporting" or s.state.startswith(("restarting", "replacing")) or s.interrupted
         for s in live.values()
     )
-    if progress and not busy and now - max(progress) > stall_timeout:
+    limit, why = stall_limit(live.values(), stall_timeout)
+    if progress and not busy and now - max(progress) > limit:
         waiting = sorted(live)
         return Verdict(
-            "stalled", waiting, f"no training step for {now - max(progress):.0f}s while every node is alive"
+            "stalled",
+            waiting,
+            f"no training step for {now - max(progress):.0f}s ({why}) while every node is alive",
         )
     return None
+
+
+def stall_limit(live: Iterable[NodeState], stall_timeout: float) -> tuple[float, str]:
+    """Seconds without a step before the run is stalled, and why: the pace of the scripts' own
+    reports (the most patient node's bound: node.script_progress), stall_timeout at most."""
+    paced = [s.stall_after for s in live if s.stall_after is not None]
+    if paced and max(paced) < stall_timeout:
+        return max(paced), f"its reports' pace allows {max(paced):.0f}s"
+    return stall_timeout, f"cluster.stall_timeout {stall_timeout:.0f}s"
 
 
 def collect_stacks(store: RunStore, nodes: list[str], wait: float = STACKS_WAIT) -> dict[str, str]:
@@ -102,8 +119,24 @@ def collect_stacks(store: RunStore, nodes: list[str], wait: float = STACKS_WAIT)
     return dumps
 
 
+def hung_first(names: list[str], dumps: dict[str, str]) -> list[str]:
+    """A stalled run's nodes, those that hang on their own first: a node waiting in TensorFlow (a
+    collective, an RPC) waits for a peer; the peer stuck outside it (in time.sleep, in user code) is
+    the one that hung."""
+    return sorted(names, key=lambda name: name not in dumps or _in_tensorflow(_innermost(dumps[name])))
+
+
+def _in_tensorflow(frame: str | None) -> bool:
+    return frame is None or _WAITING_FOR_PEERS.search(frame) is not None
+
+
 def where_it_waits(dump: str) -> str:
     """The main thread's innermost frame that is not mere waiting plumbing, from a py-spy dump."""
+    frame = _innermost(dump)
+    return "no Python main thread in the dump" if frame is None else f"waits in {frame}"
+
+
+def _innermost(dump: str) -> str | None:
     lines = dump.splitlines()
     pid = lines[0].split(":")[0].removeprefix("Process ").strip() if lines else ""
     # The main thread is named when py-spy can read names; its thread id is always the process id.
@@ -111,14 +144,14 @@ def where_it_waits(dump: str) -> str:
     if start is None:
         start = next((i for i, line in enumerate(lines) if line.startswith(f"Thread {pid} ")), None)
     if start is None:
-        return "no Python main thread in the dump"
+        return None
     frames = []
     for line in lines[start + 1 :]:
         if not line.startswith("    "):
             break
         frames.append(line.strip())
     useful = [f for f in frames if not any(p in f for p in _PLUMBING)]
-    return f"waits in {(useful or frames or ['?'])[0]}"
+    return (useful or frames or ["?"])[0]
 
 
 def stack_summary(

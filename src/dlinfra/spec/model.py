@@ -101,7 +101,10 @@ class ClusterSpec(StrictModel):
         600,
         gt=0,
         le=7 * DAY,
-        description="Seconds without a training step, every node alive, before the run is stalled.",
+        description=(
+            "Seconds without a training step, every node alive, before the run is stalled (a script "
+            "that reports is stalled sooner, by its own pace: see the README)."
+        ),
     )
     max_runtime: float = Field(
         3600,

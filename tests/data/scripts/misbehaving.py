@@ -18,6 +18,7 @@ parser.add_argument(
         "exit-on-worker-1",
         "hang",
         "alone",
+        "alone-for-long",
         "no-model",
         "leave-behind",
         "sparse-checkpoint",
@@ -72,10 +73,12 @@ if args.mode == "exit-on-worker-1":
 elif args.mode == "hang":
     server = serve_like_tensorflow()
     hang_forever()  # waits for a peer that never comes, before its first step
-elif args.mode == "alone":  # trains on its own copy of the data, never looking at TF_CONFIG
+elif args.mode in ("alone", "alone-for-long"):  # trains on its own copy of the data, ignoring TF_CONFIG
     time.sleep(1)
     with open(os.path.join(os.environ["DLINFRA_MODEL_DIR"], "model.txt"), "w") as out:
         out.write("a model trained alone\n")
+    if args.mode == "alone-for-long":  # and goes on training, as a real one would, for ten minutes
+        time.sleep(600)
 elif args.mode == "no-model":  # leaves a note where the model goes, and no model
     server = serve_like_tensorflow()
     with open(os.path.join(os.environ["DLINFRA_MODEL_DIR"], "NOTES.txt"), "w") as out:
