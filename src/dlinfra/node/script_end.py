@@ -15,7 +15,7 @@ from dlinfra.node.script_progress import ScriptProgress
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import TRANSIENT_TF_ERRORS
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
-from dlinfra.runs.local_files import OutputsTooBig
+from dlinfra.runs.local_files import OutputsTooBig, regular_files
 from dlinfra.runs.records import NO_MODEL, NO_MODEL_SAVED, Metrics
 
 
