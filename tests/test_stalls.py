@@ -68,6 +68,48 @@ def test_a_reporting_script_is_stalled_after_its_own_pace_not_stall_timeout(
         assert "while every node is alive" in verdict.detail
 
 
+@pytest.mark.parametrize(
+    ("case", "working_for", "stall_timeout", "stalled"),
+    [
+        ("at work on CPU 5 s ago (an evaluation): paused, not hung", 5.0, 600.0, False),
+        ("idle since its last report: hung", None, 600.0, True),
+        ("idle for longer than the pace allows since it last worked", 35.0, 600.0, True),
+        ("at work, but past stall_timeout: the ceiling holds", 5.0, 60.0, True),
+    ],
+)
+def test_the_pace_bound_waits_for_a_script_at_work_between_reports(
+    case: str, working_for: float | None, stall_timeout: float, stalled: bool
+) -> None:
+    working_at = None if working_for is None else NOW - working_for
+    nodes: dict[str, NodeState | None] = {
+        "worker-0": node("worker-0", step=8, progress_at=NOW - 90, stall_after=30.0, working_at=working_at),
+        "worker-1": node("worker-1", step=8, progress_at=NOW - 90, stall_after=30.0),
+    }
+    verdict = diagnose(nodes, {}, 30.0, stall_timeout, now=NOW)
+    assert (verdict is not None and verdict.kind == "stalled") == stalled, case
+
+
+def test_a_reporting_script_that_works_on_cpu_between_reports_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real busy process that has reported: its node publishes when it was last seen at work."""
+    monkeypatch.setattr(script_progress, "BUSY_WINDOW", 0.5)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        progress = _progress(tmp_path)
+        (tmp_path / "progress.json").write_text(json.dumps({"step": 3, "time": time.time()}))
+        progress.read()
+        deadline = time.monotonic() + 20
+        while progress.status.fields.get("working_at") is None and time.monotonic() < deadline:
+            progress.busy(spinner.pid)
+            time.sleep(0.6)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert progress.status.fields.get("working_at") is not None
+    assert progress.status.fields.get("cpu_percent") is None, "a reporting script shows its step, not CPU"
+
+
 def test_the_stall_names_the_node_that_hung_not_the_one_waiting_for_it_in_a_collective() -> None:
     dumps = {"worker-0": WAITING, "worker-1": HUNG}
     assert where_it_waits(HUNG) == "waits in wait_for_something_that_never_comes (train.py:44)"

@@ -85,20 +85,23 @@ class ScriptProgress:
         return {"stall_after": stall_after(intervals, self.longest_pause)}
 
     def busy(self, pid: int) -> None:
-        """A script that reports nothing: its CPU use marks progress for the stall verdict."""
-        if self.step is not None:
-            return
+        """A script's CPU use: for one that reports nothing, it marks progress for the stall verdict;
+        for one that reports, it shows work between reports (the pace's bound waits for it)."""
         now, cpu = time.time(), cpu_seconds(pid)
         if cpu is None:
             return
         if self._cpu is None:
             self._cpu = (now, cpu)
         elif now - self._cpu[0] >= BUSY_WINDOW:
-            used = cpu - self._cpu[1]
-            # its share of one core, shown where a reporting script shows its step
-            shown = {"cpu_percent": round(100 * used / (now - self._cpu[0]))}
-            self.status.update(**shown, **({"progress_at": now} if used >= BUSY_CPU_SECONDS else {}))
+            used, window = cpu - self._cpu[1], now - self._cpu[0]
             self._cpu = (now, cpu)
+            if self.step is not None:
+                if used >= BUSY_CPU_SECONDS:
+                    self.status.update(working_at=now)
+                return
+            # its share of one core, shown where a reporting script shows its step
+            shown = {"cpu_percent": round(100 * used / window)}
+            self.status.update(**shown, **({"progress_at": now} if used >= BUSY_CPU_SECONDS else {}))
 
 
 def stall_after(intervals: list[float], longest_pause: float = 0.0) -> float:

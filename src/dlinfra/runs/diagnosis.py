@@ -5,7 +5,7 @@ Verdicts, in the order they are checked (the first that holds names the culprit)
     frozen   a trainer stopped (SIGSTOP, a debugger) for longer than heartbeat_timeout
     lost     a node's beacon went silent for heartbeat_timeout: the machine or its supervisor is gone
     stalled  every node alive, yet no training step for stall_timeout (the first counted from the start),
-             or sooner for a script whose reports set a pace (stall_limit)
+             or sooner for scripts whose reports set a pace (stall_limit) and that idle meanwhile
 A pure function of the node states and the clock, so it is tested table by table.
 """
 
@@ -86,7 +86,11 @@ def diagnose(
         for s in live.values()
     )
     limit, why = stall_limit(live.values(), stall_timeout)
-    if progress and not busy and now - max(progress) > limit:
+    # the pace's bound holds only while every script idles too: one at work on CPU between reports
+    # (an evaluation, a large save) is paused, not hung, until stall_timeout
+    working = [s.working_at for s in live.values() if s.working_at is not None]
+    idle_since = max(progress + working) if progress else 0.0
+    if progress and not busy and (now - max(progress) > stall_timeout or now - idle_since > limit):
         waiting = sorted(live)
         return Verdict(
             "stalled",

@@ -61,6 +61,7 @@ class NodeState(Record):
     progress_at: float | None = None  # when the trainer began training or last reported a step
     # script mode: the stall bound its reports' pace sets (node.script_progress), else None
     stall_after: float | None = None
+    working_at: float | None = None  # script mode, reporting: last seen using CPU between reports
     cpu_percent: float | None = None  # script mode, without reports: the script's CPU use of late
     devices: list[str] | None = None  # what TensorFlow sees on the node: "GPU:0 Tesla T4 15 GiB", "CPU:0"
     packages: dict[str, str] | None = None  # what the node runs of its lock's packages: name → version
