@@ -138,6 +138,8 @@ class Beacon:
             leaving = self.spot is not None and self.spot.leaving.is_set()
             if leaving and code is not None and fields is not None:
                 fields["state"] = "interrupted"
+            if code is not None and code < 0 and fields is not None and not fields.get("error"):
+                fields["error"] = f"killed by signal {-code}"  # no last word of its own: its restart's cause
             # the process that trains: the trainer, or in script mode the user's script it runs
             pid = int((fields or {}).get("pid") or trainer.pid)
             self.publish(pid, fields, gone=code is not None)

@@ -11,8 +11,9 @@ from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.script_dirs import MODEL_DIR, ScriptDirs
 from dlinfra.node.script_log import TAIL_LINES, last_error, log_tail, tail_text
 from dlinfra.node.script_progress import ScriptProgress
-from dlinfra.node.status import NodeStatus, give_up
+from dlinfra.node.status import NodeStatus, give_up, run_nodes
 from dlinfra.node.supervision import TRANSIENT_TF_ERRORS
+from dlinfra.runs import restarts
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
 from dlinfra.runs.local_files import OutputsTooBig, regular_files
 from dlinfra.runs.records import Metrics
@@ -116,9 +117,16 @@ def finish(
         model_uri=model_uri,
         checkpoint=store.synced_uri(SCRIPT_CHECKPOINTS) if checkpoints.files else None,
         outputs_refused=[*refused, *checkpoints.refused, *tensorboard.refused],
+        restarts=restarts.of_nodes(run_nodes(cfg, store, status).values()),
     )
     store.put_metrics(metrics)
-    store.write_marker("DONE", node=cfg.name, step=progress.step, eval_accuracy=metrics.eval_accuracy)
+    store.write_marker(
+        "DONE",
+        node=cfg.name,
+        step=progress.step,
+        eval_accuracy=metrics.eval_accuracy,
+        restarts=metrics.restarts,
+    )
     status.stop(state="done", step=progress.step or 0)
     print(f"done: the script exited 0, model at {model_uri}", flush=True)
     return EXIT_DONE

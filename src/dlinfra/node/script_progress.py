@@ -47,6 +47,7 @@ class ScriptProgress:
         at = float(found.get("time") or time.time())
         if self.first_step_at is None:
             self.first_step_at = at
+            self.status.training_again(at, self.step)  # a restart's first report: where it resumed
             self.status.mark("first step", at=at)
         loss, rate = self.scalars.get("loss"), self.scalars.get("examples_per_sec")
         if loss is not None and (not self.losses or self.losses[-1][0] != self.step):
@@ -67,6 +68,7 @@ class ScriptProgress:
         elif now - self._cpu[0] >= BUSY_WINDOW:
             if cpu - self._cpu[1] >= BUSY_CPU_SECONDS:
                 self.status.update(progress_at=now)
+                self.status.training_again(now)
             self._cpu = (now, cpu)
 
 
