@@ -103,7 +103,7 @@ class NodeStatus:
             return
         record = pending.model_copy(update=found)
         if record.from_scratch:
-            print(f"{record.node} restarted from scratch: nothing in {record.from_scratch}", flush=True)
+            print(restarts.scratch_line(record), flush=True)
         self._set_restart(record)
 
     def training_again(self, at: float, step: int | None = None) -> None:

@@ -36,9 +36,8 @@ def cause_of(previous: NodeState) -> str:
 
 def began(previous: NodeState, life: int, now: float) -> Restart:
     """The record of a new life begun after `previous` (not yet resumed)."""
-    return Restart(
-        node=previous.node, life=life, cause=cause_of(previous), failed_at=previous.heartbeat, restarted_at=now
-    )
+    cause = cause_of(previous)
+    return Restart(node=previous.node, life=life, cause=cause, failed_at=previous.heartbeat, restarted_at=now)
 
 
 def of_nodes(nodes: Iterable[NodeState | None]) -> list[Restart]:
@@ -49,6 +48,38 @@ def of_nodes(nodes: Iterable[NodeState | None]) -> list[Restart]:
 
 def clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def scratch_line(r: Restart) -> str:
+    return f"{r.node} restarted from scratch: nothing in {r.from_scratch}"
+
+
+def summary(found: list[Restart]) -> str:
+    """The result's restarts row: how many, and of which nodes."""
+    if not found:
+        return "none"
+    nodes = sorted({r.node for r in found})
+    return f"{len(found)} ({', '.join(nodes)})"
+
+
+class News:
+    """Each restart said once, as it happens: when its node trains again (the line says from where
+    and what it cost); one that found no checkpoint at once, too."""
+
+    def __init__(self) -> None:
+        self.said: set[tuple[str, int, str]] = set()
+
+    def __call__(self, nodes: Iterable[NodeState | None]) -> list[str]:
+        lines = []
+        for r in of_nodes(nodes):
+            for what, due, text in (
+                ("scratch", bool(r.from_scratch), scratch_line),
+                ("resumed", r.resumed_at is not None, line),
+            ):
+                if due and (r.node, r.life, what) not in self.said:
+                    self.said.add((r.node, r.life, what))
+                    lines.append(text(r))
+        return lines
 
 
 def line(r: Restart) -> str:
