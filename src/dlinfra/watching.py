@@ -218,4 +218,5 @@ def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) 
         outcome.log_tail = [mask(line) for line in run.node_log(outcome.failed_node)[-LOG_TAIL_LINES:]]
     if metrics:
         run.update_manifest(metrics=metrics.summary())
+    run.update_manifest(restarts=len(outcome.restarts))
     return outcome

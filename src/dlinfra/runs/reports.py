@@ -9,11 +9,12 @@ from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.node.masked_log import masker
+from dlinfra.runs import restarts
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
 from dlinfra.runs.preflight import figures
-from dlinfra.runs.records import MARKERS, Notice
+from dlinfra.runs.records import MARKERS, Notice, Restart
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
 from dlinfra.spec.hardware import cluster_hardware
@@ -125,6 +126,7 @@ def list_run_rows() -> list[dict[str, Any]]:
                 "usd_per_hour": (m.plan.usd_per_hour if m.plan else None) if m.resources_up else None,
                 "resources_up": m.resources_up,
                 "owner": owner,
+                "restarts": m.restarts,
             }
         )
     return rows
@@ -169,12 +171,19 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         else f"aws s3 sync {tensorboard} tb/ && tensorboard --logdir tb/",
         **({"ami": manifest.ami_id} if manifest.ami_id else {}),
         **({"spot": spot_summary(metrics.interruptions, metrics.rebalances)} if metrics else {}),
+        **({"restarts": [restarts.line(r) for r in found]} if (found := _restarts(store)) else {}),
         **({"startup": describe(steps)} if (steps := _startup(run)) else {}),
         **({"environment": _environment(manifest)} if manifest.environment else {}),
         **({"preflight": _preflight(store)} if store.preflight_rounds() else {}),
         "metrics": shown,
         "manifest": manifest.model_dump(mode="json"),
     }
+
+
+def _restarts(store: RunStore) -> list[Restart]:
+    """The run's restarts as the chief (metrics) or the run's end (its marker) recorded them."""
+    metrics, marker = store.metrics(), store.marker()
+    return metrics.restarts if metrics else marker.restarts if marker else []
 
 
 def _preflight(store: RunStore) -> dict[str, Any]:
