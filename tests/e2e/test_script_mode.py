@@ -121,7 +121,7 @@ def _the_kill_shows_as_a_restart(live: Live, done: subprocess.CompletedProcess[s
     assert said.start() < row.start(), "said as it happened, before the result"
     marker = json.loads((live.store / "DONE").read_text())
     assert marker["restarts"] == metrics["restarts"]
-    env = {"DLINFRA_HOME": str(live.home)}
+    env = {**os.environ, "DLINFRA_HOME": str(live.home)}
     [listed] = json.loads(run_cli("runs", "--json", env=env, check=True).stdout)
     assert listed["restarts"] == len(metrics["restarts"])
     shown = json.loads(run_cli("show", live.run_dir.name, "--json", env=env, check=True).stdout)
