@@ -68,7 +68,8 @@ class ScriptProgress:
         elif now - self._cpu[0] >= BUSY_WINDOW:
             if cpu - self._cpu[1] >= BUSY_CPU_SECONDS:
                 self.status.update(progress_at=now)
-                self.status.training_again(now)
+                if not self.status.fields.get("step"):  # one that reported before: its next report says
+                    self.status.training_again(now)
             self._cpu = (now, cpu)
 
 
