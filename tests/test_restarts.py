@@ -4,6 +4,7 @@ said, and which node a failure is blamed on (issue 56: a kill -9 of worker-1 bla
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -220,3 +221,24 @@ def test_the_crashed_verdict_names_the_first_to_fail_not_the_first_by_name() -> 
     }
     crashed = diagnose(plain, {"worker-0": 1, "worker-1": 1}, 60, 600, now=now)  # type: ignore[arg-type]
     assert crashed is not None and crashed.nodes == ["worker-1", "worker-0"]
+
+
+def test_a_restarted_script_is_training_again_at_its_first_report(tmp_path: Path) -> None:
+    """Not when its CPU first moves (TensorFlow's import does that): the report says the step too."""
+    from dlinfra.node.script_progress import ScriptProgress
+
+    cfg = _mirrored(tmp_path / "store", 1)
+    store = RunStore.open(cfg.store)
+    first = _life(store, cfg, tmp_path / "w1")
+    first.update(state="running", step=45)
+    _killed(first, at=time.time() - 8.0)
+    second = _life(store, cfg, tmp_path / "w1")
+    progress = ScriptProgress(second, tmp_path / "w1" / "progress.json")
+    progress._cpu = (time.time() - 60, 0.0)  # busy for a minute: still no report, so not yet
+    progress.busy(os.getpid())
+    assert second.restart is not None, "a script that reported before is back when it reports"
+    reported = time.time()
+    (tmp_path / "w1" / "progress.json").write_text(json.dumps({"step": 31, "time": reported, "scalars": {}}))
+    progress.read()
+    [record] = second.state().restart_history
+    assert record.first_step == 31 and record.resumed_at == pytest.approx(reported)
