@@ -167,7 +167,7 @@ def test_the_cause_of_a_restart_is_read_from_the_last_life_as_it_ended() -> None
         == "killed by signal 9"
     )
     assert restarts.cause_of(_state("worker-1", process="gone")) == "process died"
-    assert restarts.cause_of(_state("worker-1", process="running")) == "lost (healed)"
+    assert restarts.cause_of(_state("worker-1", process="running")) == "lost"
 
 
 def test_a_failure_while_recovering_is_blamed_on_the_node_that_failed_first(tmp_path: Path) -> None:
@@ -242,3 +242,21 @@ def test_a_restarted_script_is_training_again_at_its_first_report(tmp_path: Path
     progress.read()
     [record] = second.state().restart_history
     assert record.first_step == 31 and record.resumed_at == pytest.approx(reported)
+
+
+def test_a_node_its_supervisor_restarted_with_the_cluster_says_so_and_when(tmp_path: Path) -> None:
+    """A healthy mirrored worker the local launcher ends so the cluster restarts whole had no last
+    word: its last beat, seconds old, would date its fault before the one that caused it."""
+    from dlinfra.node.supervision import note_restart_cause
+
+    cfg = _mirrored(tmp_path / "store", 0)
+    store = RunStore.open(cfg.store)
+    beat = _life(store, cfg, tmp_path / "w0")
+    store.put_status(NodeState(**beat.fields, heartbeat=time.time() - 9, process="running"))
+    note_restart_cause(tmp_path / "w0", "restarted with the cluster after worker-1")
+    ended = time.time()
+    record = _life(store, cfg, tmp_path / "w0").restart
+    assert record is not None and record.cause == "restarted with the cluster after worker-1"
+    assert record.failed_at == pytest.approx(ended, abs=1.0)
+    _life(store, cfg, tmp_path / "w0").stop(state="lost peer")
+    assert _life(store, cfg, tmp_path / "w0").restart.cause == "lost peer", "the word is read once"  # type: ignore[union-attr]

@@ -18,6 +18,7 @@ from typing import Any
 
 from dlinfra.contract import EXIT_FAILED, NodeConfig
 from dlinfra.node.masked_log import masker
+from dlinfra.node.supervision import restart_cause
 from dlinfra.runs import restarts
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState, Restart
@@ -74,7 +75,8 @@ class NodeStatus:
         self.restarted = previous is not None and not previous.finished
         if previous is not None and self.restarted:
             life = len(self.fields["restart_history"]) + 2
-            self.fields["restart_history"].append(restarts.began(previous, life, now).model_dump())
+            record = restarts.began(previous, life, now, restart_cause(work))
+            self.fields["restart_history"].append(record.model_dump())
         spawned = os.environ.get(SPAWNED_AT, "")
         if spawned.replace(".", "", 1).isdigit():
             self.fields["phases"]["spawned"] = float(spawned)

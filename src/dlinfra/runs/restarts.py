@@ -31,13 +31,14 @@ def cause_of(previous: NodeState) -> str:
         return previous.error
     if previous.process == "gone":
         return "process died"
-    return "lost (healed)"  # its beacon went silent: the machine or its supervisor came back
+    return "lost"  # its beacon went silent without a last word: the machine, or the beacon itself
 
 
-def began(previous: NodeState, life: int, now: float) -> Restart:
-    """The record of a new life begun after `previous` (not yet resumed)."""
-    cause = cause_of(previous)
-    return Restart(node=previous.node, life=life, cause=cause, failed_at=previous.heartbeat, restarted_at=now)
+def began(previous: NodeState, life: int, now: float, told: tuple[str, float] | None = None) -> Restart:
+    """The record of a new life begun after `previous` (not yet resumed); `told`: its supervisor's
+    word on why and when it ended the last life, where the node had no chance to say."""
+    cause, failed_at = told or (cause_of(previous), previous.heartbeat)
+    return Restart(node=previous.node, life=life, cause=cause, failed_at=failed_at, restarted_at=now)
 
 
 def of_nodes(nodes: Iterable[NodeState | None]) -> list[Restart]:
