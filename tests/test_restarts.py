@@ -121,7 +121,7 @@ def _restart(node: str, failed_at: float, resumed_at: float | None = None, **mor
             "from scratch: nothing in the store's checkpoints; 9.5 s lost",
         ),
         (_restart("ps-0", 0, 3.0), "training again; 3.0 s lost"),
-        (_restart("worker-1", 0), "not training again yet"),
+        (_restart("worker-1", 0), "not training again before the run ended"),
     ],
 )
 def test_a_restart_is_said_in_one_line(record: Restart, says: str) -> None:

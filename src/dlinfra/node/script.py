@@ -117,6 +117,8 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
         progress.read()
         progress.busy(script.pid)
         served = served or port_open(cfg.address)
+        if status.restart is not None and not status.fields.get("step") and port_open(cfg.address):
+            status.training_again(time.time())  # one that reports nothing (a ps, its workers) serves again
         now = time.monotonic()
         try:
             if sends:  # looked at every poll, sent once settled: a restart finds the newest checkpoint

@@ -98,7 +98,7 @@ def line(r: Restart) -> str:
     elif r.resumed_at is not None:
         where = "training again"
     else:
-        where = "not training again yet"
+        where = "not training again before the run ended"  # said only once it has (News, the result)
     lost = f"; {r.seconds_lost:.1f} s lost" if r.seconds_lost is not None else ""
     return f"{head}; {where}{lost}"
 
