@@ -260,3 +260,21 @@ def test_a_node_its_supervisor_restarted_with_the_cluster_says_so_and_when(tmp_p
     assert record.failed_at == pytest.approx(ended, abs=1.0)
     _life(store, cfg, tmp_path / "w0").stop(state="lost peer")
     assert _life(store, cfg, tmp_path / "w0").restart.cause == "lost peer", "the word is read once"  # type: ignore[union-attr]
+
+
+def test_a_node_between_two_lives_counts_as_restarting() -> None:
+    """The run can end (or a peer fail) before the next life publishes its record: the last life's
+    end says enough (a ps worker killed at the end of a short run was missing from metrics.json)."""
+    killed = _state("worker-0", state="script killed", error="killed by signal 9", heartbeat=50.0)
+    [record] = restarts.of_nodes({"worker-0": killed}.values())
+    assert (record.cause, record.failed_at, record.life, record.resumed_at) == (
+        "killed by signal 9",
+        50.0,
+        2,
+        None,
+    )
+    assert (
+        restarts.blamed("worker-1", {"worker-0": killed, "worker-1": _state("worker-1")}, now=60.0)[0]
+        == "worker-0"
+    )
+    assert restarts.of_nodes([_state("worker-0", state="done", process="gone")]) == []

@@ -41,9 +41,20 @@ def began(previous: NodeState, life: int, now: float, told: tuple[str, float] | 
     return Restart(node=previous.node, life=life, cause=cause, failed_at=failed_at, restarted_at=now)
 
 
+def ended_for_a_restart(st: NodeState) -> bool:
+    """A life that ended to be started again, whose next life has not said a word yet."""
+    return st.state in ("script killed", "lost peer") or (
+        st.process == "gone" and not st.finished and not st.interrupted
+    )
+
+
 def of_nodes(nodes: Iterable[NodeState | None]) -> list[Restart]:
-    """Every node's restarts, by the time of their fault."""
-    found = [r for st in nodes if st is not None for r in st.restart_history]
+    """Every node's restarts, by the time of their fault: a node between two lives counts too (the
+    run may end, or a peer fail, before its next life publishes)."""
+    states = [st for st in nodes if st is not None]
+    found = [r for st in states for r in st.restart_history]
+    between = [st for st in states if ended_for_a_restart(st)]
+    found += [began(st, len(st.restart_history) + 2, st.heartbeat) for st in between]
     return sorted(found, key=lambda r: (r.failed_at, r.node))
 
 
