@@ -43,9 +43,8 @@ def began(previous: NodeState, life: int, now: float, told: tuple[str, float] | 
 
 def ended_for_a_restart(st: NodeState) -> bool:
     """A life that ended to be started again, whose next life has not said a word yet."""
-    return st.state in ("script killed", "lost peer") or (
-        st.process == "gone" and not st.finished and not st.interrupted
-    )
+    killed = st.process == "gone" and (st.error or "").startswith("killed by signal")  # beacon.watch
+    return st.state in ("script killed", "lost peer") or (killed and not st.finished and not st.interrupted)
 
 
 def of_nodes(nodes: Iterable[NodeState | None]) -> list[Restart]:
