@@ -73,9 +73,10 @@ class NodeStatus:
         }
         # an earlier life of this run ended before the run did: this life is its restart
         self.restarted = previous is not None and not previous.finished
+        told = restart_cause(work)  # read either way: a word left for this life is no later one's
         if previous is not None and self.restarted:
             life = len(self.fields["restart_history"]) + 2
-            record = restarts.began(previous, life, now, restart_cause(work))
+            record = restarts.began(previous, life, now, told)
             self.fields["restart_history"].append(record.model_dump())
         spawned = os.environ.get(SPAWNED_AT, "")
         if spawned.replace(".", "", 1).isdigit():
