@@ -2,7 +2,7 @@
 run, mid-training, N times; each run must end DONE with the restart in its result table (the killed
 node, its cause, where it resumed, the seconds lost). MWMS runs TensorFlow's custom-loop guide
 (tests/data/scripts/mwms_custom_loop.py, on digits, checkpoints in $DLINFRA_CHECKPOINT_DIR); ps runs
-TensorFlow's parameter-server guide (tests/data/scripts/ps_coordinator.py, one ps; 30 epochs, long
+TensorFlow's parameter-server guide (tests/data/scripts/ps_coordinator.py, one ps; 200 epochs, long
 enough for the killed worker to serve again before the other one has done them all). Which worker and
 when (the step, or the chief's finished epoch) come from --seed.
 
@@ -46,7 +46,7 @@ SPECS = {
     "ps": (
         "ps_coordinator.py",
         "name: bench-restarts-ps\nstrategy: parameter_server\ncluster: {ps: {count: 1}}\ntraining:\n"
-        "  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR, --epochs, 30]\n",
+        "  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR, --epochs, 200]\n",
     ),
 }
 
