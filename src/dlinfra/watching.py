@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from dlinfra.errors import DlinfraError
 from dlinfra.node.masked_log import masker
 from dlinfra.prepare import Prepared
-from dlinfra.runs import preflight_history, versions
+from dlinfra.runs import preflight_history, restarts, versions
 from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, hung_first, stack_summary
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.ownership import Lease, owner_of
-from dlinfra.runs.records import Marker, Metrics, NodeState
+from dlinfra.runs.records import Marker, Metrics, NodeState, Restart
 from dlinfra.runs.run import Run, home, utc_now
 from dlinfra.runs.startup import breakdown
 from dlinfra.runs.stragglers import Straggler, Stragglers, StragglerWatch
@@ -47,6 +47,7 @@ class Outcome:
     seconds_to_first_step: float | None = None
     startup: list[tuple[str, float]] = field(default_factory=list)  # see dlinfra.runs.startup
     stragglers: list[Straggler] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)  # every node's, by the time of the fault
 
 
 def watch(
@@ -194,7 +195,14 @@ def _fail(store: RunStore, verdict: Verdict, nodes: dict[str, NodeState | None])
             order = hung_first(order, dumps)
             culprit = hung_first(verdict.nodes, dumps)[0]
         error += "; " + "; ".join(f"{name} {stacks[name]}" for name in order)
-    store.write_marker("FAILED", node=culprit, verdict=verdict.kind, error=error, stacks=stacks)
+    store.write_marker(
+        "FAILED",
+        node=culprit,
+        verdict=verdict.kind,
+        error=error,
+        stacks=stacks,
+        restarts=restarts.of_nodes(nodes.values()),
+    )
 
 
 def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) -> Outcome:
@@ -217,10 +225,14 @@ def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) 
         statuses = store.statuses(run.manifest().nodes)
         outcome.startup = breakdown(statuses, metrics.strategy, started)
     outcome.stragglers = list(store.stragglers().named.values())
+    # the nodes' own word, as they left it: newer than the marker's or the metrics' copy (a restart
+    # that trained again after the chief wrote them)
+    outcome.restarts = restarts.of_nodes(store.statuses(run.manifest().nodes).values())
     if state == "FAILED" and outcome.failed_node:
         # the run dir's log is the node's own, unmasked: this shell's secrets are masked in what it prints
         mask = masker()
         outcome.log_tail = [mask(line) for line in run.node_log(outcome.failed_node)[-LOG_TAIL_LINES:]]
     if metrics:
         run.update_manifest(metrics=metrics.summary())
+    run.update_manifest(restarts=len(outcome.restarts))
     return outcome

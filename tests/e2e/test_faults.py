@@ -73,6 +73,14 @@ def test_killed_mirrored_worker_restarts_all_from_checkpoint(tmp_path: Path) -> 
     assert done.returncode == 0, done.stdout + done.stderr
     assert live.status("worker-0")["restarts"] == 1 and live.status("worker-1")["restarts"] == 1
     assert live.metrics["steps"] == STEPS
+    causes = {r["node"]: r["cause"] for r in live.metrics["restarts"]}
+    assert causes == {
+        "worker-1": "killed by signal 9",
+        "worker-0": "restarted with the cluster after worker-1",
+    }
+    said = r"worker-1 restarted \(killed by signal 9\) at [\d:]{8}; resumed from step (\d+); [\d.]+ s lost"
+    assert (resumed := re.search(said, done.stdout)), done.stdout[-3000:]
+    assert int(resumed.group(1)) % CHECKPOINT_EVERY == 0, "the step of the checkpoint it restored"
     lost, seconds = recovery(live.log("worker-0"))
     assert 0 <= lost <= CHECKPOINT_EVERY
     report("mirrored worker killed", steps_lost=lost, recover_seconds=round(seconds, 1))

@@ -80,6 +80,7 @@ def test_the_mwms_custom_loop_guide_runs_unchanged_and_resumes_from_its_checkpoi
     assert re.search(r"restored \S+/ckpt-\d+ at epoch \d+", second_life), log[-4000:]
     assert live.status("worker-1")["restarts"] >= 1
     metrics = live.metrics
+    _the_kill_shows_as_a_restart(live, done, metrics)
     assert metrics["mode"] == "script" and metrics["workers"] == 2
     assert metrics["steps"] == 180, "6 epochs of 30 steps, the script's own count after its restore"
     assert set(metrics["scalars"]) == {"loss", "train_accuracy"}
@@ -105,6 +106,32 @@ def test_the_mwms_custom_loop_guide_runs_unchanged_and_resumes_from_its_checkpoi
     assert alive_node_pids(str(live.run_dir)) == []
     bundle = json.loads((live.run_dir / "manifest.json").read_text())["bundle"]
     assert sorted(bundle["files"]) == ["digits.npz", "experiment.yaml", "train.py"], "home is never packed"
+
+
+def _the_kill_shows_as_a_restart(live: Live, done: subprocess.CompletedProcess[str], metrics: Any) -> None:
+    """worker-1's kill -9 is a restart everywhere a user looks: the deploy output as it happened, the
+    result table, metrics.json, the DONE marker, `runs` and `show`, with where it resumed and its cost."""
+    killed = [r for r in metrics["restarts"] if r["node"] == "worker-1"]
+    assert [r["cause"] for r in killed] == ["killed by signal 9"], metrics["restarts"]
+    assert killed[0]["resumed_at"] > killed[0]["failed_at"] and killed[0]["from_scratch"] is None, killed
+    said = re.search(
+        r"\nworker-1 restarted \(killed by signal 9\) at [\d:]{8}; resumed [^;\n]+; ([\d.]+) s lost",
+        done.stdout,
+    )
+    assert said, done.stdout[-4000:]
+    assert float(said.group(1)) == pytest.approx(killed[0]["resumed_at"] - killed[0]["failed_at"], abs=0.06)
+    row = re.search(r"restarts\W+(\d) \((worker-0, )?worker-1\)", done.stdout)
+    assert row and int(row.group(1)) == len(metrics["restarts"]), done.stdout[-3000:]
+    assert said.start() < row.start(), "said as it happened, before the result"
+    marker = json.loads((live.store / "DONE").read_text())
+    assert marker["restarts"] == metrics["restarts"]
+    env = {**os.environ, "DLINFRA_HOME": str(live.home)}
+    [listed] = json.loads(run_cli("runs", "--json", env=env, check=True).stdout)
+    assert listed["restarts"] == len(metrics["restarts"])
+    shown = json.loads(run_cli("show", live.run_dir.name, "--json", env=env, check=True).stdout)
+    assert any(line.startswith("worker-1 restarted (killed by signal 9)") for line in shown["restarts"]), (
+        shown
+    )
 
 
 # tf-keras: what TensorFlow's guides were written for. `tensorflow` (not -cpu) is what tf-keras

@@ -168,6 +168,8 @@ def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
             continue
         if isinstance(value, dict):
             value = json.dumps(value)
+        elif isinstance(value, list):  # lines (each restart): one a line
+            value = "".join(f"\n  {line}" for line in value)
         out.print(f"[bold]{key}[/]: {escape(str(value))}")  # a path may hold [x]
     if details.get("preflight"):
         from dlinfra.cli.preflight_view import preflight_view

@@ -28,8 +28,12 @@ def _mean_sd(stat: Any, fmt: str = "{:.1f}") -> str:
 
 
 # Columns a narrow screen drops first; the run id, the one thing a user copies, is never cut.
-RUNS_COLUMNS = ("run", "status", "age", "target", "strategy", "accuracy", "cost", "resources", "owner")
-_RUNS_DROPPED_FIRST = ("owner", "resources", "strategy", "cost", "target", "age", "accuracy", "status")
+RUNS_COLUMNS = (
+    "run", "status", "age", "target", "strategy", "accuracy", "restarts", "cost", "resources", "owner"
+)  # fmt: skip
+_RUNS_DROPPED_FIRST = (
+    "owner", "resources", "strategy", "restarts", "cost", "target", "age", "accuracy", "status"
+)  # fmt: skip
 
 
 def _width(columns: list[list[str]]) -> int:
@@ -73,6 +77,7 @@ def _run_cells(r: dict[str, Any]) -> dict[str, str]:
         r["target"] or "-",
         r["strategy"] or "-",
         acc,
+        _num(r.get("restarts")),  # every node's, as the run ended (-: a run from before they were kept)
         cost,
         up,
         owner,

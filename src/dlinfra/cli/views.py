@@ -15,6 +15,7 @@ from rich.text import Text
 
 from dlinfra.cli.console import table_box
 from dlinfra.cli.tables import _dropped_caption, _fitting, _mean_sd, _num
+from dlinfra.runs import restarts
 from dlinfra.runs.records import NO_MODEL_SAVED, Metrics
 from dlinfra.runs.reports import run_cost
 from dlinfra.runs.startup import describe
@@ -118,8 +119,11 @@ class ProgressLines:
 
     def __init__(self, console: Console) -> None:
         self.console, self.last, self.t = console, "", 0.0
+        self.restarts = restarts.News()
 
     def __call__(self, snap: Snapshot) -> None:
+        for said in self.restarts(snap.nodes.values()):
+            self.console.print(said, markup=False, highlight=False)
         line = progress_line(snap)
         core = line.split("]", 1)[1]
         if core != self.last or time.time() - self.t > 15:
@@ -136,11 +140,14 @@ class LiveTable:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.live: Live | None = None
+        self.restarts = restarts.News()
 
     def __call__(self, snap: Snapshot) -> None:
         if self.live is None:
             self.live = Live(console=self.console, refresh_per_second=4)
             self.live.start()
+        for said in self.restarts(snap.nodes.values()):  # above the live table, kept as it redraws
+            self.live.console.print(said, markup=False, highlight=False)
         nodes = {name: st.model_dump() if st else None for name, st in snap.nodes.items()}
         self.live.update(nodes_table(nodes, self.console.width, title=progress_line(snap)))
 
@@ -179,6 +186,7 @@ def result_table(outcome: Outcome) -> Table:
         ("total time", f"{outcome.wall_seconds:.1f} s"),
         ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
         ("startup (s after the command)", describe(outcome.startup) or "-"),
+        ("restarts", restarts.summary(outcome.restarts)),
         *([("cost", spent)] if (spent := outcome_cost(outcome)) else []),
         *_evaluation(m),
     ]
@@ -231,6 +239,7 @@ def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:
         ("script time", f"{m.train_seconds:.1f} s"),
         ("total time", f"{outcome.wall_seconds:.1f} s"),
         ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
+        ("restarts", restarts.summary(outcome.restarts)),
         *([("cost", spent)] if (spent := outcome_cost(outcome)) else []),
     ]
     for key, value in rows:
@@ -256,7 +265,15 @@ def result_view(outcome: Outcome) -> Group:
         )
     if outcome.metrics is not None and outcome.metrics.command:  # a script run: its command, whole
         lines.insert(0, Text(f"command: {shlex.join(outcome.metrics.command)}"))
-    return Group(result_table(outcome), *lines)
+    return Group(result_table(outcome), *map(Text, restart_lines(outcome)), *lines)
+
+
+def restart_lines(outcome: Outcome) -> list[str]:
+    """Each restart of the run, one line each (the from-scratch ones loudly, on a line of their own)."""
+    return [
+        *(restarts.scratch_line(r) for r in outcome.restarts if r.from_scratch),
+        *(f"restart: {restarts.line(r)}" for r in outcome.restarts),
+    ]
 
 
 INPUT_BOUND = 0.10  # a share of step time waiting on input above which input is the bottleneck
@@ -278,6 +295,8 @@ def print_failure(console: Console, outcome: Outcome) -> None:
         f"[bold red]run {outcome.run.id} {outcome.state}[/]: node {outcome.failed_node}: "
         + escape(outcome.error or "")
     )
+    for line in restart_lines(outcome):
+        console.print(line, markup=False, highlight=False)
     if outcome.log_tail:
         console.print(
             f"--- last {len(outcome.log_tail)} lines of {outcome.failed_node}'s log ---", markup=False

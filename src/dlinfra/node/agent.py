@@ -18,9 +18,9 @@ from dlinfra.node.checkpoints import CheckpointSync
 from dlinfra.node.instance_store import OWN_MACHINE_ENV, stage_on_instance_store
 from dlinfra.node.peers import bounded, wait_for_peers
 from dlinfra.node.reporting import Progress, mean_sd
-from dlinfra.node.status import NodeStatus, give_up
+from dlinfra.node.status import NodeStatus, give_up, run_nodes
 from dlinfra.node.supervision import backoff_seconds, is_transient
-from dlinfra.runs import bundle
+from dlinfra.runs import bundle, restarts
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import Metrics
 from dlinfra.training import node_data, staging
@@ -139,6 +139,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
     if lean:
         status.update(devices=["CPU:0"])  # what TensorFlow names a machine without GPUs
     status.update(state="serving")
+    status.training_again(time.time())  # a ps, or a ps strategy's worker, is back when it serves
     pools = f", inter-op threads {threads}" if threads else ""
     what = ", TensorFlow's server alone" if lean else ""
     print(f"serving {cfg.role} {cfg.index} at {cfg.address} ({server.target}{pools}{what})", flush=True)
@@ -195,6 +196,10 @@ def _train(
     progress = Progress(cfg, store, status, work)
     restore_from = checkpoints.download_latest()
     status.update(resumed_from=checkpoints.restored_step)
+    if restore_from is None:
+        status.restored(from_scratch=restarts.PROGRAM_CHECKPOINTS_PLACE)
+    else:
+        status.restored(checkpoint_step=checkpoints.restored_step)
     asks_checkpoints = cfg.spot_in_cluster or cfg.budget is not None
     hooks = loop.Hooks(
         work_dir=work,
@@ -250,9 +255,12 @@ def _train(
         model_uri=model_uri,
         checkpoint=checkpoints.latest_uri,
         **(spot.recorded(store) if cfg.spot_in_cluster else {}),
+        restarts=restarts.of_nodes(run_nodes(cfg, store, status).values()),
     )
     store.put_metrics(metrics)
-    store.write_marker("DONE", node=cfg.name, step=outcome.step, eval_accuracy=accuracy)
+    store.write_marker(
+        "DONE", node=cfg.name, step=outcome.step, eval_accuracy=accuracy, restarts=metrics.restarts
+    )
     status.stop(state="done", step=outcome.step)
     measured = ", ".join(f"eval {name} {value:.4f}" for name, value in results.items())
     print(f"done: step {outcome.step}, {measured}, model at {model_uri}", flush=True)

@@ -26,6 +26,7 @@ from dlinfra.contract import EXIT_STOPPED, NodeConfig
 from dlinfra.node import reaper, spot, watchdog
 from dlinfra.node.masked_log import MaskedLog
 from dlinfra.node.status import SPAWNED_AT, read_state, state_file
+from dlinfra.node.supervision import should_restart
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
 
@@ -138,6 +139,8 @@ class Beacon:
             leaving = self.spot is not None and self.spot.leaving.is_set()
             if leaving and code is not None and fields is not None:
                 fields["state"] = "interrupted"
+            if code is not None and code < 0 and should_restart(code) and fields and not fields.get("error"):
+                fields["error"] = f"killed by signal {-code}"  # no last word of its own: its restart's cause
             # the process that trains: the trainer, or in script mode the user's script it runs
             pid = int((fields or {}).get("pid") or trainer.pid)
             self.publish(pid, fields, gone=code is not None)

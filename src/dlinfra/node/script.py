@@ -46,7 +46,7 @@ from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import CLEAN_STOP_SIGNALS
 from dlinfra.runs import bundle
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, TENSORBOARD, RunStore
-from dlinfra.runs.local_files import OutputsTooBig
+from dlinfra.runs.local_files import OutputsTooBig, regular_files
 from dlinfra.training import staging
 
 POLL_SECONDS = 0.5
@@ -78,6 +78,9 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     if holds_state(cfg) and (restored := checkpoints.pull()):
         print(f"restored {restored} checkpoint files from the store into {dirs.checkpoint}", flush=True)
         status.update(resumed_from=status.fields.get("step"))
+        status.restored(restored_files=restored)
+    elif holds_state(cfg) and not regular_files(dirs.checkpoint, CHECKPOINT_DIR).files:
+        status.restored(from_scratch=f"${CHECKPOINT_DIR}")  # a restart that has nothing to resume from
     stopping: list[int] = []
     for sig in CLEAN_STOP_SIGNALS:  # the beacon signals the whole group: the script gets it too
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
@@ -123,6 +126,8 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
         progress.read()
         progress.busy(script.pid)
         served = served or port_open(cfg.address)
+        if status.restart is not None and not status.fields.get("step") and port_open(cfg.address):
+            status.training_again(time.time())  # one that reports nothing (a ps, its workers) serves again
         if not served and time.time() - (progress.first_step_at or started) > ALONE_AFTER:
             _stop(script)
             _end_left_behind()

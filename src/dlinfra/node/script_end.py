@@ -12,8 +12,9 @@ from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.script_dirs import MODEL_DIR, ScriptDirs
 from dlinfra.node.script_log import TAIL_LINES, last_error, log_tail, tail_text
 from dlinfra.node.script_progress import ScriptProgress
-from dlinfra.node.status import NodeStatus, give_up
+from dlinfra.node.status import NodeStatus, give_up, run_nodes
 from dlinfra.node.supervision import TRANSIENT_TF_ERRORS
+from dlinfra.runs import restarts
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
 from dlinfra.runs.local_files import OutputsTooBig, regular_files
 from dlinfra.runs.records import NO_MODEL, NO_MODEL_SAVED, Metrics
@@ -121,6 +122,7 @@ def finish(
         no_model=found.why_none,
         latest_checkpoint=model_check.latest_checkpoint(dirs.checkpoint) if checkpoints.files else None,
         outputs_refused=[*refused, *checkpoints.refused, *tensorboard.refused],
+        restarts=restarts.of_nodes(run_nodes(cfg, store, status).values()),
     )
     store.put_metrics(metrics)  # what it trained, whether or not the run is DONE
     if found.why_none is not None and cfg.training.require_model:
@@ -141,6 +143,7 @@ def finish(
         step=progress.step,
         eval_accuracy=metrics.eval_accuracy,
         reason=None if found.why_none is None else NO_MODEL_SAVED,
+        restarts=metrics.restarts,
     )
     status.stop(state="done", step=progress.step or 0)
     if found.why_none is None:

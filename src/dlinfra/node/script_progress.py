@@ -64,6 +64,7 @@ class ScriptProgress:
         at = float(found.get("time") or time.time())
         if self.first_step_at is None:
             self.first_step_at = at
+            self.status.training_again(at, self.step)  # a restart's first report: where it resumed
             self.status.mark("first step", at=at)
         loss, rate = self.scalars.get("loss"), self.scalars.get("examples_per_sec")
         if loss is not None and (not self.losses or self.losses[-1][0] != self.step):
@@ -102,6 +103,8 @@ class ScriptProgress:
             # its share of one core, shown where a reporting script shows its step
             shown = {"cpu_percent": round(100 * used / window)}
             self.status.update(**shown, **({"progress_at": now} if used >= BUSY_CPU_SECONDS else {}))
+            if used >= BUSY_CPU_SECONDS and not self.status.fields.get("step"):
+                self.status.training_again(now)  # one that reported before: its next report says
 
 
 def stall_after(intervals: list[float], longest_pause: float = 0.0) -> float:

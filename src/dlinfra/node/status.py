@@ -18,8 +18,10 @@ from typing import Any
 
 from dlinfra.contract import EXIT_FAILED, NodeConfig
 from dlinfra.node.masked_log import masker
+from dlinfra.node.supervision import restart_cause
+from dlinfra.runs import restarts
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.records import NodeState
+from dlinfra.runs.records import NodeState, Restart
 
 STATE_FILE = "state.json"
 MAX_ERROR = 1500  # characters of a failure's message kept from its start, and from its end
@@ -67,7 +69,15 @@ class NodeStatus:
             "error": None,
             "devices": previous.devices if previous else None,
             "phases": {},
+            "restart_history": [r.model_dump() for r in previous.restart_history] if previous else [],
         }
+        # an earlier life of this run ended before the run did: this life is its restart
+        self.restarted = previous is not None and not previous.finished
+        told = restart_cause(work)  # read either way: a word left for this life is no later one's
+        if previous is not None and self.restarted:
+            life = len(self.fields["restart_history"]) + 2
+            record = restarts.began(previous, life, now, told)
+            self.fields["restart_history"].append(record.model_dump())
         spawned = os.environ.get(SPAWNED_AT, "")
         if spawned.replace(".", "", 1).isdigit():
             self.fields["phases"]["spawned"] = float(spawned)
@@ -77,6 +87,38 @@ class NodeStatus:
         """This life reached a startup phase (contract.PHASES) at `at` (default: now)."""
         with self._writing:
             self.fields["phases"][phase] = round(time.time() if at is None else at, 3)
+            self._write()
+        if phase == "first step":
+            self.training_again(self.fields["phases"][phase])
+
+    @property
+    def restart(self) -> Restart | None:
+        """This life's restart, until it trains again (None: a first life, or trained since)."""
+        if not self.restarted:
+            return None
+        last = Restart(**self.fields["restart_history"][-1])
+        return last if last.resumed_at is None else None
+
+    def restored(self, **found: object) -> None:
+        """What this life found to resume from: checkpoint_step, restored_files, or from_scratch (where
+        it looked); said at once when it found nothing."""
+        if (pending := self.restart) is None:
+            return
+        record = pending.model_copy(update=found)
+        if record.from_scratch:
+            print(restarts.scratch_line(record), flush=True)
+        self._set_restart(record)
+
+    def training_again(self, at: float, step: int | None = None) -> None:
+        """This life's first step (or, from a script that reports none, its first busy seconds)."""
+        if (pending := self.restart) is not None:
+            record = pending.model_copy(update={"resumed_at": at, "first_step": step})
+            print(restarts.line(record), flush=True)
+            self._set_restart(record)
+
+    def _set_restart(self, record: Restart) -> None:
+        with self._writing:
+            self.fields["restart_history"][-1] = record.model_dump()
             self._write()
 
     @property
@@ -102,12 +144,16 @@ class NodeStatus:
     def stop(self, **final: Any) -> None:
         """The last word of this life, published at once (the beacon may not get another beat in)."""
         self.update(**final)
-        with self._writing:
-            last = NodeState(**self.fields, heartbeat=time.time())
+        last = self.state()
         try:
             self.store.put_status(last)
         except Exception as exc:  # a store outage must not turn a clean end into a crash
             print(f"could not publish the final status: {exc}", flush=True)
+
+    def state(self) -> NodeState:
+        """This life's state as it is now, as the beacon would publish it."""
+        with self._writing:
+            return NodeState(**self.fields, heartbeat=time.time())
 
     def _write(self) -> None:
         with self._writing:
@@ -127,5 +173,27 @@ def give_up(
     if len(error) > 2 * MAX_ERROR:  # the marker holds its start and its end (where TF puts the cause)
         error = f"{error[:MAX_ERROR]} … ({len(error) - 2 * MAX_ERROR} characters cut) … {error[-MAX_ERROR:]}"
     status.stop(state="failed", error=error)
-    store.write_marker("FAILED", node=cfg.name, verdict=verdict, error=error, traceback=trace[-4000:])
+    nodes = run_nodes(cfg, store, status)
+    # the run's failure is the first failed node's: a peer that failed recovering from it is not
+    node, after = restarts.blamed(cfg.name, nodes)
+    store.write_marker(
+        "FAILED",
+        node=node,
+        verdict=verdict,
+        error=f"{error}{after}" if after else error,
+        traceback=trace[-4000:],
+        restarts=restarts.of_nodes(nodes.values()),
+    )
     return EXIT_FAILED
+
+
+def run_nodes(cfg: NodeConfig, store: RunStore, status: NodeStatus) -> dict[str, NodeState | None]:
+    """Every node's last published state, this one's as it is now (for the run's restarts and blame)."""
+    names = [f"{role}-{i}" for role, addresses in cfg.peers.items() for i in range(len(addresses))]
+    try:
+        nodes = store.statuses([n for n in names if n != cfg.name])
+    except Exception as exc:  # a store outage must not keep the run's end from being written
+        print(f"could not read the other nodes' states: {exc}", flush=True)
+        nodes = {}
+    nodes[cfg.name] = status.state()
+    return nodes

@@ -12,8 +12,11 @@ process from the local launcher.
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
+import time
+from pathlib import Path
 
 from dlinfra.contract import EXIT_INTERRUPTED, NO_RESTART_EXIT_CODES
 
@@ -22,6 +25,9 @@ from dlinfra.contract import EXIT_INTERRUPTED, NO_RESTART_EXIT_CODES
 TRANSIENT_TF_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError", "CancelledError")
 
 MAX_BACKOFF_SECONDS = 30.0
+# A supervisor's word to a node's next life on why it ended this one (the local launcher restarting a
+# healthy member with its mirrored cluster): the node itself had no chance to say
+RESTART_CAUSE_FILE = "restart-cause.json"
 
 
 # As systemd's Restart=on-failure: being told to stop (TERM, INT, HUP, PIPE) is a clean end.
@@ -59,3 +65,20 @@ def is_transient(exc: BaseException) -> bool:
         seen.add(id(current))
         current = current.__cause__
     return False
+
+
+def note_restart_cause(work: Path, cause: str) -> None:
+    """Before the supervisor ends a node that did not fail, to start it again."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / RESTART_CAUSE_FILE).write_text(json.dumps({"cause": cause, "at": time.time()}), encoding="utf-8")
+
+
+def restart_cause(work: Path) -> tuple[str, float] | None:
+    """The supervisor's word on why the last life ended, and when (read once: it is this life's)."""
+    path = work / RESTART_CAUSE_FILE
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        path.unlink()
+        return str(found["cause"]), float(found["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from dlinfra.contract import EXIT_INTERRUPTED
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
+from dlinfra.runs.restarts import first_to_fail
 
 REPLACE_GRACE = 900.0  # a replacement instance boots and installs TensorFlow before its first beat
 STACKS_WAIT = 30.0
@@ -49,10 +50,16 @@ def diagnose(
 ) -> Verdict | None:
     now = time.time() if now is None else now
     # a node that left for a spot notice is being replaced, not crashed
-    crashed = sorted((n, c) for n, c in exit_codes.items() if c not in (None, 0, EXIT_INTERRUPTED))
+    crashed = {n: c for n, c in exit_codes.items() if c not in (None, 0, EXIT_INTERRUPTED)}
     if crashed:
-        name, code = crashed[0]
-        return Verdict("crashed", [name], f"node process exited with code {code}")
+        # the first to fail, not the first by name: a peer that crashed recovering from it comes after
+        name, *others = first_to_fail(sorted(crashed), nodes, now)
+        if name in crashed:
+            return Verdict("crashed", [name, *others], f"node process exited with code {crashed[name]}")
+        first = others[0]
+        return Verdict(
+            "crashed", [name, *others], f"{first} exited with code {crashed[first]} after {name} restarted"
+        )
     live = {n: s for n, s in nodes.items() if s is not None and not s.finished}
     frozen = sorted(
         (

@@ -102,6 +102,7 @@ class Manifest(Record):
     command_started: float | None = None  # epoch seconds the deploy command began: startup's clock
     finished: str | None = None
     metrics: dict[str, Any] | None = None
+    restarts: int | None = None  # of every node, as the run ended (None: not recorded)
     # What the target created: local node process groups, or cloud instances and their Terraform.
     pids: dict[str, int] = Field(default_factory=dict)  # node → process group of its beacon
     network: str | None = None  # local: private (the cluster's own namespace) or host

@@ -33,6 +33,26 @@ class Record(BaseModel):
     schema_version: int = SCHEMA_VERSION
 
 
+class Restart(Record):
+    """One restart of a node: why its last life ended, where the new one resumed, what it cost."""
+
+    node: str
+    life: int  # the life it began: 2 for the node's first restart
+    cause: str  # killed by signal 9 | lost peer | spot notice | replaced (straggler) | process died | ...
+    failed_at: float  # the earlier life's last word (or last beat): when the fault was seen
+    restarted_at: float  # the new life's start
+    checkpoint_step: int | None = None  # the step of the checkpoint it restored (Program mode)
+    restored_files: int | None = None  # checkpoint files pulled into $DLINFRA_CHECKPOINT_DIR (script mode)
+    from_scratch: str | None = None  # where it looked and found no checkpoint
+    resumed_at: float | None = None  # its first step in the new life (or, without reports, busy again)
+    first_step: int | None = None  # the step it first reported in the new life
+
+    @property
+    def seconds_lost(self) -> float | None:
+        """From the fault to training again."""
+        return None if self.resumed_at is None else max(0.0, self.resumed_at - self.failed_at)
+
+
 class NodeState(Record):
     """A node's heartbeat and progress, rewritten every few seconds."""
 
@@ -51,6 +71,7 @@ class NodeState(Record):
     compute_seconds: float | None = None
     workers: dict[str, list[float]] | None = None
     restarts: int = 0
+    restart_history: list[Restart] = Field(default_factory=list)  # every restart of the node, oldest first
     started: float
     first_started: float
     heartbeat: float
@@ -103,6 +124,7 @@ class Marker(Record):
     last_checkpoint: str | None = None  # the checkpoint prefix a STOPPED run can resume from
     step: int | None = None
     eval_accuracy: float | None = None
+    restarts: list[Restart] = Field(default_factory=list)  # every node's, by the time of the fault
 
 
 class Owner(Record):
@@ -241,6 +263,7 @@ class Metrics(Record):
     outputs_refused: list[str] = Field(default_factory=list)
     interruptions: list[Notice] = Field(default_factory=list)  # spot notices the nodes acted on
     rebalances: int = 0  # rebalance recommendations seen (only logged unless act_on_rebalance)
+    restarts: list[Restart] = Field(default_factory=list)  # every node's, by the time of the fault
 
     def left_instead(self) -> str:
         """Where a script run that saved no model keeps what it did leave: its checkpoints, and the
@@ -273,6 +296,7 @@ class Metrics(Record):
             "train_seconds": self.train_seconds,
             "model_uri": self.model_uri,
             **({"no_model": self.no_model} if self.no_model else {}),
+            **({"restarts": len(self.restarts)} if self.restarts else {}),
             **(
                 {
                     "interruptions": len(self.interruptions),

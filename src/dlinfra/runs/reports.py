@@ -9,12 +9,12 @@ from typing import Any
 
 from dlinfra.errors import DlinfraError, StoreError
 from dlinfra.node.masked_log import masker
-from dlinfra.runs import versions
+from dlinfra.runs import restarts, versions
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.ownership import Owned, acting, cli_holder, owner_of
 from dlinfra.runs.preflight import figures
-from dlinfra.runs.records import MARKERS, NO_MODEL, NO_MODEL_SAVED, Notice
+from dlinfra.runs.records import MARKERS, NO_MODEL, NO_MODEL_SAVED, Notice, Restart
 from dlinfra.runs.run import Run, list_runs
 from dlinfra.runs.startup import breakdown, describe
 from dlinfra.spec.hardware import cluster_hardware
@@ -129,6 +129,7 @@ def list_run_rows() -> list[dict[str, Any]]:
                 "resources_up": m.resources_up,
                 "owner": owner,
                 "note": NO_MODEL if status == "DONE" and no_model else None,  # a script that saved none
+                "restarts": m.restarts,
             }
         )
     return rows
@@ -179,6 +180,7 @@ def run_details(run_id: str | None) -> dict[str, Any]:
         else f"aws s3 sync {tensorboard} tb/ && tensorboard --logdir tb/",
         **({"ami": manifest.ami_id} if manifest.ami_id else {}),
         **({"spot": spot_summary(metrics.interruptions, metrics.rebalances)} if metrics else {}),
+        **({"restarts": [restarts.line(r) for r in found]} if (found := _restarts(store)) else {}),
         **({"startup": describe(steps)} if (steps := _startup(run)) else {}),
         **({"versions": versions.shown(_versions(manifest, store))} if manifest.versions else {}),
         **({"version_changes": manifest.version_changes} if manifest.version_changes else {}),
@@ -196,6 +198,12 @@ def _versions(manifest: Manifest, store: RunStore) -> dict[str, str | None]:
         return manifest.versions
     reports = {name: st.versions if st else None for name, st in store.statuses(manifest.nodes).items()}
     return versions.reported(manifest, reports)[0]
+
+
+def _restarts(store: RunStore) -> list[Restart]:
+    """The run's restarts as the chief (metrics) or the run's end (its marker) recorded them."""
+    metrics, marker = store.metrics(), store.marker()
+    return metrics.restarts if metrics else marker.restarts if marker else []
 
 
 def _preflight(store: RunStore) -> dict[str, Any]:

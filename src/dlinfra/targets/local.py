@@ -16,7 +16,7 @@ from dlinfra.contract import NodeConfig
 from dlinfra.environment import venvs
 from dlinfra.environment.lock import Index, Lock, Platform
 from dlinfra.errors import DlinfraError
-from dlinfra.node.supervision import is_replaced, should_restart
+from dlinfra.node.supervision import is_replaced, note_restart_cause, should_restart
 from dlinfra.prepare import NodeInstall, release_requirement
 from dlinfra.render import AddressPlan, loopback_plan, node_config_from_user_data
 from dlinfra.render.addresses import free_ports
@@ -252,6 +252,10 @@ class LocalCluster:
                 log.write(f"launcher: {name} exited with code {codes[name]}: {then}\n")
         again = [n for n, c in codes.items() if c is None or n in broken] if self.restart_together else broken
         for name in again:
+            if name not in broken:  # healthy, ended so that its cluster restarts whole: its next life says so
+                note_restart_cause(
+                    self.run_dir / "work" / name, f"restarted with the cluster after {broken[0]}"
+                )
             self.kill(name)
         for name in sorted(again, key=lambda n: n.startswith("chief")):
             self._launch(name)
