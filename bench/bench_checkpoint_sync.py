@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src")]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 from dlinfra.node.status import read_state, state_file  # noqa: E402
+from support import digits_beside  # noqa: E402
 
 GUIDE = ROOT / "tests" / "data" / "scripts" / "mwms_custom_loop.py"
 
@@ -70,18 +71,14 @@ def main() -> None:
 
 
 def _project(scratch: Path, epochs: int, steps: int) -> Path:
-    import numpy as np
-    from sklearn.datasets import load_digits
-
     project = scratch / "project"
     project.mkdir()
     shutil.copy(GUIDE, project / "train.py")
-    d = load_digits()
-    np.savez(project / "digits.npz", x_train=d.images[:1400], y_train=d.target[:1400])
+    digits_beside(project)
     (project / "experiment.yaml").write_text(
         "name: bench-ckpt\nstrategy: multi_worker_mirrored\ntraining:\n"
         "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
-        f"            --model_dir, $DLINFRA_MODEL_DIR, --epochs, {epochs}, --steps_per_epoch, {steps},\n"
+        f"            --epochs, {epochs}, --steps_per_epoch, {steps},\n"
         "            --report]\n"
     )
     return project

@@ -30,10 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "data" / "scripts"
+sys.path[:0] = [str(ROOT / "tests")]
+
+from support import digits_beside  # noqa: E402
+
 RUN_SECONDS = 900
 
 SPECS = {
@@ -41,12 +43,12 @@ SPECS = {
         "mwms_custom_loop.py",
         "name: bench-restarts-mwms\nstrategy: multi_worker_mirrored\ntraining:\n"
         "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, $DLINFRA_CHECKPOINT_DIR,\n"
-        "            --model_dir, $DLINFRA_MODEL_DIR, --epochs, 4, --steps_per_epoch, 30, --report]\n",
+        "            --epochs, 4, --steps_per_epoch, 30, --report]\n",
     ),
     "ps": (
         "ps_coordinator.py",
         "name: bench-restarts-ps\nstrategy: parameter_server\ncluster: {ps: {count: 1}}\ntraining:\n"
-        "  command: [python, train.py, --model_dir, $DLINFRA_MODEL_DIR, --epochs, 200]\n",
+        "  command: [python, train.py, --epochs, 200]\n",
     ),
 }
 
@@ -71,16 +73,7 @@ def project(scratch: Path, strategy: str) -> Path:
         shutil.copy(SCRIPTS / script, where / "train.py")
         (where / "experiment.yaml").write_text(spec)
         if strategy == "mwms":
-            from sklearn.datasets import load_digits
-
-            d = load_digits()
-            np.savez(
-                where / "digits.npz",
-                x_train=d.images[:1400],
-                y_train=d.target[:1400],
-                x_test=d.images[1400:],
-                y_test=d.target[1400:],
-            )
+            digits_beside(where)
     return where
 
 

@@ -362,3 +362,19 @@ def device_flags(verdict: dict, node: str, min_ratio: float) -> list[dict]:
     for flag in flags:
         assert flag["against"] == "peers" and flag["ratio"] < min_ratio, flag
     return flags
+
+
+def digits_beside(project: Path) -> None:
+    """Where TensorFlow's guides download MNIST: small real data of the same kind beside the script
+    (scikit-learn's 8x8 digits, 1,400 to train on and the rest held out)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    np.savez(
+        project / "digits.npz",
+        x_train=d.images[:1400],
+        y_train=d.target[:1400],
+        x_test=d.images[1400:],
+        y_test=d.target[1400:],
+    )

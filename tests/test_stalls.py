@@ -93,19 +93,10 @@ def test_a_reporting_script_that_works_on_cpu_between_reports_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real busy process that has reported: its node publishes when it was last seen at work."""
-    monkeypatch.setattr(script_progress, "BUSY_WINDOW", 0.5)
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        progress = _progress(tmp_path)
-        (tmp_path / "progress.json").write_text(json.dumps({"step": 3, "time": time.time()}))
-        progress.read()
-        deadline = time.monotonic() + 20
-        while progress.status.fields.get("working_at") is None and time.monotonic() < deadline:
-            progress.busy(spinner.pid)
-            time.sleep(0.6)
-    finally:
-        spinner.kill()
-        spinner.wait()
+    progress = _progress(tmp_path)
+    (tmp_path / "progress.json").write_text(json.dumps({"step": 3, "time": time.time()}))
+    progress.read()
+    _watch_a_spinning_process(progress, "working_at", monkeypatch)
     assert progress.status.fields.get("working_at") is not None
     assert progress.status.fields.get("cpu_percent") is None, "a reporting script shows its step, not CPU"
 
@@ -135,6 +126,21 @@ def _progress(tmp_path: Path) -> ScriptProgress:
     return ScriptProgress(NodeStatus(store, "worker-0", "worker", 0, tmp_path), tmp_path / "progress.json")
 
 
+def _watch_a_spinning_process(progress: ScriptProgress, field: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Look at a real process spinning on a core, as the agent looks at its script, until `field` is
+    published (20 s at most: a loaded machine may give it little of a core)."""
+    monkeypatch.setattr(script_progress, "BUSY_WINDOW", 0.5)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        deadline = time.monotonic() + 20
+        while progress.status.fields.get(field) is None and time.monotonic() < deadline:
+            progress.busy(spinner.pid)
+            time.sleep(0.6)
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def test_a_script_reporting_every_2s_publishes_the_floor_as_its_stall_bound(tmp_path: Path) -> None:
     progress = _progress(tmp_path)
     for step in range(1, 6):
@@ -149,18 +155,9 @@ def test_a_script_reporting_every_2s_publishes_the_floor_as_its_stall_bound(tmp_
 def test_a_script_that_reports_nothing_shows_that_it_runs_and_its_cpu_use(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(script_progress, "BUSY_WINDOW", 0.5)
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        progress = _progress(tmp_path)
-        progress.status.update(state="running")
-        deadline = time.monotonic() + 20
-        while progress.status.fields.get("cpu_percent") is None and time.monotonic() < deadline:
-            progress.busy(spinner.pid)
-            time.sleep(0.6)
-    finally:
-        spinner.kill()
-        spinner.wait()
+    progress = _progress(tmp_path)
+    progress.status.update(state="running")
+    _watch_a_spinning_process(progress, "cpu_percent", monkeypatch)
     cpu = progress.status.fields["cpu_percent"]
     assert 5 <= cpu <= 100, cpu
     state = NodeState(**progress.status.fields, heartbeat=time.time())

@@ -6,9 +6,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
-from sklearn.datasets import load_digits
-
 from support import alive_node_pids
 
 from .conftest import Deployed, deploy
@@ -23,18 +20,6 @@ def user_project(tmp: Path, script: str, spec: str) -> Path:
     shutil.copy(SCRIPTS / script, project / "train.py")
     (project / "experiment.yaml").write_text(spec)
     return project
-
-
-def digits_beside(project: Path) -> None:
-    """Where the guide downloads MNIST, small real data of the same kind beside the script."""
-    d = load_digits()
-    np.savez(
-        project / "digits.npz",
-        x_train=d.images[:1400],
-        y_train=d.target[:1400],
-        x_test=d.images[1400:],
-        y_test=d.target[1400:],
-    )
 
 
 def deploy_project(tmp: Path, project: Path, *args: str) -> Deployed:
