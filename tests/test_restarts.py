@@ -278,3 +278,23 @@ def test_a_node_between_two_lives_counts_as_restarting() -> None:
         == "worker-0"
     )
     assert restarts.of_nodes([_state("worker-0", state="done", process="gone")]) == []
+
+
+def test_a_life_that_restored_the_final_checkpoint_keeps_the_step_its_script_reached(tmp_path: Path) -> None:
+    """A kill after the last step: the new life restores the final checkpoint, has nothing left to
+    train and reports nothing; the run's step count is still the one the script reached."""
+    from dlinfra.node.script_progress import ScriptProgress
+
+    cfg = _mirrored(tmp_path / "store", 0)
+    store = RunStore.open(cfg.store)
+    first = _life(store, cfg, tmp_path / "w0")
+    first.update(state="running", step=120)
+    _killed(first, at=1000.0)
+    second = ScriptProgress(_life(store, cfg, tmp_path / "w0"), tmp_path / "w0" / "progress.json")
+    second.read()  # no report in this life
+    assert second.step is None and second.last_step == 120
+    (tmp_path / "w0" / "progress.json").write_text(json.dumps({"step": 121, "time": 1001.0}))
+    second.read()
+    assert second.last_step == 121
+    fresh = ScriptProgress(_life(store, _mirrored(tmp_path / "store", 1), tmp_path / "w1"), tmp_path / "p")
+    assert fresh.last_step is None, "a first life that reported nothing reached no known step"

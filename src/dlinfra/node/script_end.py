@@ -50,7 +50,7 @@ def ended(
             tail_text(tail),
             verdict="script",
         )
-    status.stop(state="done", step=progress.step or 0)
+    status.stop(state="done", step=progress.last_step or 0)
     return EXIT_DONE
 
 
@@ -105,7 +105,7 @@ def finish(
         command=cfg.training.command,
         progress=progress.source,
         eval_accuracy=scalars.get("eval_accuracy"),
-        steps=progress.step,
+        steps=progress.last_step,
         scalars=scalars,
         strategy=cfg.strategy,
         workers=cfg.num_workers,
@@ -140,12 +140,12 @@ def finish(
     store.write_marker(
         "DONE",
         node=cfg.name,
-        step=progress.step,
+        step=progress.last_step,
         eval_accuracy=metrics.eval_accuracy,
         reason=None if found.why_none is None else NO_MODEL_SAVED,
         restarts=metrics.restarts,
     )
-    status.stop(state="done", step=progress.step or 0)
+    status.stop(state="done", step=progress.last_step or 0)
     if found.why_none is None:
         print(f"done: the script exited 0, model ({', '.join(found.models)}) at {model_uri}", flush=True)
     else:

@@ -48,6 +48,14 @@ class ScriptProgress:
     longest_pause: float = 0.0
     _cpu: tuple[float, float] | None = None  # (when, CPU seconds) of the last busy check
 
+    @property
+    def last_step(self) -> int | None:
+        """The step the script reached: this life's report, else an earlier life's (a restart that
+        restored the final checkpoint has nothing left to train, and reports nothing)."""
+        if self.step is not None:
+            return self.step
+        return int(self.status.fields.get("step") or 0) or None
+
     def read(self) -> None:
         found = read_report(self.path)
         if found is not None:
