@@ -27,6 +27,19 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def training_field(key: str, value: str, command: bool = True) -> Callable[[Path], list[str]]:
+    """`dlinfra validate` of an experiment whose `training.<key>` is `value` (YAML as written), in
+    script mode unless `command` is False."""
+
+    def args(work: Path) -> list[str]:
+        spec = work / "experiment.yaml"
+        run = "  command: [python, train.py]\n" if command else ""
+        spec.write_text(f"name: {key.replace('_', '-')}\ntraining:\n{run}  {key}: {value}\n")
+        return ["validate", str(spec)]
+
+    return args
+
+
 def all_cases() -> list[Case]:
     """Every module's CASES, in module order; names must be unique across modules."""
     cases: list[Case] = []

@@ -7,19 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from hostile import Case
+from hostile import Case, training_field
 
 FIELD = "training.require_model"
 
 
 def _require(value: str, command: bool = True) -> Callable[[Path], list[str]]:
-    def args(work: Path) -> list[str]:
-        spec = work / "experiment.yaml"
-        run = "  command: [python, train.py]\n" if command else ""
-        spec.write_text(f"name: model\ntraining:\n{run}  require_model: {value}\n")
-        return ["validate", str(spec)]
-
-    return args
+    return training_field("require_model", value, command)
 
 
 CASES = [

@@ -8,19 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from hostile import Case
+from hostile import Case, training_field
 
 FIELD = "training.outputs_max_gb"
 
 
 def _cap(value: str, command: bool = True) -> Callable[[Path], list[str]]:
-    def args(work: Path) -> list[str]:
-        spec = work / "experiment.yaml"
-        run = "  command: [python, train.py]\n" if command else ""
-        spec.write_text(f"name: outputs\ntraining:\n{run}  outputs_max_gb: {value}\n")
-        return ["validate", str(spec)]
-
-    return args
+    return training_field("outputs_max_gb", value, command)
 
 
 CASES = [
