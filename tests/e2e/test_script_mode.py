@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from dlinfra.node.status import read_state, state_file
-from support import alive_node_pids, aws_client, run_cli
+from support import alive_node_pids, aws_client, digits_beside, run_cli
 
 from .conftest import Live, aws_emulation, start_deploy
-from .script_projects import SCRIPTS, deploy_project, digits_beside, failed_marker, user_project
+from .script_projects import SCRIPTS, deploy_project, failed_marker, user_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
