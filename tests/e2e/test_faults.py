@@ -74,10 +74,12 @@ def test_killed_mirrored_worker_restarts_all_from_checkpoint(tmp_path: Path) -> 
     assert live.status("worker-0")["restarts"] == 1 and live.status("worker-1")["restarts"] == 1
     assert live.metrics["steps"] == STEPS
     causes = {r["node"]: r["cause"] for r in live.metrics["restarts"]}
-    assert causes == {
-        "worker-1": "killed by signal 9",
-        "worker-0": "restarted with the cluster after worker-1",
-    }
+    assert causes["worker-1"] == "killed by signal 9"
+    # worker-0 either is restarted by the launcher with the cluster, or sees its peer gone first and
+    # exits for a restart itself (a loaded machine: TensorFlow's error can beat the launcher)
+    assert causes["worker-0"] in ("restarted with the cluster after worker-1", "lost peer"), causes
+    first = min(live.metrics["restarts"], key=lambda r: r["failed_at"])
+    assert first["node"] == "worker-1", "the killed node's fault comes first: it is the one blamed"
     said = r"worker-1 restarted \(killed by signal 9\) at [\d:]{8}; resumed from step (\d+); [\d.]+ s lost"
     assert (resumed := re.search(said, done.stdout)), done.stdout[-3000:]
     assert int(resumed.group(1)) % CHECKPOINT_EVERY == 0, "the step of the checkpoint it restored"
