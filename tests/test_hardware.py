@@ -198,7 +198,9 @@ def test_default_aws_render_installs_the_gpu_build_on_workers_only(
 
     made: list[Environment] = []
     of = Environment.of
-    monkeypatch.setattr(Environment, "of", lambda *args: made.append(of(*args)) or made[-1])
+    monkeypatch.setattr(
+        Environment, "of", lambda *args, **kwargs: made.append(of(*args, **kwargs)) or made[-1]
+    )
     configs, _ = preview(_aws(), target_for("aws"))
     [env] = made
     assert {configs[n].lock_sha256 for n in ("worker-0", "worker-1")} == {env.locks["gpu"].sha256}

@@ -129,7 +129,9 @@ def _progress(tmp_path: Path) -> ScriptProgress:
 def _watch_a_spinning_process(progress: ScriptProgress, field: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Look at a real process spinning on a core, as the agent looks at its script, until `field` is
     published (20 s at most: a loaded machine may give it little of a core)."""
+    # windows of half a second, busy from a tenth of a core: a loaded machine still gives that
     monkeypatch.setattr(script_progress, "BUSY_WINDOW", 0.5)
+    monkeypatch.setattr(script_progress, "BUSY_CPU_SECONDS", 0.05)
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         deadline = time.monotonic() + 20
@@ -159,7 +161,7 @@ def test_a_script_that_reports_nothing_shows_that_it_runs_and_its_cpu_use(
     progress.status.update(state="running")
     _watch_a_spinning_process(progress, "cpu_percent", monkeypatch)
     cpu = progress.status.fields["cpu_percent"]
-    assert 5 <= cpu <= 100, cpu
+    assert 5 <= cpu <= 150, cpu  # one spinning thread: up to a core, give or take a clock tick
     state = NodeState(**progress.status.fields, heartbeat=time.time())
     line = progress_line(Snapshot({"worker-0": state, "worker-1": None}, None, 12.0))
     assert f"nodes up 1/2 · running · no progress reported · CPU {cpu:.0f}%" in line
