@@ -16,6 +16,9 @@ import re
 from dataclasses import dataclass, field
 
 STATE_FILE = "checkpoint"
+# A state file is a few hundred bytes; a script's file of that name beyond this is read as no state
+# (never into memory).
+MAX_STATE_BYTES = 1 << 20
 _FAMILY = re.compile(r"(?P<prefix>.+)\.(?:index|meta|data-\d{5}-of-\d{5})")
 _FIELD = re.compile(r'^\s*(model_checkpoint_path|all_model_checkpoint_paths)\s*:\s*"((?:[^"\\]|\\.)*)"\s*$')
 _NUMBERED = re.compile(r"-(\d+)$")

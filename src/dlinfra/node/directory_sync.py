@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from dlinfra.node.checkpoint_state import (
+    MAX_STATE_BYTES,
     STATE_FILE,
     CheckpointState,
     family,
@@ -21,9 +22,6 @@ from dlinfra.node.checkpoint_state import (
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.local_files import bounded, check_cap, open_beneath, regular_files
 
-# A state file is a few hundred bytes; a script's file of that name beyond this is read as no state
-# (never into memory), and its folder is restored whole.
-MAX_STATE_BYTES = 1 << 20
 PEEK_SECONDS = 10.0  # how often a node that writes no state file reads the store's (a ps: its shards' fate)
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlinfra.node.checkpoint_state import MAX_STATE_BYTES, STATE_FILE, parse_state
 from dlinfra.node.model_probe import NOTHING
 
 PROBE_SECONDS = 120.0  # it reads a graph and configs, never weights: seconds, even under load
@@ -47,12 +47,13 @@ def check(directory: Path, python: str = sys.executable) -> ModelFound:
 
 def latest_checkpoint(directory: Path) -> str | None:
     """The checkpoint TensorFlow's `checkpoint` state file names (relative to `directory`), if any."""
-    for state in sorted(directory.rglob("checkpoint")):
+    for state in sorted(directory.rglob(STATE_FILE)):
         try:
-            text = state.read_text(errors="replace")
-        except OSError:
+            if state.is_symlink() or not state.is_file() or state.stat().st_size > MAX_STATE_BYTES:
+                continue
+            text = state.read_bytes()
+        except OSError:  # removed meanwhile
             continue
-        if match := re.search(r'^model_checkpoint_path:\s*"([^"]+)"', text, re.M):
-            # written absolute by some savers: the node's path means nothing in the store
-            return str(state.parent.relative_to(directory) / Path(match.group(1)).name)
+        if (latest := parse_state(state.relative_to(directory).as_posix(), text).latest) is not None:
+            return latest
     return None
