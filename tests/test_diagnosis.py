@@ -3,6 +3,7 @@ outside (its /proc state when stopped, its stacks through py-spy)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -199,6 +200,68 @@ def test_beacon_ends_the_way_its_trainer_ended(trainer_ended: int) -> None:
     code = f"import sys\nfrom dlinfra.node.beacon import _end_like\nsys.exit(_end_like({trainer_ended}))\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == trainer_ended, done.stderr
+
+
+BEACON_HARNESS = """
+import subprocess, sys
+from pathlib import Path
+from dlinfra.contract import NodeConfig
+from dlinfra.node.beacon import Beacon
+from dlinfra.runs.layout import RunStore
+cfg = NodeConfig.model_validate_json(Path(sys.argv[1]).read_text())
+trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(trainer.pid, flush=True)
+Beacon(cfg, RunStore.open(cfg.store), Path(sys.argv[2]), None).watch(trainer)
+"""
+
+
+def test_a_beacon_publishes_news_at_once_and_progress_with_its_beat(tmp_path: Path) -> None:
+    """A restarted worker's record of where it resumed reached the store only with its next beat
+    (every heartbeat_interval, 10 s by default); the owner wrote the run's end from the store's older
+    word in between, and recorded the worker as never training again (a CI run of the custom-loop
+    guide). A new state or restart record goes out within a look; a step waits for the beat. The
+    beacon runs in a process of its own, watching a real one, as on a node."""
+    from dlinfra.spec.training import TrainingSpec
+    from support import staging_node
+
+    cfg = staging_node("worker", 0, TrainingSpec(), tmp_path / "results", (tmp_path / "data").as_uri())
+    cfg = cfg.model_copy(update={"heartbeat_interval": 3600.0})  # no beat but the first in this test
+    (tmp_path / "node.json").write_text(cfg.model_dump_json())
+    store, work = RunStore.open(cfg.store), tmp_path / "work"
+    work.mkdir()
+    status = NodeStatus(store, cfg.name, cfg.role, cfg.index, work)
+    status.update(state="waiting for peers", step=3)
+    beacon = subprocess.Popen(
+        [sys.executable, "-c", BEACON_HARNESS, str(tmp_path / "node.json"), str(work)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        trainer = int(beacon.stdout.readline())  # type: ignore[union-attr]
+
+        def published(**expected: object) -> NodeState:
+            deadline = time.monotonic() + 60  # a look is a second; the next beat an hour away
+            while time.monotonic() < deadline:
+                st = store.status(cfg.name)
+                if st is not None and all(getattr(st, k) == v for k, v in expected.items()):
+                    return st
+                time.sleep(0.2)
+            raise AssertionError(f"the store never showed {expected}: {store.status(cfg.name)}")
+
+        first = published(state="waiting for peers", step=3)
+        status.update(step=4)  # progress alone is not news
+        status.update(state="training")  # news: it carries the step with it
+        assert published(state="training").step == 4
+        status.update(step=5)
+        status.restored(restored_files=3)  # a first life: no restart to complete, no news
+        status.update(step=6)
+        status.mark("first step")
+        assert store.status(cfg.name).step == 4 and store.status(cfg.name).heartbeat > first.heartbeat  # type: ignore[union-attr]
+        os.kill(trainer, signal.SIGKILL)
+        assert beacon.wait(60) == -signal.SIGKILL, "the beacon ends the way its trainer did"
+    finally:
+        beacon.kill()
+    assert published(process="gone").step == 6, "its end is a beat: it carries everything"
 
 
 def test_a_life_ended_before_its_first_beat_still_counts_as_a_restart_of_the_next(tmp_path: Path) -> None:

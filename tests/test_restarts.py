@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -298,3 +300,57 @@ def test_a_life_that_restored_the_final_checkpoint_keeps_the_step_its_script_rea
     assert second.last_step == 121
     fresh = ScriptProgress(_life(store, _mirrored(tmp_path / "store", 1), tmp_path / "w1"), tmp_path / "p")
     assert fresh.last_step is None, "a first life that reported nothing reached no known step"
+
+
+def test_a_finished_mirrored_worker_stays_until_the_run_ends_and_rejoins_when_a_peer_restarts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_restarts seed 59, kill 18: the owner killed after worker-1 exited 0; the owner's new life
+    waited for a peer that had left, until stall_timeout. A finished worker now stays a member: it
+    rejoins (EXIT_RETRY, its next life a restart with the owner's name as cause) when a peer begins a
+    new life, and leaves with EXIT_DONE once the run's marker is written."""
+    from dlinfra.contract import EXIT_DONE, EXIT_RETRY
+    from dlinfra.node import membership
+
+    monkeypatch.setattr(membership, "LOOK_SECONDS", 0.1)
+    owner_cfg, cfg = _mirrored(tmp_path / "store", 0), _mirrored(tmp_path / "store", 1)
+    store = RunStore.open(cfg.store)
+    owner = _life(store, owner_cfg, tmp_path / "w0")
+    owner.stop(state="exporting")  # the owner saves the model; worker-1's training has ended well
+    worker = _life(store, cfg, tmp_path / "w1")
+    owner_restarts = threading.Thread(
+        target=lambda: _once_done(store, cfg.name, lambda: _killed(owner, at=time.time())), daemon=True
+    )
+    owner_restarts.start()
+    assert membership.stay_until_the_run_ends(cfg, store, worker, step=180) == EXIT_RETRY
+    owner_restarts.join()
+    again = _life(store, cfg, tmp_path / "w1")
+    assert again.restart is not None and again.restart.cause == "restarted with the cluster after worker-0"
+    assert again.fields["restarts"] == 1 and again.fields["step"] == 180
+
+    # a peer's new life, published after this one began to stay, is one to rejoin too
+    owner_back = _life(store, owner_cfg, tmp_path / "w0")
+    owner_back.stop(state="exporting")
+    late = threading.Thread(
+        target=lambda: _once_done(store, cfg.name, lambda: _life(store, owner_cfg, tmp_path / "w0").stop()),
+        daemon=True,
+    )
+    late.start()
+    assert membership.stay_until_the_run_ends(cfg, store, again, step=180) == EXIT_RETRY
+    late.join()
+
+    # the run ends: a staying member leaves done, and so does the owner at once
+    third = _life(store, cfg, tmp_path / "w1")
+    store.write_marker("DONE", node=owner_cfg.name)
+    assert membership.stay_until_the_run_ends(cfg, store, third, step=180) == EXIT_DONE
+    assert store.status(cfg.name).state == "done"  # type: ignore[union-attr]
+    assert membership.stay_until_the_run_ends(owner_cfg, store, owner_back, step=180) == EXIT_DONE
+
+
+def _once_done(store: RunStore, node: str, then: Callable[[], object]) -> None:
+    """`then`, once `node` has published its end: after it began to stay."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and getattr(store.status(node), "state", None) != "done":
+        time.sleep(0.05)
+    time.sleep(0.01)  # a life that begins after the stay began starts at a later clock reading
+    then()

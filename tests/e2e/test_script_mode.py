@@ -108,6 +108,41 @@ def test_the_mwms_custom_loop_guide_runs_unchanged_and_resumes_from_its_checkpoi
     assert sorted(bundle["files"]) == ["digits.npz", "experiment.yaml", "train.py"], "home is never packed"
 
 
+def test_the_owner_killed_after_its_peer_finished_restarts_with_it_and_the_run_ends_done(
+    tmp_path: Path,
+) -> None:
+    """bench_restarts seed 59, kill 18: worker-1's script exited 0, then the owner's was killed while it
+    still worked (saving a model, here a minute's sleep on its first life). The owner's new life waited
+    for a peer that had left, until stall_timeout. The finished worker now stays a member until the run
+    ends: it restarts with the owner, both restore the last checkpoint, and the run ends DONE."""
+    once = tmp_path / "saved-once"  # outside the node's work: each life unpacks its code afresh
+    slow_save = f'if [ "$DLINFRA_NODE" = worker-0 ] && [ ! -e {once} ]; then touch {once}; sleep 120; fi'
+    project = user_project(
+        tmp_path,
+        "mwms_custom_loop.py",
+        "name: owner-late\nstrategy: multi_worker_mirrored\ncluster: {stall_timeout: 90}\ntraining:\n"
+        "  command: [bash, -c, 'python train.py --data digits.npz --checkpoint_dir $DLINFRA_CHECKPOINT_DIR"
+        f" --epochs 2 --steps_per_epoch 10 && {slow_save}']\n",
+    )
+    digits_beside(project)
+    live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
+    deadline = time.monotonic() + 300
+    while (read_state(state_file(live.run_dir / "work" / "worker-1")) or {}).get("state") != "done":
+        assert time.monotonic() < deadline and live.proc.poll() is None, "worker-1 never finished"
+        time.sleep(0.1)
+    os.kill(_script_pid_at(live, "worker-0", lambda s: True), signal.SIGKILL)
+    done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "staying with the cluster until the run ends" in live.log("worker-1").read_text()
+    causes = {(r["node"], r["cause"]) for r in live.metrics["restarts"]}
+    assert causes == {
+        ("worker-0", "killed by signal 9"),
+        ("worker-1", "restarted with the cluster after worker-0"),
+    }
+    assert json.loads((live.store / "DONE").read_text())["node"] == "worker-0"
+    assert alive_node_pids(str(live.run_dir)) == []
+
+
 def _the_kill_shows_as_a_restart(live: Live, done: subprocess.CompletedProcess[str], metrics: Any) -> None:
     """worker-1's kill -9 is a restart everywhere a user looks: the deploy output as it happened, the
     result table, metrics.json, the DONE marker, `runs` and `show`, with where it resumed and its cost."""

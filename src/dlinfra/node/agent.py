@@ -16,6 +16,7 @@ from dlinfra.environment.installed import check, node_versions
 from dlinfra.node import devices, preflight, serving, spot, watchdog
 from dlinfra.node.checkpoints import CheckpointSync
 from dlinfra.node.instance_store import OWN_MACHINE_ENV, stage_on_instance_store
+from dlinfra.node.membership import stay_until_the_run_ends
 from dlinfra.node.peers import bounded, wait_for_peers
 from dlinfra.node.reporting import Progress, mean_sd
 from dlinfra.node.status import NodeStatus, give_up, run_nodes
@@ -218,8 +219,7 @@ def _train(
         outcome = loop.train_mirrored(cfg, program, hooks, strategy)
     train_seconds = time.time() - started
     if not cfg.is_chief:
-        status.stop(state="done", step=outcome.step)
-        return EXIT_DONE
+        return stay_until_the_run_ends(cfg, store, status, step=outcome.step)
     status.update(state="exporting", step=outcome.step)
     results, _ = export.export(outcome.model, program, outcome.objective, work / "model")
     accuracy = export.accuracy_of(results)

@@ -43,6 +43,11 @@ PROCESS_STATES = {
 STACK_DUMP_TIMEOUT = 30.0
 # A stop request's SIGKILL follows 10 s on (the local launcher's grace): its detached processes end first
 STOP_SWEEP_AFTER = 5.0
+# The trainer's state is looked at this often between beats: news (a state, a restart's record, the
+# end) goes out at once, not up to a heartbeat later, when the owner may have written the run's end
+# from the store's older word (a CI run of the custom-loop guide recorded a resumed worker as lost).
+NEWS_POLL = 1.0
+NEWS_FIELDS = ("state", "restart_history", "finished", "error")
 WATCHDOG_GRACE = 30.0  # the trainer's own watchdog fires first; this one ends a trainer too stuck to
 
 
@@ -74,6 +79,7 @@ class Beacon:
             self.answered = store.stacks_request()  # requests older than this life are not ours
         self._masked: MaskedLog | None = None
         self.stop_asked: float | None = None
+        self.published: dict[str, Any] | None = None  # the NEWS_FIELDS of the last beat
 
     def ask_stop(self, trainer: subprocess.Popen[bytes], signum: int) -> None:
         """A stop request (the launcher's teardown, systemd's): passed on to the trainer, and timed."""
@@ -133,9 +139,10 @@ class Beacon:
         )
 
     def watch(self, trainer: subprocess.Popen[bytes]) -> int:
+        beat_due = 0.0
         while True:
             code = trainer.poll()
-            fields = read_state(state_file(self.work))  # read once a beat, for both uses below
+            fields = read_state(state_file(self.work))  # read once a look, for both uses below
             leaving = self.spot is not None and self.spot.leaving.is_set()
             if leaving and code is not None and fields is not None:
                 fields["state"] = "interrupted"
@@ -143,26 +150,37 @@ class Beacon:
                 fields["error"] = f"killed by signal {-code}"  # no last word of its own: its restart's cause
             # the process that trains: the trainer, or in script mode the user's script it runs
             pid = int((fields or {}).get("pid") or trainer.pid)
-            self.publish(pid, fields, gone=code is not None)
+            beat = code is not None or time.monotonic() >= beat_due
+            if beat or self._news(fields):
+                self.publish(pid, fields, gone=code is not None)
             if code is not None:
                 reaper.end_descendants()
                 return self.spot.finish() if self.spot is not None and leaving else _end_like(code)
-            self.answer_stack_requests(pid)
-            reaper.reap_orphans(keep=trainer.pid)
-            if self._past_its_limit(fields):
-                limit = watchdog.binding_limit(self.cfg)
-                self.store.write_marker(
-                    "STOPPED",
-                    node=self.cfg.name,
-                    reason=f"{limit} (trainer unresponsive)",
-                    verdict="budget" if limit == "budget" else None,
-                )
-                _forward(trainer, signal.SIGKILL)
-                trainer.wait()
-                reaper.end_descendants()
-                return EXIT_STOPPED
+            if beat:  # what a beat does besides publishing: at the heartbeat's pace, not each look
+                beat_due = time.monotonic() + self.cfg.heartbeat_interval
+                self.answer_stack_requests(pid)
+                reaper.reap_orphans(keep=trainer.pid)
+                if self._past_its_limit(fields):
+                    return self._stop_unresponsive(trainer)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                trainer.wait(self._sweep_if_stopping(trainer.pid, pid))
+                trainer.wait(min(NEWS_POLL, self._sweep_if_stopping(trainer.pid, pid)))
+
+    def _stop_unresponsive(self, trainer: subprocess.Popen[bytes]) -> int:
+        limit = watchdog.binding_limit(self.cfg)
+        self.store.write_marker(
+            "STOPPED",
+            node=self.cfg.name,
+            reason=f"{limit} (trainer unresponsive)",
+            verdict="budget" if limit == "budget" else None,
+        )
+        _forward(trainer, signal.SIGKILL)
+        trainer.wait()
+        reaper.end_descendants()
+        return EXIT_STOPPED
+
+    def _news(self, fields: dict[str, Any] | None) -> bool:
+        """Whether the trainer's state holds news the last beat did not carry."""
+        return fields is not None and {k: fields.get(k) for k in NEWS_FIELDS} != self.published
 
     def publish(self, pid: int, fields: dict[str, Any] | None, gone: bool) -> None:
         if fields is None:  # the trainer is still importing TensorFlow: nothing to say yet
@@ -181,6 +199,8 @@ class Beacon:
                 port_open=None if gone else port_open(self.cfg.address),
                 notice=self.spot.text if self.spot else None,
             )
+            # news that fails to go out goes with the next beat, not again each look (a store outage)
+            self.published = {k: fields.get(k) for k in NEWS_FIELDS}
             self.store.put_status(state)
             self._sync_log(final=gone)
         except Exception as exc:  # a store outage must not end the node; the next beat retries

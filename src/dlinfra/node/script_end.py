@@ -9,6 +9,7 @@ from pathlib import Path
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
 from dlinfra.node import model_check
 from dlinfra.node.directory_sync import DirectorySync
+from dlinfra.node.membership import stay_until_the_run_ends
 from dlinfra.node.script_dirs import MODEL_DIR, ScriptDirs
 from dlinfra.node.script_log import TAIL_LINES, last_error, log_tail, tail_text
 from dlinfra.node.script_progress import ScriptProgress
@@ -50,8 +51,7 @@ def ended(
             tail_text(tail),
             verdict="script",
         )
-    status.stop(state="done", step=progress.last_step or 0)
-    return EXIT_DONE
+    return stay_until_the_run_ends(cfg, store, status, step=progress.last_step or 0)
 
 
 def alone(cfg: NodeConfig, store: RunStore, status: NodeStatus, dirs: ScriptDirs, ran: float | None) -> int:

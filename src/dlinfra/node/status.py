@@ -71,9 +71,10 @@ class NodeStatus:
             "phases": {},
             "restart_history": [r.model_dump() for r in previous.restart_history] if previous else [],
         }
-        # an earlier life of this run ended before the run did: this life is its restart
-        self.restarted = previous is not None and not previous.finished
         told = restart_cause(work)  # read either way: a word left for this life is no later one's
+        # an earlier life of this run ended before the run did, or finished and was restarted with its
+        # cluster (node.membership): this life is its restart
+        self.restarted = previous is not None and (not previous.finished or told is not None)
         if previous is not None and self.restarted:
             life = len(self.fields["restart_history"]) + 2
             record = restarts.began(previous, life, now, told)
