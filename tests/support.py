@@ -378,3 +378,24 @@ def digits_beside(project: Path) -> None:
         x_test=d.images[1400:],
         y_test=d.target[1400:],
     )
+
+
+def mnist_beside(project: Path) -> None:
+    """An MNIST-shaped stand-in, in keras' mnist.npz layout, beside a guide that reads one: uint8
+    28x28 images in [0, 255] (the 8x8 digits scaled 3x, padded by 2, 0..16 to 0..255), int labels.
+    The training split is the 1,400 digits tiled 7 times: the custom-loop guide's dataset does not
+    repeat, and 2 workers take 70 steps of 64 from it each epoch."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    big = np.pad(np.kron(d.images, np.ones((1, 3, 3))), ((0, 0), (2, 2), (2, 2)))
+    images = np.round(big * (255 / 16)).clip(0, 255).astype(np.uint8)
+    labels = d.target.astype(np.uint8)
+    np.savez_compressed(
+        project / "mnist.npz",
+        x_train=np.tile(images[:1400], (7, 1, 1)),
+        y_train=np.tile(labels[:1400], 7),
+        x_test=images[1400:],
+        y_test=labels[1400:],
+    )

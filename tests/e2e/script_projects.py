@@ -11,6 +11,9 @@ from support import alive_node_pids
 from .conftest import Deployed, deploy
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
+# Scripts written for Keras 2 (TensorFlow's guides): tf-keras in their environment, and switched on
+TF_KERAS = "  requirements: [tensorflow==2.21.*, tf-keras==2.21.*, tensorboard==2.21.*]\n"
+LEGACY = "env, TF_USE_LEGACY_KERAS=1, "
 
 
 def user_project(tmp: Path, script: str, spec: str) -> Path:

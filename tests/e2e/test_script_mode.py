@@ -21,7 +21,7 @@ from dlinfra.node.status import read_state, state_file
 from support import alive_node_pids, aws_client, digits_beside, run_cli
 
 from .conftest import Live, aws_emulation, start_deploy
-from .script_projects import SCRIPTS, deploy_project, failed_marker, user_project
+from .script_projects import LEGACY, SCRIPTS, TF_KERAS, deploy_project, failed_marker, user_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def _script_pid_at(
     raise AssertionError(f"{node} did not get there in {timeout:.0f}s")
 
 
-def test_the_mwms_custom_loop_guide_runs_unchanged_and_resumes_from_its_checkpoint_after_kill_9(
+def test_a_custom_loop_adapted_from_the_mwms_guide_resumes_from_its_checkpoint_after_kill_9(
     tmp_path: Path,
 ) -> None:
     """TensorFlow's custom-loop MWMS guide, reporting its steps; worker 1's script killed with kill -9
@@ -171,8 +171,6 @@ def _the_kill_shows_as_a_restart(live: Live, done: subprocess.CompletedProcess[s
 
 # tf-keras: what TensorFlow's guides were written for. `tensorflow` (not -cpu) is what tf-keras
 # requires, and since 2.16 it brings no tensorboard of its own
-TF_KERAS = "  requirements: [tensorflow==2.21.*, tf-keras==2.21.*, tensorboard==2.21.*]\n"
-LEGACY = "env, TF_USE_LEGACY_KERAS=1, "
 
 
 @pytest.mark.parametrize(
@@ -184,7 +182,7 @@ LEGACY = "env, TF_USE_LEGACY_KERAS=1, "
         ("tf-keras", 2),  # the embedding sharded over both parameter servers
     ],
 )
-def test_the_parameter_server_guide_runs_unchanged_and_a_worker_killed_mid_run_rejoins(
+def test_a_coordinator_adapted_from_the_ps_guide_goes_on_when_a_worker_killed_mid_run_rejoins(
     tmp_path: Path, keras: str, ps: int
 ) -> None:
     """TensorFlow's parameter-server guide (coordinator, partitioner, StringLookup and Embedding);
@@ -222,7 +220,7 @@ def test_the_parameter_server_guide_runs_unchanged_and_a_worker_killed_mid_run_r
     assert alive_node_pids(str(live.run_dir)) == []
 
 
-def test_the_keras_fit_guide_trains_unchanged_and_fails_under_require_model_for_saving_none(
+def test_a_keras_fit_script_reports_through_tensorboard_and_fails_under_require_model(
     tmp_path: Path,
 ) -> None:
     """The guide's main.py saves no model (its BackupAndRestore deletes its backup once fit ends):
@@ -328,7 +326,7 @@ def test_a_typical_keras_regression_runs_on_one_node_with_its_own_metric(tmp_pat
 
 @pytest.mark.full  # the guide on emulated instances; script mode and aws each keep theirs in the default tier
 @pytest.mark.terraform
-def test_the_mwms_guide_runs_unchanged_on_emulated_aws_instances_with_its_results_in_s3(
+def test_the_adapted_mwms_guide_runs_on_emulated_aws_instances_with_its_results_in_s3(
     tmp_path: Path, moto_endpoint: str, tf_cli_config: Path
 ) -> None:
     """The aws target against the emulator: each instance boots from its user-data (the command

@@ -1,9 +1,12 @@
-"""TensorFlow's guide "Parameter server training with ParameterServerStrategy", its custom training
-loop, as a user runs it on a real cluster: TF_CONFIG names the cluster, workers and parameter servers
-start a tf.distribute.Server and join it, the chief coordinates. StringLookup and Embedding features,
-a variable partitioner over the parameter servers, a ClusterCoordinator scheduling steps. Changed from
-the guide only where Keras 3 differs (no legacy optimizer, no TF op on a symbolic tensor). Like the
-guide, it saves no model and writes no checkpoint."""
+"""Adapted from TensorFlow's guide "Parameter server training with ParameterServerStrategy" (as
+published: tests/data/guides/parameter_server), its custom training loop as a user runs it on a real
+cluster: TF_CONFIG names the cluster, workers and parameter servers start a tf.distribute.Server and
+join it, the chief coordinates. StringLookup and Embedding features, a variable partitioner over the
+parameter servers, a ClusterCoordinator scheduling steps. Its changes: written for Keras 3 (no legacy
+optimizer, no TF op on a symbolic tensor), so the lookups are applied in the dataset instead of
+through the guide's two preprocessing models and the model's input is named `features`; --epochs
+and --steps_per_epoch flags; the guide's shard asserts and evaluation cells left out. Like the guide,
+it saves no model and writes no checkpoint."""
 
 import argparse
 import os
