@@ -354,3 +354,38 @@ def _once_done(store: RunStore, node: str, then: Callable[[], object]) -> None:
         time.sleep(0.05)
     time.sleep(0.01)  # a life that begins after the stay began starts at a later clock reading
     then()
+
+
+def test_a_staying_member_of_a_large_cluster_reads_a_few_peers_a_look_and_still_sees_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every member stays while the owner saves: reading all N peers each look would cost the cluster
+    N² reads every 2 s. A look reads the owner and a few others in turn; a new life of the last of 40
+    workers is still seen, within the looks one round takes."""
+    from dlinfra.contract import EXIT_RETRY
+    from dlinfra.node import membership
+
+    monkeypatch.setattr(membership, "LOOK_SECONDS", 0.01)
+    workers = [f"h:{i}" for i in range(40)]
+    cfg = _mirrored(tmp_path / "store", 1).model_copy(update={"cluster": {"worker": workers}})
+    last = _mirrored(tmp_path / "store", 39).model_copy(update={"cluster": {"worker": workers}})
+    store = RunStore.open(cfg.store)
+    reads: list[list[str]] = []
+    real_statuses = store.statuses
+
+    def statuses(names: list[str]) -> dict[str, NodeState | None]:
+        reads.append(names)
+        if len(reads) == 2:  # after this node began to stay: the last worker begins a new life
+            _life(store, last, tmp_path / "w39").stop()
+        return real_statuses(names)
+
+    monkeypatch.setattr(store, "statuses", statuses)
+    assert (
+        membership.stay_until_the_run_ends(cfg, store, _life(store, cfg, tmp_path / "w1"), step=9)
+        == EXIT_RETRY
+    )
+    assert all(len(names) <= membership.PEERS_PER_LOOK and names[0] == "worker-0" for names in reads)
+    rounds = -(-38 // (membership.PEERS_PER_LOOK - 1))  # the 38 others, a few a look
+    assert 2 < len(reads) <= 2 + rounds, reads
+    seen = {name for names in reads[:rounds] for name in names}
+    assert seen == {f"worker-{i}" for i in range(40)} - {"worker-1"}, "one round reads every peer"
