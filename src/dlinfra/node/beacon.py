@@ -47,7 +47,7 @@ STOP_SWEEP_AFTER = 5.0
 # end) goes out at once, not up to a heartbeat later, when the owner may have written the run's end
 # from the store's older word (a CI run of the custom-loop guide recorded a resumed worker as lost).
 NEWS_POLL = 1.0
-NEWS_FIELDS = ("state", "restart_history", "finished", "error")
+NEWS_FIELDS = ("state", "restart_history", "error")
 WATCHDOG_GRACE = 30.0  # the trainer's own watchdog fires first; this one ends a trainer too stuck to
 
 

@@ -3,6 +3,7 @@ a crash its beacon restarts, or a failure with its verdict."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -51,6 +52,10 @@ def ended(
             tail_text(tail),
             verdict="script",
         )
+    # the script is gone: a stop request (teardown, a spot notice) ends the stay at once, as it ends a
+    # Program-mode node (script.run held the signals for the script's sake)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
     return stay_until_the_run_ends(cfg, store, status, step=progress.last_step or 0)
 
 
