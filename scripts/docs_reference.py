@@ -42,7 +42,9 @@ def cell(text: object) -> str:
 
 
 def code(text: object) -> str:
-    shown = cell(text)
+    """A code span in a table cell: a pipe inside backticks does not split the cell (Python-Markdown's
+    tables), so it is left as it is."""
+    shown = " ".join(str(text).split())
     if not shown:
         return ""
     ticks = "``" if "`" in shown else "`"
