@@ -20,7 +20,11 @@ def on_files(files: Files, config) -> Files:
             continue
         if (ROOT / target).is_file():
             files.append(
-                File(target, src_dir=str(ROOT), dest_dir=config["site_dir"],
-                     use_directory_urls=config["use_directory_urls"])
+                File(
+                    target,
+                    src_dir=str(ROOT),
+                    dest_dir=config["site_dir"],
+                    use_directory_urls=config["use_directory_urls"],
+                )
             )
     return files

@@ -77,9 +77,17 @@ def schema_type(node: dict[str, Any], defs: dict[str, Any]) -> str:
 
 def limits(node: dict[str, Any]) -> list[str]:
     found = []
-    for key, word in (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<"),
-                      ("minLength", "length ≥"), ("maxLength", "length ≤"), ("minItems", "items ≥"),
-                      ("maxItems", "items ≤"), ("pattern", "matches")):
+    for key, word in (
+        ("minimum", "≥"),
+        ("exclusiveMinimum", ">"),
+        ("maximum", "≤"),
+        ("exclusiveMaximum", "<"),
+        ("minLength", "length ≥"),
+        ("maxLength", "length ≤"),
+        ("minItems", "items ≥"),
+        ("maxItems", "items ≤"),
+        ("pattern", "matches"),
+    ):
         if key in node:
             found.append(f"{word} {node[key]}")
     for sub in node.get("anyOf", []):
@@ -138,7 +146,7 @@ def experiment_file_page() -> str:
 
 def shown_default(param: Any) -> str:
     value = param.default
-    if value is None or callable(value) or param.param_type_name == "argument" and not param.required and value is None:
+    if value is None or callable(value):
         return ""
     if isinstance(value, Enum):
         value = value.value
@@ -399,7 +407,11 @@ def layers_page() -> str:
                     path = module_file(module)
                     kind = "package" if path and path.name == "__init__.py" else "module"
                     text = first_sentence(path) if path else "(no such module)"
-                    subs = [m for m in modules if m.startswith(module + ".") and m.count(".") == module.count(".") + 1]
+                    subs = [
+                        m
+                        for m in modules
+                        if m.startswith(module + ".") and m.count(".") == module.count(".") + 1
+                    ]
                     within = f" Holds: {', '.join(code(s.rsplit('.', 1)[1]) for s in subs)}." if subs else ""
                     lines.append(f"| {number} | {code(module)} ({kind}) | {cell(text + within)} |\n")
             lines.append("\n")
@@ -442,14 +454,21 @@ PAGES: dict[str, Callable[[], str]] = {
 
 def stale(out: Path = OUT) -> list[str]:
     """The generated pages that differ from what the code makes now (written nowhere)."""
-    return [name for name, make in PAGES.items() if not (out / name).is_file() or (out / name).read_text() != make()]
+    return [
+        name
+        for name, make in PAGES.items()
+        if not (out / name).is_file() or (out / name).read_text() != make()
+    ]
 
 
 def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         found = stale()
         for name in found:
-            print(f"docs_reference.py: docs/reference/{name} is stale: run .venv/bin/python scripts/docs_reference.py")
+            print(
+                f"docs_reference.py: docs/reference/{name} is stale:"
+                " run .venv/bin/python scripts/docs_reference.py"
+            )
         return 1 if found else 0
     if argv:
         print(__doc__)

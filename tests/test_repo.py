@@ -1,5 +1,6 @@
-"""Repository promises: workflows are valid, the README opens with the two commands, the
-example spec is the defaults, the CLI lists its commands, HCL ships in the wheel, benchmarks import."""
+"""Repository promises: workflows are valid, the README opens with the two commands, the test tiers
+page names an end-to-end test per capability, the example spec is the defaults, the CLI lists its
+commands, HCL ships in the wheel, benchmarks import."""
 
 from __future__ import annotations
 
@@ -182,11 +183,12 @@ def test_benchmark_script_imports(script: str) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_every_capability_named_in_the_readme_keeps_its_end_to_end_test_in_the_default_tier() -> None:
-    """README, "Tests": each capability names its real end-to-end test; the default tier (`-m "not
-    full"`) must still collect every one of them, or the list (or the tier) has gone wrong."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("**Every capability keeps a real end-to-end test") :]
+def test_every_capability_on_the_test_tiers_page_keeps_its_end_to_end_test_in_the_default_tier() -> None:
+    """docs/tests.md (the manual's test tiers): each capability names its real end-to-end test; the
+    default tier (`-m "not full"`) must still collect every one of them, or the list (or the tier) has
+    gone wrong."""
+    page = (ROOT / "docs" / "tests.md").read_text()
+    section = page[page.index("**Every capability keeps a real end-to-end test") :]
     section = section[: section.index("\n\n", section.index("| capability |"))]
     named = sorted(set(re.findall(r"`(tests/[\w/]+\.py::\w+)`", section)))
     assert len(named) >= 15, named
