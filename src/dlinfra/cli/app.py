@@ -121,7 +121,8 @@ def init(
         for name in files:
             out.print(f"wrote {folder / name}", markup=False)
         out.print(
-            'next: commit them; README "Review experiments in pull requests" has the rest', markup=False
+            "next: commit them; the manual's pull-request reviews (docs/pr-reviews.md) have the rest",
+            markup=False,
         )
         return
     from dlinfra.cli.outputs import check_file, write_file

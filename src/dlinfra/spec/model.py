@@ -103,7 +103,7 @@ class ClusterSpec(StrictModel):
         le=7 * DAY,
         description=(
             "Seconds without a training step, every node alive, before the run is stalled (a script "
-            "that reports is stalled sooner, by its own pace: see the README)."
+            "that reports is stalled sooner, by its own pace: see docs/script.md)."
         ),
     )
     max_runtime: float = Field(

@@ -35,7 +35,7 @@ class TrainingSpec(StrictModel):
         min_length=1,
         description="Script mode: the program every node runs as it is, e.g. [python, train.py, --epochs, "
         "'3'], from the experiment file's directory, with TF_CONFIG and the DLINFRA_* variables set "
-        "(README: Bring your own script). One of entrypoint or command.",
+        "(docs/script.md: Bring your own script). One of entrypoint or command.",
     )
     outputs_max_gb: float = Field(
         OUTPUTS_MAX_GB,
