@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -142,3 +143,13 @@ def test_the_readme_is_a_short_door_into_the_site() -> None:
     assert len(readme.splitlines()) <= 150
     for page in ("docs/index.md", "docs/tests.md", "docs/architecture.md", "docs/reference/cli.md"):
         assert f"]({page})" in readme, page
+
+
+def test_the_manuals_pages_hold_no_dated_measurement() -> None:
+    """A day's figures (`on 2026-11-27 …`) go to BENCHMARKS.md, which the pages link to; code blocks
+    (an IAM policy's `"Version": "2012-10-17"`) are not prose."""
+    dated = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        prose = re.sub(r"^ *```.*?^ *```", "", page.read_text(), flags=re.M | re.S)
+        dated += [f"{page.name}: {m}" for m in re.findall(r".{0,40}\b20\d\d-\d\d-\d\d\b", prose)]
+    assert dated == []
