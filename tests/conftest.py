@@ -81,7 +81,7 @@ _GPU_DESELECTED = pytest.StashKey[int]()
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     if count := config.stash.get(_GPU_DESELECTED, 0):
         terminalreporter.write_line(
-            f"{count} gpu test(s) deselected: no GPU on this machine (README, 'GPUs': run them with -m gpu)"
+            f"{count} gpu test(s) deselected: no GPU on this machine (docs/gpus.md: run them with -m gpu)"
         )
 
 

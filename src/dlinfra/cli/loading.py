@@ -42,7 +42,7 @@ def warn_hardware(spec: Spec) -> None:
 
 
 def environment_line(spec: Spec) -> str:
-    """What the nodes' environment holds beside training.requirements (one rule: README)."""
+    """What the nodes' environment holds beside training.requirements (one rule: docs/script.md)."""
     from dlinfra.environment.lock import beside
 
     script = spec.training.command is not None

@@ -5,7 +5,7 @@ Why custom loops and not `model.fit`: Keras 3's `fit` fails under ParameterServe
 (keras#18624) and under MultiWorkerMirroredStrategy (keras#20585). tf-keras `fit` works but is
 slower here and its wheel drags the full GPU `tensorflow` package over `tensorflow-cpu`. A loop
 over `ClusterCoordinator.schedule` / `strategy.run` works with Keras 3 and gives us exact control
-of step counting, checkpoints and progress (see README, "Why custom loops").
+of step counting, checkpoints and progress (docs/program.md, "Why custom training loops").
 
 Progress is always counted where the updates land, never from what was scheduled (mirrored: the
 optimizer's step variable; parameter servers: a counter on the ps that each remote call increments
