@@ -126,9 +126,13 @@ def test_the_owner_killed_after_its_peer_finished_restarts_with_it_and_the_run_e
     )
     digits_beside(project)
     live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
+    # worker-1 stays, and the owner's python has ended: its "save" has begun (a kill before that, under
+    # load in the full tier, left the first life's sleep to the second, which then stalled as it should)
     deadline = time.monotonic() + 300
-    while (read_state(state_file(live.run_dir / "work" / "worker-1")) or {}).get("state") != "done":
-        assert time.monotonic() < deadline and live.proc.poll() is None, "worker-1 never finished"
+    while not once.exists() or (
+        (read_state(state_file(live.run_dir / "work" / "worker-1")) or {}).get("state") != "done"
+    ):
+        assert time.monotonic() < deadline and live.proc.poll() is None, "the owner never began its save"
         time.sleep(0.1)
     os.kill(_script_pid_at(live, "worker-0", lambda s: True), signal.SIGKILL)
     done = live.finish()
