@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,27 +16,20 @@ from support import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
 
-STEPS = 1500
+# the notice lands near step 100 and its checkpoint comes 3-5 s later (metadata poll, the chief's
+# relay, its next report), some 400-700 steps on a quiet machine: this many leaves it mid-run
+STEPS = 2000
 NOTICE_TO_CHECKPOINT = 10.0
 
 
-def _pointer(live: Live) -> dict[str, Any] | None:
-    try:
-        return json.loads((live.store / "checkpoints" / "latest.json").read_text())  # type: ignore[no-any-return]
-    except (OSError, ValueError):
-        return None
-
-
-def _checkpoint_after(live: Live, noticed_at: float, timeout: float = 60) -> dict[str, Any]:
-    """The store's checkpoint pointer, once it names a checkpoint written after the notice."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pointer = _pointer(live)
-        if pointer is not None and (pointer.get("time") or 0) >= noticed_at:
-            return pointer
-        assert live.proc.poll() is None, live.proc.communicate()
-        time.sleep(0.05)
-    raise AssertionError(f"no checkpoint after the notice in {timeout:.0f}s")
+def _checkpoints_before_the_end(live: Live) -> list[tuple[int, float]]:
+    """(step, when its index was stored) of each checkpoint in the store short of the last step."""
+    found = []
+    for index in (live.store / "checkpoints").glob("ckpt-*.index"):
+        step = int(index.name.removeprefix("ckpt-").removesuffix(".index"))
+        if step < STEPS:
+            found.append((step, index.stat().st_mtime))
+    return sorted(found)
 
 
 def test_notice_from_the_loopback_metadata_stand_in_checkpoints_at_once_and_the_worker_is_replaced(
@@ -57,23 +48,24 @@ def test_notice_from_the_loopback_metadata_stand_in_checkpoints_at_once_and_the_
             "--set", "cluster.local_network=host",
             env={"DLINFRA_METADATA_ENDPOINT": imds.node_template()},
         )  # fmt: skip
-        live.wait_for_step("chief-0", 300)
-        live.published_status("chief-0", lambda s: s["step"] >= 300)  # what the notice records
+        live.wait_for_step("chief-0", 100)
+        live.published_status("chief-0", lambda s: s["step"] >= 100)  # what the notice records
         imds.recommend_rebalance("worker-1")  # logged and shown only: nothing acts on it
         noticed_at = imds.interrupt("worker-0")
-        pointer = _checkpoint_after(live, noticed_at)
         done = live.finish()
         env = {**os.environ, "DLINFRA_HOME": str(live.home)}
         status = run_cli("status", live.run_dir.name, "--json", env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert pointer["time"] - noticed_at <= NOTICE_TO_CHECKPOINT, pointer
-    assert pointer["step"] < STEPS, "the notice's checkpoint, not the final one"
 
     [notice] = [
         json.loads(p.read_text()) for p in (live.store / "notices").glob("worker-0.*.json")
     ]  # the only interruption, of the only node that was told
     assert notice["kind"] == "interruption" and notice["action"] == "terminate" and notice["acted"]
-    assert notice["step_at_notice"] is not None and pointer["step"] >= notice["step_at_notice"], (
+    # the notice's checkpoint, read from the store's files once the run is over: the pointer names
+    # only the newest, and the run's final save replaces it within a second when the notice lands late
+    [(step, stored_at)] = _checkpoints_before_the_end(live)  # checkpoint_every=STEPS: the notice's only
+    assert 0 <= stored_at - noticed_at <= NOTICE_TO_CHECKPOINT, (step, stored_at - noticed_at)
+    assert notice["step_at_notice"] is not None and step >= notice["step_at_notice"], (
         "the checkpoint holds every step trained before the notice"
     )
     assert notice["exit_code"] == 76 and notice["steps_lost"] == 0
@@ -107,7 +99,9 @@ def test_notice_from_the_loopback_metadata_stand_in_checkpoints_at_once_and_the_
         "\nFAULT spot notice for worker-0: "
         + json.dumps(
             {
-                "notice_to_checkpoint_seconds": round(pointer["time"] - noticed_at, 1),
+                "step_at_notice": notice["step_at_notice"],
+                "checkpoint_step": step,
+                "notice_to_checkpoint_seconds": round(stored_at - noticed_at, 1),
                 "notice_seconds_used": round(notice["left"] - notice["noticed"], 1),
                 "steps_lost": notice["steps_lost"],
             }
