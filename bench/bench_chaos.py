@@ -1,0 +1,312 @@
+"""Issue 57's chaos soak: random faults injected into real runs, and the invariants checked by code
+after each one (chaos_checks.py): the run ends DONE, or with a verdict naming a faulted node and its
+cause, within a bound from its settings; the steps exact; a DONE model as good as the same cell's
+fault-free run; the store's checkpoints whole; nothing left behind; every fault in the record.
+
+Each run's shape and faults come from its own seed (chaos_plan.plan_run): a failure replays with
+`--seed S --runs 1`. Local runs keep their store in S3 on the soak's moto server (so the store can go
+down), except runs that cut a link, whose nodes sit in namespaces of their own and use a file store.
+
+    python bench/bench_chaos.py --runs 60 --faults-per-run 3 --seed 57
+    python bench/bench_chaos.py --runs 6 --target local --strategy ps --mode program --seed 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+
+import chaos_checks as checks  # noqa: E402
+from chaos_faults import Injector, state  # noqa: E402
+from chaos_plan import Cell, RunPlan, plan_run  # noqa: E402
+from emulated_aws import start_moto, terraform_rc  # noqa: E402
+
+from dlinfra.contract import StoreConfig  # noqa: E402
+from dlinfra.runs.layout import RunStore  # noqa: E402
+from metadata_stand_in import MetadataStandIn  # noqa: E402
+from support import digits_beside  # noqa: E402
+
+BUCKET = "chaos"
+HEARTBEAT = (
+    20.0  # cluster.heartbeat_timeout of every soak run: a lost node is named in a third of the default
+)
+PROGRAM_STEPS = {"ps": 1200, "mwms": 600}
+SCRIPTS = {
+    "mwms": ("mwms_custom_loop.py", 120, "  command: [python, train.py, --data, digits.npz, "
+             "--checkpoint_dir, "
+             "$DLINFRA_CHECKPOINT_DIR, --epochs, 4, --steps_per_epoch, 30, --report]\n"),
+    "ps": ("ps_coordinator.py", 200, "  command: [python, train.py, --epochs, 200]\n"),
+}  # fmt: skip
+STRATEGIES = {"ps": "parameter_server", "mwms": "multi_worker_mirrored"}
+
+
+class Moto:
+    """The soak's moto server (restarted on its port by a store outage) and clients of it."""
+
+    def __init__(self) -> None:
+        os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
+        # the soak reads its runs' stores through dlinfra's own store, with the fake keys moto takes
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
+        )
+        self.server, self.endpoint = start_moto()
+        self._free_ips_on_terminate()
+        self.client("s3").create_bucket(Bucket=BUCKET)
+
+    def client(self, service: str) -> Any:
+        import boto3
+
+        return boto3.client(service, endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+
+    def ec2(self) -> Any:
+        return self.client("ec2")
+
+    @staticmethod
+    def _free_ips_on_terminate() -> None:
+        """Stand-in for AWS behaviour moto lacks (as tests/e2e/conftest.py's): a terminated instance's
+        private IP is free again, so its replacement can take it."""
+        from moto.ec2.models.instances import InstanceBackend
+
+        terminate = InstanceBackend.terminate_instances
+
+        def terminate_and_free(self: Any, instance_ids: list[str]) -> Any:
+            done = terminate(self, instance_ids)
+            for instance, _ in done:
+                self.get_subnet(instance.subnet_id).del_subnet_ip(instance.private_ip)
+            return done
+
+        InstanceBackend.terminate_instances = terminate_and_free  # type: ignore[method-assign]
+
+
+@dataclass
+class Outcome:
+    plan: RunPlan
+    run_id: str = "?"
+    state: str = "?"
+    wall: float = 0.0
+    bound: float = 0.0
+    broken: list[str] = field(default_factory=list)
+    accuracy: float | None = None
+    lost_seconds: list[float] = field(default_factory=list)
+    lost_steps: list[int] = field(default_factory=list)
+
+
+def deploy_args(plan: RunPlan, scratch: Path, moto: Moto) -> tuple[list[str], dict[str, str], Path]:
+    cell, project = plan.cell, scratch / f"project-{plan.cell.strategy}-{plan.cell.mode}"
+    args = ["--workers", "2", "--strategy", STRATEGIES[cell.strategy],
+            "--set", f"cluster.heartbeat_timeout={HEARTBEAT:g}",
+            "--set", f"cluster.local_network={plan.network}"]  # fmt: skip
+    if cell.mode == "program":
+        steps = PROGRAM_STEPS[cell.strategy]
+        args += ["--steps", str(steps), "--set", f"training.checkpoint_every={steps // 6}"]
+    else:
+        script, _, command = SCRIPTS[cell.strategy]
+        if not project.exists():
+            project.mkdir(parents=True)
+            shutil.copy(ROOT / "tests" / "data" / "scripts" / script, project / "train.py")
+            ps = "cluster: {ps: {count: 1}}\n" if cell.strategy == "ps" else ""
+            (project / "experiment.yaml").write_text(f"name: chaos-script\n{ps}training:\n{command}")
+            if cell.strategy == "mwms":
+                digits_beside(project)
+        args.insert(0, str(project / "experiment.yaml"))
+    if cell.strategy == "ps" and cell.mode == "program":
+        args += ["--set", "cluster.ps.count=1"]
+    if any(f.kind == "spot" for f in plan.faults):
+        args += ["--set", "cluster.workers.spot=true"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        "DLINFRA_HOME": str(scratch / "home"),
+    }  # fmt: skip
+    if plan.network != "shaped":  # a namespace per node cannot reach the host's loopback moto
+        args += ["--set", f"storage.url=s3://{BUCKET}/runs", "--set", f"storage.endpoint_url={moto.endpoint}"]
+    if cell.target == "aws-emulated":
+        ami = moto.ec2().describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        args += ["--target", "aws", "--endpoint-url", moto.endpoint, "--yes", "--emulate-instances",
+                 "--set", f"aws.ami={ami}", "--set", "cluster.workers.gpus=0"]  # fmt: skip
+        env["TF_CLI_CONFIG_FILE"] = str(terraform_rc(scratch))
+    return args, env, project if cell.mode == "script" else scratch
+
+
+def progress(run_dir: Path, plan: RunPlan) -> float:
+    """The share of the run's steps the furthest node has reported (a script's epochs, for the ps guide)."""
+    if plan.cell.mode == "script" and plan.cell.strategy == "ps":
+        log = run_dir / "logs" / "chief-0.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return text.count("Finished epoch ") / SCRIPTS["ps"][1]
+    total = PROGRAM_STEPS[plan.cell.strategy] if plan.cell.mode == "program" else SCRIPTS["mwms"][1]
+    steps = [int(state(run_dir, p.name).get("step") or 0) for p in (run_dir / "work").glob("*")]
+    return max(steps, default=0) / total
+
+
+def new_run_dir(home: Path, before: set[Path]) -> Path | None:
+    found = [p.parent for p in (home / "runs").glob("*/manifest.json") if p.parent not in before]
+    return found[0] if found else None
+
+
+def one_run(plan: RunPlan, scratch: Path, moto: Moto, base: Outcome | None) -> Outcome:
+    out = Outcome(plan)
+    home = scratch / "home"
+    before = set((home / "runs").glob("*")) if (home / "runs").exists() else set()
+    args, env, cwd = deploy_args(plan, scratch, moto)
+    per_fault = HEARTBEAT * 2 + 90 + sum(f.seconds for f in plan.faults)
+    out.bound = (base.wall * 1.5 if base else 600) + per_fault * len(plan.faults) + 60
+    with MetadataStandIn() as imds:
+        env["DLINFRA_METADATA_ENDPOINT"] = imds.node_template()
+        log = scratch / f"deploy-{plan.seed}.out"
+        started = time.monotonic()
+        with log.open("w") as sink:
+            proc = subprocess.Popen([sys.executable, "-m", "dlinfra", "deploy", *args], env=env, cwd=cwd,
+                                    stdout=sink, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+        run_dir, injector, pending = None, None, list(plan.faults)
+        while proc.poll() is None and time.monotonic() - started < out.bound + 120:
+            run_dir = run_dir or new_run_dir(home, before)
+            if run_dir is not None and pending and progress(run_dir, plan) >= pending[0].at:
+                injector = injector or Injector(run_dir, moto, imds, moto.endpoint)
+                fault = pending.pop(0)
+                fault.step = max((int(state(run_dir, n).get("step") or 0) for n in plan.nodes()), default=0)
+                injector.inject(fault)
+                print(f"  {fault.label()}: {fault.note or 'injected'}", flush=True)
+            time.sleep(0.05)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # a hang: Ctrl-C tears the cluster down
+            proc.wait(timeout=300)
+            out.broken.append(f"hung: still running after {out.bound + 120:.0f} s")
+        if injector:
+            injector.settle()
+        out.wall = time.monotonic() - started
+    run_dir = run_dir or new_run_dir(home, before)
+    if run_dir is None:
+        out.broken.append("no run dir: " + log.read_text(errors="replace")[-500:])
+        return out
+    out.run_id = run_dir.name
+    judge(out, run_dir, moto, base)
+    if not out.broken:
+        log.unlink()
+    return out
+
+
+def judge(out: Outcome, run_dir: Path, moto: Moto, base: Outcome | None) -> None:
+    plan = out.plan
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    store = RunStore.open(StoreConfig.model_validate(manifest["store"]))
+    marker, metrics = store.marker(), store.metrics()
+    out.state = marker.marker if marker else "NONE"
+    out.broken += checks.outcome(plan, marker, metrics, out.wall, out.bound)
+    torn, pointer_step = checks.store_consistent(store)
+    out.broken += torn
+    total = PROGRAM_STEPS[plan.cell.strategy] if plan.cell.mode == "program" else None
+    if out.state == "DONE":
+        out.broken += checks.steps(plan, metrics, pointer_step, total)
+        out.broken += checks.faults_named(plan, marker, metrics)
+        if plan.cell.mode == "program":
+            out.accuracy = checks.model_accuracy(store)
+            floor = (base.accuracy if base and base.accuracy else 0.9) - checks.ACCURACY_TOLERANCE
+            if out.accuracy is None or out.accuracy < floor:
+                out.broken.append(f"model accuracy {out.accuracy}, the fault-free run's floor {floor:.3f}")
+    out.broken += checks.left_behind(out.run_id, store)
+    if plan.cell.target == "aws-emulated":
+        from e2e.conftest import left_of
+
+        left = {k: v for k, v in left_of(moto.endpoint, out.run_id).items() if v}
+        if left:
+            out.broken.append(f"left in moto: {left}")
+    for restart in metrics.restarts if metrics else []:
+        if restart.resumed_at:
+            out.lost_seconds.append(restart.resumed_at - restart.failed_at)
+    for notice in metrics.interruptions if metrics else []:
+        out.lost_steps.append(notice.steps_lost or 0)
+
+
+def cells(args: argparse.Namespace) -> list[Cell]:
+    pick = lambda value, every: every if value == "all" else [value]  # noqa: E731
+    return [Cell(t, s, m) for t, s, m in itertools.product(
+        pick(args.target, ["local", "aws-emulated"]), pick(args.strategy, ["ps", "mwms"]),
+        pick(args.mode, ["program", "script"]))]  # fmt: skip
+
+
+def table(outcomes: list[Outcome]) -> None:
+    print(
+        "\n| target/strategy/mode | runs | faults | DONE | right verdict | wrong "
+        "| s to training again (median, p95) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    by: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        by.setdefault(str(o.plan.cell), []).append(o)
+    for cell, runs in sorted(by.items()):
+        faults = sum(1 for o in runs for f in o.plan.faults if f.injected_at is not None)
+        done = sum(o.state == "DONE" and not o.broken for o in runs)
+        right = sum(o.state in ("FAILED", "STOPPED") and not o.broken for o in runs)
+        lost = sorted(s for o in runs for s in o.lost_seconds)
+        spread = f"{statistics.median(lost):.1f}, {lost[int(0.95 * (len(lost) - 1))]:.1f}" if lost else "-"
+        print(
+            f"| {cell} | {len(runs)} | {faults} | {done} | {right} "
+            f"| {sum(bool(o.broken) for o in runs)} | {spread} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seed", type=int, default=57)
+    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--faults-per-run", type=int, default=3)
+    parser.add_argument("--target", choices=["local", "aws-emulated", "all"], default="local")
+    parser.add_argument("--strategy", choices=["ps", "mwms", "all"], default="all")
+    parser.add_argument("--mode", choices=["program", "script", "all"], default="all")
+    parser.add_argument("--plan-only", action="store_true", help="print each run's faults and stop")
+    args = parser.parse_args()
+    grid = cells(args)
+    plans = [plan_run(args.seed + i, grid[i % len(grid)], args.faults_per_run) for i in range(args.runs)]
+    for plan in plans:
+        print(f"seed {plan.seed} {plan.cell}: " + "; ".join(f.label() for f in plan.faults))
+    if args.plan_only:
+        return
+    moto, scratch = Moto(), Path(tempfile.mkdtemp(prefix="bench-chaos-"))
+    bases: dict[str, Outcome] = {}
+    outcomes = []
+    for plan in plans:
+        key = str(plan.cell)
+        if key not in bases:
+            bases[key] = one_run(RunPlan(plan.seed, plan.cell), scratch, moto, None)
+            print(f"fault-free {key}: {bases[key].state} in {bases[key].wall:.0f} s, accuracy "
+                  f"{bases[key].accuracy}" + (f"; BROKEN {bases[key].broken}" if bases[key].broken else ""),
+                  flush=True)  # fmt: skip
+        print(f"seed {plan.seed} {plan.cell}:", flush=True)
+        out = one_run(plan, scratch, moto, bases[key])
+        outcomes.append(out)
+        verdict = "ok" if not out.broken else "WRONG: " + " | ".join(out.broken)
+        print(
+            f"  -> {out.run_id} {out.state} in {out.wall:.0f} s (bound {out.bound:.0f}): {verdict}",
+            flush=True,
+        )
+    table(outcomes)
+    wrong = [o.plan.seed for o in outcomes if o.broken]
+    print(f"\nseeds {args.seed}..{args.seed + args.runs - 1}; wrong outcomes: {len(wrong)} (seeds {wrong})")
+    print(f"kept: {scratch} (deploy-SEED.out of each run that went wrong)" if wrong else "")
+    moto.server.stop()
+    if not wrong:
+        shutil.rmtree(scratch, ignore_errors=True)
+    raise SystemExit(1 if wrong else 0)
+
+
+if __name__ == "__main__":
+    main()

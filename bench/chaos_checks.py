@@ -1,0 +1,144 @@
+"""The chaos soak's invariants, checked by code after every run (bench_chaos.py): what a run that met
+its faults must have ended with. Each check returns the ways the run broke it ([] when it held)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from chaos_plan import Fault, RunPlan
+
+from dlinfra.runs.layout import CHECKPOINTS, MODEL, RunStore
+from dlinfra.runs.records import Marker, Metrics
+
+ACCURACY_TOLERANCE = 0.05  # a DONE model against the same seed's fault-free run, on the held-out split
+PER_CALL = 20  # a remote call re-run after a node leaves may count once more (log_every bounds a call)
+TORN = (".pulling", ".tmp", "_temp")  # a name a half-written upload or pull would leave
+
+
+def outcome(
+    plan: RunPlan, marker: Marker | None, metrics: Metrics | None, wall: float, bound: float
+) -> list[str]:
+    """DONE, or an end whose verdict names a node and a cause, within the bound."""
+    broken = []
+    if wall > bound:
+        broken.append(f"ended after {wall:.0f} s, past its bound of {bound:.0f} s")
+    if marker is None:
+        return [*broken, "no marker: the run never ended"]
+    if marker.marker == "DONE":
+        return broken
+    if not marker.node or not (marker.verdict or marker.error or marker.reason):
+        broken.append(f"{marker.marker} with no node or no cause: {marker.model_dump(exclude_none=True)}")
+    hit = {f.node for f in plan.faults if f.node}
+    if marker.node and marker.node not in hit and not _blames_after(marker):
+        broken.append(f"{marker.marker} blames {marker.node}, which met no fault ({sorted(hit)} did)")
+    return broken
+
+
+def _blames_after(marker: Marker) -> bool:
+    """A node blamed 'after' another's restart names the faulted node in its message."""
+    return "after " in (marker.error or "") and bool(marker.restarts)
+
+
+def steps(plan: RunPlan, metrics: Metrics | None, pointer_step: int | None, total: int | None) -> list[str]:
+    """Program mode: exactly the scheduled steps under MWMS; under parameter servers every update
+    counted once, give or take the one remote call a leaving node may have finished unreported."""
+    if metrics is None or total is None or plan.cell.mode != "program":
+        return []
+    broken = []
+    done = metrics.steps or 0
+    slack = PER_CALL if plan.cell.strategy == "ps" else 0
+    if not total <= done <= total + slack:
+        broken.append(f"steps {done}, scheduled {total}" + (f" (+{slack} allowed)" if slack else ""))
+    if pointer_step is not None and pointer_step != total:
+        broken.append(f"the last checkpoint is at step {pointer_step}, not the last step {total}")
+    return broken
+
+
+def store_consistent(store: RunStore) -> tuple[list[str], int | None]:
+    """Every checkpoint in the store whole (its index with its data), the pointer naming files that
+    are there, no torn upload left; and the pointer's step."""
+    keys = store.store.list_keys(CHECKPOINTS + "/")
+    names = {k.rsplit("/", 1)[-1] for k in keys}
+    broken = [f"torn file in the store: {k}" for k in keys if any(t in k.rsplit("/", 1)[-1] for t in TORN)]
+    prefixes = {m.group(1) for n in names if (m := re.match(r"(ckpt-\d+)\.", n))}
+    for prefix in sorted(prefixes):
+        parts = {n for n in names if n.startswith(prefix + ".")}
+        if f"{prefix}.index" not in parts or not any(".data-" in n for n in parts):
+            broken.append(f"checkpoint {prefix} incomplete in the store: {sorted(parts)}")
+    pointer = store.latest_checkpoint()
+    if pointer is not None:
+        missing = [f for f in pointer.files if f not in names]
+        if missing:
+            broken.append(f"the pointer names {pointer.prefix}, whose {missing} are not in the store")
+    return broken, pointer.step if pointer else None
+
+
+def faults_named(plan: RunPlan, marker: Marker | None, metrics: Metrics | None) -> list[str]:
+    """Every fault that cost the run a life is in its record: a kill or a terminated instance as a
+    restart of that node, a spot notice as an interruption."""
+    if marker is None or marker.marker != "DONE" or metrics is None:
+        return []
+    restarted = {r.node for r in metrics.restarts}
+    interrupted = {n.node for n in metrics.interruptions}
+    broken = []
+    for fault in plan.faults:
+        if fault.injected_at is None:
+            continue
+        if fault.kind in ("kill9", "kill_in_save", "kill_in_restore") and fault.node not in restarted:
+            broken.append(f"{fault.label()}: no restart of {fault.node} in the result")
+        if fault.kind == "spot" and fault.node not in interrupted:
+            broken.append(f"{fault.label()}: no interruption of {fault.node} in the result")
+    return broken
+
+
+def left_behind(run_id: str, store: RunStore) -> list[str]:
+    """No process of the run alive, no owner still holding it."""
+    broken = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if run_id in cmd and state != "Z":
+            broken.append(f"process {proc.name} of the run still alive: {cmd[:120]}")
+    owner, _ = store.owner()
+    if owner is not None and owner.kind != "none":
+        broken.append(f"the run is still owned: {owner.holder}")
+    return broken
+
+
+def model_accuracy(store: RunStore) -> float | None:
+    """The DONE model's accuracy on the held-out digits, in a fresh process (Program mode's export)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        keys = store.store.list_keys(MODEL + "/saved_model/")
+        if not keys:
+            return None
+        for key in keys:
+            store.store.get_file(key, Path(scratch) / key)
+        code = (
+            "import sys, numpy as np, tensorflow as tf\n"
+            "from dlinfra.spec.dataset import DatasetSpec\nfrom dlinfra.training.data import load\n"
+            "data = load(DatasetSpec(), None)\nmodel = tf.saved_model.load(sys.argv[1])\n"
+            "logits = model.serve(tf.constant(data.x_test))\n"
+            "print(float(np.mean(np.argmax(logits.numpy(), axis=1) == data.y_test)))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(Path(scratch) / MODEL / "saved_model")],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            return -1.0  # a model that does not load is a wrong outcome, said by the caller
+        return float(done.stdout.strip().splitlines()[-1])
+
+
+def summary(fault: Fault) -> dict[str, Any]:
+    return json.loads(json.dumps(fault.__dict__, default=str))

@@ -1,0 +1,174 @@
+"""How the chaos soak (bench_chaos.py) injects each fault of chaos_plan.KINDS into a live run: node
+processes found through the run dir's state files (what every node's trainer writes, emulated
+instances included), the S3 endpoint and EC2 API of the soak's own moto server, the loopback
+metadata stand-in for spot notices."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos_plan import Fault
+
+RESTORE_WAIT = 120.0  # for the new life of a killed node
+SAVE_WAIT = 60.0  # for the next checkpoint of a node before it is killed anyway
+
+
+def state(run_dir: Path, node: str) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "work" / node / "state.json").read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return {}
+
+
+def _signal(pid: int, sig: int) -> None:
+    """The trainer and what it started (its own process group), as the launcher's kill does."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    except PermissionError:
+        os.kill(pid, sig)
+
+
+class Injector:
+    def __init__(self, run_dir: Path, moto: Any, imds: Any, endpoint: str) -> None:
+        self.run_dir, self.moto, self.imds, self.endpoint = run_dir, moto, imds, endpoint
+        self.threads: list[threading.Thread] = []
+
+    def inject(self, fault: Fault) -> None:
+        fault.injected_at = time.time()
+        getattr(self, f"_{fault.kind}")(fault)
+
+    def settle(self) -> None:
+        """Every timed fault over (thawed, the store back, the link up) before the run is judged."""
+        for thread in self.threads:
+            thread.join()
+
+    def _later(self, seconds: float, action: Any) -> None:
+        def run() -> None:
+            time.sleep(seconds)
+            action()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _pid(self, node: str | None) -> int | None:
+        pid = state(self.run_dir, node or "").get("pid")
+        return int(pid) if pid else None
+
+    def _kill9(self, fault: Fault) -> None:
+        pid = self._pid(fault.node)
+        if pid is None:
+            fault.note = "not up: nothing to kill"
+            fault.injected_at = None
+            return
+        _signal(pid, signal.SIGKILL)
+        fault.note = f"pid {pid}"
+
+    def _freeze(self, fault: Fault) -> None:
+        pid = self._pid(fault.node)
+        if pid is None:
+            fault.injected_at, fault.note = None, "not up: nothing to freeze"
+            return
+        _signal(pid, signal.SIGSTOP)
+        self._later(fault.seconds, lambda: _signal(pid, signal.SIGCONT))
+        fault.note = f"pid {pid}"
+
+    def _kill_in_save(self, fault: Fault) -> None:
+        """Killed as the node's next checkpoint file appears in its work dir: its save under way,
+        its upload not begun or not done."""
+        work = self.run_dir / "work" / (fault.node or "")
+        seen = {p for p in work.rglob("*") if "ckpt" in p.name}
+        deadline = time.monotonic() + SAVE_WAIT
+        while time.monotonic() < deadline:
+            new = [p for p in work.rglob("*") if "ckpt" in p.name and p not in seen]
+            if new:
+                fault.note = f"as {new[0].name} appeared; "
+                break
+            time.sleep(0.02)
+        else:
+            fault.note = "no save within 60 s: killed anyway; "
+        self._kill9(fault)
+
+    def _kill_in_restore(self, fault: Fault) -> None:
+        """Killed, then its next life killed as soon as it is up (restoring its checkpoint)."""
+        first = self._pid(fault.node)
+        self._kill9(fault)
+        if fault.injected_at is None:
+            return
+        deadline = time.monotonic() + RESTORE_WAIT
+        while time.monotonic() < deadline:
+            pid = self._pid(fault.node)
+            if pid and pid != first:
+                _signal(pid, signal.SIGKILL)
+                fault.note += f", then its new life {pid}"
+                return
+            time.sleep(0.02)
+        fault.note += ", no new life within 120 s"
+
+    def _spot(self, fault: Fault) -> None:
+        self.imds.interrupt(fault.node)
+
+    def _store_outage(self, fault: Fault) -> None:
+        from moto.server import ThreadedMotoServer
+
+        host, port = self.moto.server.get_host_and_port()
+        self.moto.server.stop()
+
+        def back() -> None:
+            self.moto.server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+            self.moto.server.start()
+
+        self._later(fault.seconds, back)
+
+    def _netcut(self, fault: Fault) -> None:
+        pid = self._pid(fault.node)
+        if pid is None:
+            fault.injected_at, fault.note = None, "not up: no link to cut"
+            return
+
+        def link(updown: str) -> None:
+            subprocess.run(
+                ["nsenter", "--net", f"--target={pid}", "ip", "link", "set", "eth0", updown],
+                check=False, capture_output=True,
+            )  # fmt: skip
+
+        link("down")
+        self._later(fault.seconds, lambda: link("up"))
+
+    def _instance(self, node: str | None) -> str | None:
+        manifest = json.loads((self.run_dir / "manifest.json").read_text())
+        return (manifest.get("instances") or {}).get(node)
+
+    def _terminate(self, fault: Fault) -> None:
+        instance = self._instance(fault.node)
+        if instance is None:
+            fault.injected_at, fault.note = None, "no instance"
+            return
+        self.moto.ec2().terminate_instances(InstanceIds=[instance])
+        fault.note = instance
+
+    def _heal_cut(self, fault: Fault) -> None:
+        """Terminated, then the replacement its heal launched terminated too, as soon as it is in."""
+        self._terminate(fault)
+        if fault.injected_at is None:
+            return
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            now = self._instance(fault.node)
+            if now and now != fault.note:
+                self.moto.ec2().terminate_instances(InstanceIds=[now])
+                fault.note += f", then its replacement {now}"
+                return
+            time.sleep(0.2)
+        fault.note += ", no replacement within 600 s"
