@@ -79,7 +79,7 @@ def main() -> None:
     from dlinfra.spec.dataset import DatasetSpec
     from dlinfra.spec.layers import ModelSpec
     from dlinfra.spec.training import TrainingSpec
-    from dlinfra.training import dispatch, staging, streaming
+    from dlinfra.training import dispatch, gates, staging, streaming
     from dlinfra.training.loop import InputClock, Meter
     from dlinfra.training.packed import packed_program
     from dlinfra.training.program import Shard
@@ -139,14 +139,14 @@ def main() -> None:
 
     # streamed, from an empty disk until every record is read once: through the least cache allowed
     # (5 files: the reader holds 4), and through a cache that holds every file
-    least = (streaming.READ_PARALLEL + 1) * max(s.bytes for s in train)
+    least = (gates.READ_PARALLEL + 1) * max(s.bytes for s in train)
     for budget, what in ((least, "5-file cache"), (size, "cache holds all")):
         into = work / f"streamed-{budget}"
         into.mkdir()
         os.chdir(into)
         began = time.perf_counter()
         stream = streaming.Stream(store, train, into, budget).start()
-        batches = iter(streaming.gated_records().batch(256).prefetch(tf.data.AUTOTUNE))
+        batches = iter(gates.gated_records().batch(256).prefetch(tf.data.AUTOTUNE))
         read = len(next(batches))
         to_first = time.perf_counter() - began
         read += sum(len(batch) for batch in batches)
