@@ -15,7 +15,7 @@ read of the same bytes.
 - dispatched s3: the same, the files taken from a tf.data dispatcher as parameter-server workers take
   them (training.dispatch.dispatched_records: the tf.data service moves the records);
 - feeding ResNet-20: the local pipeline into real training steps on this CPU, with the input-wait
-  share the training loops report (loop.InputClock);
+  share the training loops report (training.meter.InputClock);
 - peak RSS of this process and the bytes staged on disk.
 
 The set is CIFAR-shaped (32x32x3) random images, JPEG-encoded, in `--shards` train shards.
@@ -80,7 +80,7 @@ def main() -> None:
     from dlinfra.spec.layers import ModelSpec
     from dlinfra.spec.training import TrainingSpec
     from dlinfra.training import dispatch, gates, staging, streaming
-    from dlinfra.training.loop import InputClock, Meter
+    from dlinfra.training.meter import InputClock, Meter
     from dlinfra.training.packed import packed_program
     from dlinfra.training.program import Shard
 
