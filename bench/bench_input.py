@@ -44,7 +44,7 @@ CREDS = {
 def packed_set(root: Path, images: int, shards: int) -> Any:
     import numpy as np
 
-    from dlinfra.runs.store import Store
+    from dlinfra.runs.store_url import open_store
     from dlinfra.training import shards as packing
 
     rng = np.random.default_rng(0)
@@ -52,7 +52,7 @@ def packed_set(root: Path, images: int, shards: int) -> Any:
     y = rng.integers(0, 10, images)
     held = images // 8
     source = packing.array_source("cifar-shaped", x[held:], y[held:], x[:held], y[:held], "jpeg")
-    return packing.pack(source, Store.from_url(f"file://{root}"), shards, max(1, shards // 8))
+    return packing.pack(source, open_store(f"file://{root}"), shards, max(1, shards // 8))
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -75,7 +75,7 @@ def main() -> None:
     from moto.server import ThreadedMotoServer
 
     from dlinfra.render.addresses import free_ports
-    from dlinfra.runs.store import Store
+    from dlinfra.runs.store_url import open_store
     from dlinfra.spec.dataset import DatasetSpec
     from dlinfra.spec.layers import ModelSpec
     from dlinfra.spec.training import TrainingSpec
@@ -122,7 +122,7 @@ def main() -> None:
     endpoint = f"http://{host}:{port}"
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     s3.create_bucket(Bucket="bench-data")
-    store = Store.from_url("s3://bench-data/packed", endpoint)
+    store = open_store("s3://bench-data/packed", endpoint)
     for p in [*files, work / "packed" / "manifest.json"]:
         store.put_file(p.name, p)
     down = work / "raw-s3"

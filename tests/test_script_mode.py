@@ -18,7 +18,7 @@ from dlinfra.node.script import expand, script_environ
 from dlinfra.progress import PROGRESS_FILE, read_report
 from dlinfra.runs.bundle import pack_code
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.training import TrainingSpec
 
 
@@ -84,7 +84,7 @@ def test_the_runs_environment_comes_first_on_the_scripts_path() -> None:
 
 
 def test_directory_sync_sends_changed_files_and_the_checkpoint_state_last(tmp_path: Path) -> None:
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     local = tmp_path / "ckpt"
     (local / "ckpt-1_temp").mkdir(parents=True)
     (local / "ckpt-1_temp" / "part-0").write_text("half written")
@@ -264,7 +264,7 @@ def test_a_long_failure_keeps_its_start_and_its_cause_in_the_marker(tmp_path: Pa
     from dlinfra.contract import NodeConfig, StoreConfig
     from dlinfra.node.status import MAX_ERROR, NodeStatus, give_up
 
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     cfg = NodeConfig(
         run_id="r",
         role="worker",

@@ -1,6 +1,6 @@
 """The results store on S3 (and S3-compatible servers: MinIO, moto): the Store interface over boto3,
 with retries that outlast an outage of the store and compare-and-swap on ETags for owners' leases.
-Store.from_url picks it for s3:// URLs; the interface and the file:// store are in runs.store."""
+runs.store_url.open_store opens it for s3:// URLs; the interface and the file:// store are in runs.store."""
 
 from __future__ import annotations
 

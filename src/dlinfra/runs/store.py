@@ -4,7 +4,8 @@ Keys are '/'-separated paths relative to the run's store URL. Writes are atomic 
 files via rename, S3 objects by nature. Multi-file artifacts (checkpoints, models) are uploaded
 file by file and then named by a small pointer object, so a reader never sees half of one.
 
-This module holds the interface and the file:// store; the s3:// one is runs.s3_store.
+This module holds the interface and the file:// store; the s3:// one is runs.s3_store, and
+runs.store_url opens the one a URL names.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from dlinfra.errors import StoreError
-from dlinfra.spec.input import shown
 
 
 def checked_key(key: str) -> str:
@@ -54,17 +54,6 @@ class Listed(NamedTuple):
 
 class Store:
     url: str
-
-    @staticmethod
-    def from_url(url: str, endpoint_url: str | None = None, region: str | None = None) -> Store:
-        if url.startswith("file://"):
-            return FileStore(url)
-        if url.startswith("s3://"):
-            # imported here: runs.s3_store builds on this module's Store
-            from dlinfra.runs.s3_store import S3Store
-
-            return S3Store(url, endpoint_url=endpoint_url, region=region)
-        raise StoreError(f"store URL {shown(url)}: use file:///abs/path or s3://bucket/prefix")
 
     # -- primitives each backend implements
     def put_bytes(self, key: str, data: bytes) -> None:
