@@ -165,7 +165,7 @@ def test_a_script_environment_holds_the_same_beside_tensorflow_whether_or_not_it
         ours = names(SCRIPT_EXTRAS[flavor].split(",")[0]) - own
         assert ours == {"tensorboard", *(n for n in ours if n in TENSORFLOW_NAMES)}, ours
         assert "scikit-learn" not in names(SCRIPT_EXTRAS[flavor].split(",")[0]) | own
-    assert "scikit-learn" in names("train")  # Program mode's stack keeps it, as its README says
+    assert "scikit-learn" in names("train")  # Program mode's stack keeps it, as docs/script.md says
 
 
 def test_tensorboard_scalars_are_read_without_tensorflow_as_they_are_appended(tmp_path: Path) -> None:

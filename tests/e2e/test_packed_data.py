@@ -1,7 +1,7 @@
 """Runs that read a packed data set (`training.dataset.format: tfrecord`): digits packed into 16 real
 TFRecord shards (in moto's S3 over HTTP, and in a local directory), each worker staging its own
 share, trained by real TensorFlow clusters under both strategies: the built-in model, a user's program
-that counts every example id it reads (the guarantees the README states, with and without a killed
+that counts every example id it reads (the guarantees docs/data.md states, with and without a killed
 worker), and a user's script."""
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def _reads(run: Deployed, node: str, since: float = 0.0) -> Counter[int]:
 def _each_example_once_per_pass(
     run: Deployed, workers: list[str], restarted: tuple[str, ...] = (), streamed_from: Path | None = None
 ) -> dict[str, tuple[int, int]]:
-    """The guarantee the README states for each worker reading its own shards: every example of the
-    worker's share is read, none of another's, and no example a second time before every other one of
-    its share once (reads per example differ by one at most: the last pass may be cut short). A
+    """The guarantee docs/data.md ("Guarantees") states for each worker reading its own shards: every
+    example of the worker's share is read, none of another's, and no example a second time before every
+    other one of its share once (reads per example differ by one at most: the last pass may be cut short). A
     parameter-server worker that `restarted` begins a pass anew: two at most. Returns each worker's
     (examples, reads)."""
     seen: dict[str, tuple[int, int]] = {}
