@@ -15,7 +15,7 @@ read of the same bytes.
 - dispatched s3: the same, the files taken from a tf.data dispatcher as parameter-server workers take
   them (training.dispatch.dispatched_records: the tf.data service moves the records);
 - feeding ResNet-20: the local pipeline into real training steps on this CPU, with the input-wait
-  share the training loops report (loop.InputClock);
+  share the training loops report (training.meter.InputClock);
 - peak RSS of this process and the bytes staged on disk.
 
 The set is CIFAR-shaped (32x32x3) random images, JPEG-encoded, in `--shards` train shards.
@@ -44,7 +44,7 @@ CREDS = {
 def packed_set(root: Path, images: int, shards: int) -> Any:
     import numpy as np
 
-    from dlinfra.runs.store import Store
+    from dlinfra.runs.store_url import open_store
     from dlinfra.training import shards as packing
 
     rng = np.random.default_rng(0)
@@ -52,7 +52,7 @@ def packed_set(root: Path, images: int, shards: int) -> Any:
     y = rng.integers(0, 10, images)
     held = images // 8
     source = packing.array_source("cifar-shaped", x[held:], y[held:], x[:held], y[:held], "jpeg")
-    return packing.pack(source, Store.from_url(f"file://{root}"), shards, max(1, shards // 8))
+    return packing.pack(source, open_store(f"file://{root}"), shards, max(1, shards // 8))
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -75,12 +75,12 @@ def main() -> None:
     from moto.server import ThreadedMotoServer
 
     from dlinfra.render.addresses import free_ports
-    from dlinfra.runs.store import Store
+    from dlinfra.runs.store_url import open_store
     from dlinfra.spec.dataset import DatasetSpec
     from dlinfra.spec.layers import ModelSpec
     from dlinfra.spec.training import TrainingSpec
-    from dlinfra.training import dispatch, staging, streaming
-    from dlinfra.training.loop import InputClock, Meter
+    from dlinfra.training import dispatch, gates, staging, streaming
+    from dlinfra.training.meter import InputClock, Meter
     from dlinfra.training.packed import packed_program
     from dlinfra.training.program import Shard
 
@@ -122,7 +122,7 @@ def main() -> None:
     endpoint = f"http://{host}:{port}"
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     s3.create_bucket(Bucket="bench-data")
-    store = Store.from_url("s3://bench-data/packed", endpoint)
+    store = open_store("s3://bench-data/packed", endpoint)
     for p in [*files, work / "packed" / "manifest.json"]:
         store.put_file(p.name, p)
     down = work / "raw-s3"
@@ -139,14 +139,14 @@ def main() -> None:
 
     # streamed, from an empty disk until every record is read once: through the least cache allowed
     # (5 files: the reader holds 4), and through a cache that holds every file
-    least = (streaming.READ_PARALLEL + 1) * max(s.bytes for s in train)
+    least = (gates.READ_PARALLEL + 1) * max(s.bytes for s in train)
     for budget, what in ((least, "5-file cache"), (size, "cache holds all")):
         into = work / f"streamed-{budget}"
         into.mkdir()
         os.chdir(into)
         began = time.perf_counter()
         stream = streaming.Stream(store, train, into, budget).start()
-        batches = iter(streaming.gated_records().batch(256).prefetch(tf.data.AUTOTUNE))
+        batches = iter(gates.gated_records().batch(256).prefetch(tf.data.AUTOTUNE))
         read = len(next(batches))
         to_first = time.perf_counter() - began
         read += sum(len(batch) for batch in batches)

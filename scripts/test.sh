@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The suite in two tiers (README, "Tests"):
+# The suite in two tiers (docs/tests.md):
 #   bash scripts/test.sh          the default tier (the README's second command; CI runs it): every
 #                                 test not marked `full`, each capability's real end-to-end test among them
 #   bash scripts/test.sh --full   the default tier and the slow one (`full`: VM boots, image bakes,

@@ -43,7 +43,7 @@ def _longest_modules_first(items: list[pytest.Item]) -> None:
 
 
 # A VM boot, an image bake or a test that needs the machine to itself costs minutes of both cores:
-# the default tier (README, "Tests") cannot hold one, so each must say it belongs to the slow tier.
+# the default tier (docs/tests.md) cannot hold one, so each must say it belongs to the slow tier.
 _SLOW_TIER_ONLY = ("vm", "images", "exclusive")
 
 

@@ -267,10 +267,10 @@ def digits_source():
 
 def pack_digits(root: Path, train_shards: int, eval_shards: int):
     """digits packed into shards at `root` (a file:// store); returns the manifest."""
-    from dlinfra.runs.store import Store
+    from dlinfra.runs.store_url import open_store
     from dlinfra.training import shards
 
-    return shards.pack(digits_source(), Store.from_url(f"file://{root}"), train_shards, eval_shards)
+    return shards.pack(digits_source(), open_store(f"file://{root}"), train_shards, eval_shards)
 
 
 def cgroup_cpu_limit(required: bool = True):

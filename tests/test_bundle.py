@@ -22,7 +22,7 @@ from dlinfra.runs.bundle import (
     pack_entrypoint,
 )
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from support import Cli
 
 
@@ -72,7 +72,7 @@ def test_missing_entrypoint_and_oversized_directory_are_spec_errors(tmp_path: Pa
 
 def test_a_node_unpacks_the_bundle_from_the_store_and_refuses_altered_bytes(tmp_path: Path) -> None:
     bundle = pack_entrypoint("exp/train.py:build", _project(tmp_path / "exp").parent)
-    store = RunStore(Store.from_url((tmp_path / "store").as_uri()))
+    store = RunStore(open_store((tmp_path / "store").as_uri()))
     store.put_bundle(bundle.sha256, bundle.data)
     entry = materialize(store, bundle.sha256, bundle.entrypoint, tmp_path / "node")
     path, _, func = entry.rpartition(":")
@@ -114,7 +114,7 @@ def test_an_oversized_bundle_is_refused_before_unpacking_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bundle = pack_entrypoint("exp/train.py:build", _project(tmp_path / "exp").parent)
-    store = RunStore(Store.from_url((tmp_path / "store").as_uri()))
+    store = RunStore(open_store((tmp_path / "store").as_uri()))
     store.put_bundle(bundle.sha256, bundle.data)
     monkeypatch.setattr("dlinfra.runs.bundle.MAX_BUNDLE_BYTES", 10)  # the headers say more than this
     with pytest.raises(StoreError, match=r"unpacks to \d+ bytes, over the"):

@@ -16,11 +16,12 @@ from dlinfra.node.checkpoint_state import parse_state
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
 from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from support import FAKE_CREDS, aws_client
 
 
 def _store(tmp: Path) -> RunStore:
-    return RunStore(Store.from_url(f"file://{tmp / 'store'}"))
+    return RunStore(open_store(f"file://{tmp / 'store'}"))
 
 
 def _write(local: Path, files: dict[str, str]) -> None:
@@ -66,7 +67,7 @@ def test_two_nodes_restoring_into_one_directory_never_meet(tmp_path: Path) -> No
     _checkpoint(tmp_path / "written", "ckpt-1")
     _settle(writer)
     shared = tmp_path / "work" / "checkpoints"  # the local target: one directory for the machine's nodes
-    store = _Interleaved(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = _Interleaved(open_store(f"file://{tmp_path / 'store'}"))
     first, second = (DirectorySync(store, shared, SCRIPT_CHECKPOINTS) for _ in range(2))
     store.meanwhile.append(second)
     assert first.pull() == 3, "the first node's pull completes although another pulled meanwhile"
@@ -211,7 +212,7 @@ def test_s3_loses_what_the_script_deleted(
     for key, value in FAKE_CREDS.items():
         monkeypatch.setenv(key, value)
     aws_client(moto_endpoint, "s3").create_bucket(Bucket="ckpt-test")
-    store = RunStore(Store.from_url("s3://ckpt-test/runs/r-1", endpoint_url=moto_endpoint))
+    store = RunStore(open_store("s3://ckpt-test/runs/r-1", endpoint_url=moto_endpoint))
     local = tmp_path / "chief"
     sync = DirectorySync(store, local, SCRIPT_CHECKPOINTS)
     _checkpoint(local, "model.ckpt-1", meta=True)

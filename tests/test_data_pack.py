@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from dlinfra.runs.bundle import file_sha256
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.training import shards
 from support import FAKE_CREDS, digits_source, run_cli, s3_client
 
@@ -29,7 +29,7 @@ def test_digits_pack_into_shards_every_example_once_with_checksums(
     tmp_path: Path, digits: shards.Source
 ) -> None:
     source = digits
-    manifest = shards.pack(source, Store.from_url(f"file://{tmp_path}"), shards=6, eval_shards=2)
+    manifest = shards.pack(source, open_store(f"file://{tmp_path}"), shards=6, eval_shards=2)
     assert json.loads((tmp_path / "manifest.json").read_text()) == manifest.model_dump(mode="json")
     ids: list[int] = []
     for name, split in manifest.splits.items():
@@ -58,8 +58,8 @@ def test_digits_pack_into_shards_every_example_once_with_checksums(
 
 def test_the_same_source_packs_into_the_same_bytes(tmp_path: Path, digits: shards.Source) -> None:
     source = digits
-    first = shards.pack(source, Store.from_url(f"file://{tmp_path / 'a'}"), 4, 1)
-    second = shards.pack(source, Store.from_url(f"file://{tmp_path / 'b'}"), 4, 1)
+    first = shards.pack(source, open_store(f"file://{tmp_path / 'a'}"), 4, 1)
+    second = shards.pack(source, open_store(f"file://{tmp_path / 'b'}"), 4, 1)
     assert [s.sha256 for s in first.splits["train"].shards] == [
         s.sha256 for s in second.splits["train"].shards
     ]
@@ -79,7 +79,7 @@ def test_a_directory_of_class_folders_packs_its_files_as_they_are(tmp_path: Path
     _image_directory(tmp_path / "pets", 30)
     source = shards.directory_source(tmp_path / "pets", eval_fraction=0.2)
     assert source.classes == ["cats", "dogs"] and source.encoding == "as-is"
-    manifest = shards.pack(source, Store.from_url(f"file://{tmp_path / 'out'}"), 3, 1)
+    manifest = shards.pack(source, open_store(f"file://{tmp_path / 'out'}"), 3, 1)
     assert manifest.splits["train"].records + manifest.splits["eval"].records == 60
     assert 3 <= manifest.splits["eval"].records <= 24
     _, label, encoded = next(shards.records(tmp_path / "out" / manifest.splits["train"].shards[0].name))
@@ -132,7 +132,7 @@ def test_a_pack_lands_whole_replacing_an_earlier_one_or_changes_nothing(tmp_path
     beside the new manifest, and every image file went in unread."""
     _image_directory(tmp_path / "pets", 10)
     (tmp_path / "pets" / "dogs" / "notes.txt").unlink()
-    out = Store.from_url(f"file://{tmp_path / 'out'}")
+    out = open_store(f"file://{tmp_path / 'out'}")
     shards.pack(shards.directory_source(tmp_path / "pets", 0.2), out, 4, 2)
     second = shards.pack(shards.directory_source(tmp_path / "pets", 0.2), out, 2, 1)
     named = {s.name for split in second.splits.values() for s in split.shards}
@@ -155,7 +155,7 @@ def test_a_repack_into_s3_removes_the_earlier_packs_other_shards(
     s3 = s3_client(moto_endpoint)
     s3.create_bucket(Bucket="repack")
     s3.put_object(Bucket="repack", Key="pets/README.md", Body=b"the team's notes")
-    dest = Store.from_url("s3://repack/pets", endpoint_url=moto_endpoint, region="us-east-1")
+    dest = open_store("s3://repack/pets", endpoint_url=moto_endpoint, region="us-east-1")
     shards.pack(shards.directory_source(tmp_path / "pets", 0.2), dest, 4, 2)
     second = shards.pack(shards.directory_source(tmp_path / "pets", 0.2), dest, 2, 1)
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="repack", Prefix="pets/")["Contents"]}

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from dlinfra.contract import NodeConfig
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.dataset import DatasetSpec
 from dlinfra.spec.training import TrainingSpec
 from dlinfra.training import data, node_data, shards, staging
@@ -102,13 +102,13 @@ def test_the_pin_refuses_a_changed_manifest(
     tmp_path: Path, packed: tuple[Path, shards.ShardManifest]
 ) -> None:
     root, _ = packed
-    store = Store.from_url(f"file://{root}")
+    store = open_store(f"file://{root}")
     pin = staging.read_manifest(store, None).sha256
     assert staging.read_manifest(store, pin).sha256 == pin
     with pytest.raises(staging.DataError, match="changed since the run pinned them"):
         _stage(_node(root, "worker", 0, sha256="0" * 64), tmp_path)
     with pytest.raises(staging.DataError, match=r"no manifest\.json at"):
-        staging.read_manifest(Store.from_url(f"file://{tmp_path}"), None)
+        staging.read_manifest(open_store(f"file://{tmp_path}"), None)
 
 
 def test_fit_problems_name_the_field_and_the_fix(packed: tuple[Path, shards.ShardManifest]) -> None:

@@ -12,12 +12,12 @@ import pytest
 from dlinfra.errors import StoreError
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import SCHEMA_VERSION, Metrics, NodeState
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from support import FAKE_CREDS, Cli, s3_client
 
 
 def _file_store(tmp_path: Path) -> RunStore:
-    return RunStore(Store.from_url((tmp_path / "store").as_uri()))
+    return RunStore(open_store((tmp_path / "store").as_uri()))
 
 
 def _state(**changes: object) -> NodeState:
@@ -93,7 +93,7 @@ def test_checkpoint_objects_carry_the_lifecycle_tag_on_s3(
         monkeypatch.setenv(key, value)
     s3 = s3_client(moto_endpoint)
     s3.create_bucket(Bucket="layout-tags")
-    store = RunStore(Store.from_url("s3://layout-tags/runs/r-1", endpoint_url=moto_endpoint))
+    store = RunStore(open_store("s3://layout-tags/runs/r-1", endpoint_url=moto_endpoint))
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "ckpt-5.index").write_bytes(b"index")

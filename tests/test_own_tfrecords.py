@@ -17,7 +17,7 @@ from dlinfra.contract import NodeConfig
 from dlinfra.errors import SpecError
 from dlinfra.pinned_data import pinned_shards
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.model import Spec
 from dlinfra.targets.aws.tfvars import read_objects
 from dlinfra.training import data, node_data, staging
@@ -70,7 +70,7 @@ def test_a_glob_lists_your_files_and_each_node_stages_its_share_from_the_runs_li
     assert all(s.sha256 is None and s.etag and s.bytes > 0 for s in manifest.splits["train"].shards)
 
     results = tmp_path / "results"
-    RunStore(Store.from_url(f"file://{results}")).put_data_listing(sha256, listing)
+    RunStore(open_store(f"file://{results}")).put_data_listing(sha256, listing)
     staged = {}
     for role, index in (("worker", 0), ("worker", 1), ("worker", 2), ("chief", 0)):
         work = tmp_path / f"{role}-{index}"
@@ -120,7 +120,7 @@ def test_the_listing_pin_refuses_files_changed_added_or_cut_short(
     results = tmp_path / "results"
     sha256 = spec.training.dataset.sha256
     assert sha256 is not None
-    RunStore(Store.from_url(f"file://{results}")).put_data_listing(sha256, listing)
+    RunStore(open_store(f"file://{results}")).put_data_listing(sha256, listing)
     cut = copy / "train" / "train-00001-of-00008"
     cut.write_bytes(cut.read_bytes()[:100])
     cfg = _node(spec, "worker", 1, results)
@@ -146,7 +146,7 @@ def test_a_corrupt_record_is_named_by_its_file_as_it_lands(
     sha256 = spec.training.dataset.sha256
     assert listing is not None and sha256 is not None
     results = tmp_path / "results"
-    RunStore(Store.from_url(f"file://{results}")).put_data_listing(sha256, listing)
+    RunStore(open_store(f"file://{results}")).put_data_listing(sha256, listing)
     damaged = copy / "train-00004-of-00008"
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -291,7 +291,7 @@ def test_files_of_any_format_are_staged_by_name_for_the_users_own_reader(
     sha256 = spec.training.dataset.sha256
     assert sha256 is not None
     results = tmp_path / "results"
-    RunStore(Store.from_url(f"file://{results}")).put_data_listing(sha256, listing)
+    RunStore(open_store(f"file://{results}")).put_data_listing(sha256, listing)
     cfg = _node(spec, "worker", 1, results)
     work = tmp_path / "worker-1"
     node_data.stage_node(cfg, RunStore.open(cfg.store), work, lambda: None)

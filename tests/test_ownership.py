@@ -13,12 +13,12 @@ from dlinfra.runs import ownership
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.ownership import Lease, claim
 from dlinfra.runs.records import Owner
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from support import FAKE_CREDS, aws_client
 
 
 def _race(url: str, who: str, start_at: float, results: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    store = RunStore(Store.from_url(url))
+    store = RunStore(open_store(url))
     time.sleep(max(0.0, start_at - time.time()))
     got = claim(store, "cli", who)
     results.put((who, isinstance(got, Lease)))
@@ -37,20 +37,20 @@ def test_claimants_racing_in_separate_processes_leave_exactly_one_owner(tmp_path
         p.join(timeout=60)
     winners = [who for who, won in outcomes.items() if won]
     assert len(winners) == 1, outcomes
-    owner, _ = RunStore(Store.from_url(url)).owner()
+    owner, _ = RunStore(open_store(url)).owner()
     assert owner is not None and owner.holder == winners[0]
 
 
 @pytest.fixture(params=["file", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunStore:
     if request.param == "file":
-        return RunStore(Store.from_url(f"file://{tmp_path}/store"))
+        return RunStore(open_store(f"file://{tmp_path}/store"))
     endpoint = request.getfixturevalue("moto_endpoint")
     for key, value in FAKE_CREDS.items():
         monkeypatch.setenv(key, value)
     bucket = f"lease-{tmp_path.name[-20:].lower().replace('_', '-')}".rstrip("-")
     aws_client(endpoint, "s3").create_bucket(Bucket=bucket)
-    return RunStore(Store.from_url(f"s3://{bucket}/runs/r1", endpoint_url=endpoint, region="us-east-1"))
+    return RunStore(open_store(f"s3://{bucket}/runs/r1", endpoint_url=endpoint, region="us-east-1"))
 
 
 def test_a_live_owner_keeps_the_run_and_a_release_hands_it_on(store: RunStore) -> None:
@@ -120,7 +120,7 @@ def test_an_act_goes_on_when_the_store_is_gone(moto_endpoint: str, monkeypatch: 
     for key, value in FAKE_CREDS.items():
         monkeypatch.setenv(key, value)
     gone = RunStore(
-        Store.from_url("s3://no-such-bucket-here/runs/r1", endpoint_url=moto_endpoint, region="us-east-1")
+        open_store("s3://no-such-bucket-here/runs/r1", endpoint_url=moto_endpoint, region="us-east-1")
     )
     acted = False
     with ownership.acting(gone, "r1") as lease:

@@ -106,7 +106,7 @@ def test_workflow_steps_review_a_pull_request_that_grows_the_workers_and_edit_on
     assert "notes.yaml" not in comment, "YAML that is not an experiment is not planned"
     assert FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"] not in comment
     assert (repo / "dlinfra-plan" / "pr-number").read_text().strip() == "7"
-    print(comment)  # README's sample comment comes from here (pytest -s)
+    print(comment)  # docs/pr-reviews.md's sample comment comes from here (pytest -s)
 
     # the comment job, on the artifact the plan job left, twice: one comment, edited in place
     state_file, bin_dir = tmp_path / "github.json", tmp_path / "bin"

@@ -18,7 +18,7 @@ from dlinfra.node.script import expand, script_environ
 from dlinfra.progress import PROGRESS_FILE, read_report
 from dlinfra.runs.bundle import pack_code
 from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.training import TrainingSpec
 
 
@@ -84,7 +84,7 @@ def test_the_runs_environment_comes_first_on_the_scripts_path() -> None:
 
 
 def test_directory_sync_sends_changed_files_and_the_checkpoint_state_last(tmp_path: Path) -> None:
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     local = tmp_path / "ckpt"
     (local / "ckpt-1_temp").mkdir(parents=True)
     (local / "ckpt-1_temp" / "part-0").write_text("half written")
@@ -165,7 +165,7 @@ def test_a_script_environment_holds_the_same_beside_tensorflow_whether_or_not_it
         ours = names(SCRIPT_EXTRAS[flavor].split(",")[0]) - own
         assert ours == {"tensorboard", *(n for n in ours if n in TENSORFLOW_NAMES)}, ours
         assert "scikit-learn" not in names(SCRIPT_EXTRAS[flavor].split(",")[0]) | own
-    assert "scikit-learn" in names("train")  # Program mode's stack keeps it, as its README says
+    assert "scikit-learn" in names("train")  # Program mode's stack keeps it, as docs/script.md says
 
 
 def test_tensorboard_scalars_are_read_without_tensorflow_as_they_are_appended(tmp_path: Path) -> None:
@@ -264,7 +264,7 @@ def test_a_long_failure_keeps_its_start_and_its_cause_in_the_marker(tmp_path: Pa
     from dlinfra.contract import NodeConfig, StoreConfig
     from dlinfra.node.status import MAX_ERROR, NodeStatus, give_up
 
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     cfg = NodeConfig(
         run_id="r",
         role="worker",

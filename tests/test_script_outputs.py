@@ -17,7 +17,7 @@ import pytest
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.runs.layout import MODEL, SCRIPT_CHECKPOINTS, RunStore
 from dlinfra.runs.local_files import OutputsTooBig, open_beneath, regular_files
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.training import TrainingSpec
 from support import FAKE_CREDS, aws_client
 
@@ -47,7 +47,7 @@ def _stored(root: Path) -> dict[str, bytes]:
 
 
 def test_a_model_dir_uploads_only_its_regular_files_and_names_the_links_out(tmp_path: Path) -> None:
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     lines: list[str] = []
     store.put_model(_hostile_dir(tmp_path, "model"), refused=lines)
     stored = _stored(tmp_path / "store")
@@ -64,7 +64,7 @@ def test_a_model_dir_uploads_only_its_regular_files_and_names_the_links_out(tmp_
 
 
 def test_directory_sync_sends_no_link_out_and_no_fifo(tmp_path: Path) -> None:
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     sync = DirectorySync(store, _hostile_dir(tmp_path, "ckpt"), SCRIPT_CHECKPOINTS, "DLINFRA_CHECKPOINT_DIR")
     assert sync.push(final=True) == 3
     assert all(SECRET not in data for data in _stored(tmp_path / "store").values())
@@ -95,7 +95,7 @@ def test_a_sparse_file_counts_by_its_full_length_against_the_cap(tmp_path: Path)
     (model / "saved_model.pb").write_bytes(b"pb")
     with open(model / "variables.data", "wb") as sparse:  # 30 GB that take no disk
         sparse.truncate(30 * 10**9)
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     cap = TrainingSpec().outputs_max_gb
     assert cap == 20
     with pytest.raises(OutputsTooBig) as refused:
@@ -114,7 +114,7 @@ def test_s3_receives_the_regular_files_as_listed(
         monkeypatch.setenv(key, value)
     s3 = aws_client(moto_endpoint, "s3")
     s3.create_bucket(Bucket="outputs-test")
-    store = RunStore(Store.from_url("s3://outputs-test/runs/r-1", endpoint_url=moto_endpoint))
+    store = RunStore(open_store("s3://outputs-test/runs/r-1", endpoint_url=moto_endpoint))
     local = _hostile_dir(tmp_path, "tensorboard")
     store.put_model(local)
     sync = DirectorySync(store, local, SCRIPT_CHECKPOINTS)
@@ -173,7 +173,7 @@ def test_the_agents_readers_of_a_scripts_files_follow_no_link_and_wait_on_no_fif
 
 
 def test_a_restore_writes_nothing_through_a_folder_an_earlier_life_linked_out(tmp_path: Path) -> None:
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     local = tmp_path / "ckpt"
     (local / "sub").mkdir(parents=True)
     (local / "sub" / "ckpt-1.index").write_bytes(b"index")

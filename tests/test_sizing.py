@@ -14,7 +14,7 @@ import pytest
 
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import MeanSd, Metrics
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.sizing.advisor import model_key, sizing_advice
 from dlinfra.sizing.model_size import size_of
 from dlinfra.sizing.predict import ALLREDUCE_EFFICIENCY, PS_TIER_EFFICIENCY, Links, Workload, predict
@@ -198,7 +198,7 @@ def test_a_program_without_a_profile_gets_no_figures_but_the_fix() -> None:
 
 def test_a_run_records_its_throughput_beside_its_prediction(tmp_path: Path) -> None:
     spec = _aws(3, 1).model_copy(update={"target": "local"})
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     predict_run(spec, store, tmp_path / "home")
     predicted = store.sizing()
     assert predicted and predicted["workers"] == 3 and predicted["predicted_examples_per_s"] > 0
@@ -315,7 +315,7 @@ def test_a_mirrored_run_leaves_its_workers_step_time_for_the_next_plan_of_its_mo
     from dlinfra.runs.records import NodeState
 
     spec = Spec.model_validate({"strategy": "multi_worker_mirrored", "cluster": {"workers": {"count": 2}}})
-    store = RunStore(Store.from_url(f"file://{tmp_path / 'store'}"))
+    store = RunStore(open_store(f"file://{tmp_path / 'store'}"))
     predict_run(spec, store, tmp_path / "home")
     assert "estimated" in str(sizing_advice(spec, None).assumptions)  # type: ignore[union-attr]
     for i, seconds in enumerate((0.030, 0.034)):

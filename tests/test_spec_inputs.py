@@ -13,7 +13,7 @@ from dlinfra.environment.lock import Index, Platform, resolve
 from dlinfra.errors import SpecError, StoreError
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.layout.sizing import SizingHistory
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.loading import load_spec
 from package_index import PackageIndex
 
@@ -87,7 +87,7 @@ def test_the_resolvers_explanation_is_cut_between_its_sentences(tmp_path: Path) 
 def test_a_runs_prediction_of_the_wrong_shape_is_a_store_error(tmp_path: Path, content: str) -> None:
     """A run's sizing.json, read by `compare` and by the watcher when the run ends: an error the
     watcher reports as a warning and the CLI as exit 2, never an internal one."""
-    store = RunStore(Store.from_url(f"file://{tmp_path}"))
+    store = RunStore(open_store(f"file://{tmp_path}"))
     (tmp_path / "sizing.json").write_text(content)
     with pytest.raises(StoreError, match=r"sizing.json: .*Fix: delete it"):
         store.sizing()

@@ -15,7 +15,7 @@ from dlinfra.runs.compare import cost_usd, node_hours
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.manifest import Heal, Manifest
 from dlinfra.runs.records import Notice
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.loading import Overrides, load_spec
 from dlinfra.targets.aws import review, tfvars
 from dlinfra.targets.aws.healing import check_heal_plan
@@ -125,7 +125,7 @@ def test_an_expired_token_is_renewed_once() -> None:
 
 
 def test_the_chief_relays_a_notice_acted_on_once_as_a_flag_its_trainer_consumes(tmp_path: Path) -> None:
-    store = RunStore(Store.from_url((tmp_path / "store").as_uri()))
+    store = RunStore(open_store((tmp_path / "store").as_uri()))
     work = tmp_path / "work"
     work.mkdir()
     relay = spot.NoticeRelay(store, work)
@@ -140,7 +140,7 @@ def test_the_chief_relays_a_notice_acted_on_once_as_a_flag_its_trainer_consumes(
 
 def test_a_node_waits_for_a_checkpoint_newer_than_its_ask_or_for_the_runs_end(tmp_path: Path) -> None:
     """What a noticed node and the budget's watchdog wait for before they stop (spot.checkpoint_since)."""
-    store = RunStore(Store.from_url((tmp_path / "store").as_uri()))
+    store = RunStore(open_store((tmp_path / "store").as_uri()))
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "ckpt-100.index").write_bytes(b"i")

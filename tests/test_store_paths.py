@@ -11,7 +11,8 @@ import pytest
 from dlinfra.errors import StoreError
 from dlinfra.node.checkpoints import CheckpointSync
 from dlinfra.runs.layout import LATEST_CHECKPOINT, RunStore
-from dlinfra.runs.store import FileStore, S3Store, checked_key
+from dlinfra.runs.s3_store import S3Store
+from dlinfra.runs.store import FileStore, checked_key
 
 
 def _planted_pointer(store_dir: Path, **pointer: object) -> None:

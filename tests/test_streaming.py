@@ -20,7 +20,7 @@ from dlinfra.contract import NodeConfig
 from dlinfra.runs.layout import RunStore
 from dlinfra.spec.dataset import DatasetSpec
 from dlinfra.spec.training import TrainingSpec
-from dlinfra.training import dispatch, node_data, shards, staging, streaming
+from dlinfra.training import dispatch, gates, node_data, shards, staging, streaming
 from dlinfra.training.loop import input_shard
 from dlinfra.training.objective import hint
 from dlinfra.training.streaming import Stream
@@ -39,7 +39,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, shards.Shard
 
 def _smallest_cache(manifest: shards.ShardManifest) -> int:
     """The least cache_gb allows (see streaming.cache_problem), in bytes: 5 of the 8 files."""
-    return (streaming.READ_PARALLEL + 1) * max(s.bytes for s in manifest.splits["train"].shards)
+    return (gates.READ_PARALLEL + 1) * max(s.bytes for s in manifest.splits["train"].shards)
 
 
 def _worker(root: Path, cache: int, results: Path) -> NodeConfig:
@@ -198,7 +198,7 @@ def test_a_dispatched_worker_takes_every_file_once_per_pass_each_pass_in_a_new_o
     assert max(reads.values()) - min(reads.values()) <= 2, Counter(
         reads.values()
     )  # passes overlap at the ends
-    taken = [line.split("\t") for line in (tmp_path / streaming.TAKEN_LOG).read_text().splitlines()]
+    taken = [line.split("\t") for line in (tmp_path / gates.TAKEN_LOG).read_text().splitlines()]
     passes: dict[int, list[str]] = {}
     for number, name in taken:
         passes.setdefault(int(number), []).append(name.removesuffix(".tfrecord"))
@@ -221,7 +221,7 @@ def test_a_reader_that_asks_and_never_comes_to_its_gate_is_reported_once_with_wh
     deadline = time.monotonic() + 60
     while stream.index[name] not in stream.present and time.monotonic() < deadline:
         time.sleep(0.05)
-    (tmp_path / streaming.ASKED_DIR / name).touch()  # asked, and no reader opens the gate
+    (tmp_path / gates.ASKED_DIR / name).touch()  # asked, and no reader opens the gate
     deadline = time.monotonic() + 60
     while "not opened" not in (said := capfd.readouterr().out) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -236,11 +236,11 @@ def test_a_reader_that_asks_and_never_comes_to_its_gate_is_reported_once_with_wh
 def _reader_at_gate(work: Path, name: str, ask: str) -> threading.Thread:
     """A reader of file `name` as gated_file is one, by hand: it has asked, and waits at the gate
     (a FIFO's open blocks until the agent opens the other end); through it, it says `passed`."""
-    (work / streaming.ASKED_DIR / f"{name}{streaming.ASK}{ask}").touch()
+    (work / gates.ASKED_DIR / f"{name}{gates.ASK}{ask}").touch()
 
     def wait_at_gate() -> None:
-        os.close(os.open(work / streaming.GATES_DIR / name, os.O_RDONLY))
-        (work / streaming.PASSED_DIR / f"{name}{streaming.ASK}{ask}").touch()
+        os.close(os.open(work / gates.GATES_DIR / name, os.O_RDONLY))
+        (work / gates.PASSED_DIR / f"{name}{gates.ASK}{ask}").touch()
 
     reader = threading.Thread(target=wait_at_gate, daemon=True)
     reader.start()
@@ -260,7 +260,7 @@ def test_two_readers_of_one_file_both_pass_its_gate_whenever_the_second_comes(
     deadline = time.monotonic() + 60
     while k not in stream.present and time.monotonic() < deadline:
         time.sleep(0.05)
-    (tmp_path / streaming.ASKED_DIR / f"{name}{streaming.ASK}2").touch()  # the second has asked
+    (tmp_path / gates.ASKED_DIR / f"{name}{gates.ASK}2").touch()  # the second has asked
     first = _reader_at_gate(tmp_path, name, "1")
     first.join(timeout=30)
     assert not first.is_alive(), "the first reader is through the gate"
@@ -271,9 +271,9 @@ def test_two_readers_of_one_file_both_pass_its_gate_whenever_the_second_comes(
         assert not second.is_alive(), "the second reader waits at the gate"
     finally:  # never leave a thread blocked at the gate
         with contextlib.suppress(OSError):
-            os.close(os.open(tmp_path / streaming.GATES_DIR / name, os.O_WRONLY | os.O_NONBLOCK))
+            os.close(os.open(tmp_path / gates.GATES_DIR / name, os.O_WRONLY | os.O_NONBLOCK))
     deadline = time.monotonic() + 30
     while stream.reading[k] < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert stream.reading[k] == 2 and stream.opened == 2, (stream.reading, stream.opened)
-    assert not list((tmp_path / streaming.ASKED_DIR).iterdir()), "both asks retired by their passes"
+    assert not list((tmp_path / gates.ASKED_DIR).iterdir()), "both asks retired by their passes"

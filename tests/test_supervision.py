@@ -24,7 +24,7 @@ from dlinfra.node.supervision import backoff_seconds, is_replaced, is_transient,
 from dlinfra.render import Install, render_cluster
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.model import Spec
 from support import fixed_locks, node_configs
 
@@ -82,7 +82,7 @@ def _node(tmp_path: Path, max_restarts: int, status: dict | None = None, marker:
     configs = node_configs(spec, "r-1", store.as_uri(), "local")
     config = tmp_path / "chief-0.json"
     config.write_text(configs["chief-0"].model_dump_json())
-    run_store = RunStore(Store.from_url(store.as_uri()))
+    run_store = RunStore(open_store(store.as_uri()))
     if status is not None:  # what an earlier life of the node left
         earlier = {"node": "chief-0", "role": "chief", "index": 0, "state": "training", "started": 1.0}
         run_store.put_status(NodeState(**(earlier | {"heartbeat": 2.0} | status)))

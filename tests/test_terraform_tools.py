@@ -21,7 +21,7 @@ import yaml
 from dlinfra.images import Recipe, terraform_tools
 from dlinfra.runs.wheel import node_wheel
 from dlinfra.spec.model import Spec
-from dlinfra.targets.aws.images import TOOLS_DIR, TOOLS_SCRIPT, builder_user_data
+from dlinfra.targets.aws.builder import TOOLS_DIR, TOOLS_SCRIPT, builder_user_data
 from dlinfra.terraform import find_terraform
 from support import assert_valid_cloud_config, fixed_locks
 

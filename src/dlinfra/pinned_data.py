@@ -13,6 +13,7 @@ from dlinfra.errors import DlinfraError, SpecError
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.run import home, package_version
 from dlinfra.runs.store import Listed, Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.catalog import catalog
 from dlinfra.spec.dataset import is_listing
 from dlinfra.spec.input import shown
@@ -102,7 +103,7 @@ def pinned_shards(spec: Spec, own_disks: bool) -> tuple[Spec, str | None, bytes 
                     ]
                 )
         else:
-            store = Store.from_url(where.url, where.endpoint_url, where.region)
+            store = open_store(where.url, where.endpoint_url, where.region)
             pinned = staging.read_manifest(store, ds.sha256)
             stored = _stored(store)
     except SpecError:

@@ -29,7 +29,8 @@ from dlinfra.render import (
 )
 from dlinfra.runs import versions
 from dlinfra.runs.bundle import Bundle, code_files, code_root, file_sha256, pack_code
-from dlinfra.runs.layout import RunStore, bundle_key, data_listing_key
+from dlinfra.runs.layout import RunStore
+from dlinfra.runs.layout.pins import bundle_key, data_listing_key
 from dlinfra.runs.manifest import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, home, seconds_per_step
 from dlinfra.spec.model import Spec

@@ -1,6 +1,7 @@
 """Fault injection on real local clusters: kill -9 nodes mid-run, user code that raises, a
 watchdog that fires. Every test deploys its own run (the faults are destructive) and reports its
-figures (steps lost, seconds to recover) on stdout: `pytest -m faults -s` prints the README table."""
+figures (steps lost, seconds to recover) on stdout: `pytest -m faults -s` prints the table in
+BENCHMARKS.md, "Faults"."""
 
 from __future__ import annotations
 

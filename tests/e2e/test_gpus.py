@@ -48,7 +48,8 @@ def test_a_worker_asking_for_a_gpu_tensorflow_cannot_see_fails_the_run_at_once(t
 
 @pytest.mark.gpu
 def test_a_gpu_worker_trains_on_its_gpu(tmp_path: Path) -> None:
-    """Needs a GPU TensorFlow can see and the GPU build (see README, "GPUs"); deselected elsewhere."""
+    """Needs a GPU TensorFlow can see and the GPU build (docs/gpus.md, "What a node installs");
+    deselected elsewhere."""
     assert os.environ.get("CUDA_VISIBLE_DEVICES") != "", "this test needs a visible GPU"
     run = deploy(tmp_path, "--workers", "1", "--steps", "100", "--set", "cluster.workers.gpus=1")
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr

@@ -1,7 +1,7 @@
 """Runs that read a packed data set (`training.dataset.format: tfrecord`): digits packed into 16 real
 TFRecord shards (in moto's S3 over HTTP, and in a local directory), each worker staging its own
 share, trained by real TensorFlow clusters under both strategies: the built-in model, a user's program
-that counts every example id it reads (the guarantees the README states, with and without a killed
+that counts every example id it reads (the guarantees docs/data.md states, with and without a killed
 worker), and a user's script."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dlinfra.training import shards, staging, streaming
+from dlinfra.training import gates, shards, staging, streaming
 from support import FAKE_CREDS, aws_client, cgroup_cpu_limit, cifar_tarball, run_cli
 
 from .conftest import Deployed, aws_emulation, deploy, kill_at, start_deploy
@@ -70,9 +70,9 @@ def _reads(run: Deployed, node: str, since: float = 0.0) -> Counter[int]:
 def _each_example_once_per_pass(
     run: Deployed, workers: list[str], restarted: tuple[str, ...] = (), streamed_from: Path | None = None
 ) -> dict[str, tuple[int, int]]:
-    """The guarantee the README states for each worker reading its own shards: every example of the
-    worker's share is read, none of another's, and no example a second time before every other one of
-    its share once (reads per example differ by one at most: the last pass may be cut short). A
+    """The guarantee docs/data.md ("Guarantees") states for each worker reading its own shards: every
+    example of the worker's share is read, none of another's, and no example a second time before every
+    other one of its share once (reads per example differ by one at most: the last pass may be cut short). A
     parameter-server worker that `restarted` begins a pass anew: two at most. Returns each worker's
     (examples, reads)."""
     seen: dict[str, tuple[int, int]] = {}
@@ -91,7 +91,7 @@ def _each_example_once_per_pass(
 
 def _taken(run: Deployed, node: str) -> list[tuple[int, str]]:
     """(pass, file) of every train file `node` took from the dispatcher, over all its lives."""
-    log = run.run_dir / "work" / node / streaming.TAKEN_LOG
+    log = run.run_dir / "work" / node / gates.TAKEN_LOG
     return [(int(p), name) for p, name in (line.split("\t") for line in log.read_text().splitlines())]
 
 
@@ -176,7 +176,7 @@ def test_a_parameter_server_worker_killed_mid_pass_loses_its_files_of_that_pass_
     and no file is handed out twice in a pass."""
     packed = tmp_path / "packed"
     _pack(str(packed), "--eval-shards", "2")
-    cache = streaming.READ_PARALLEL + 1  # files: the least the cache may hold
+    cache = gates.READ_PARALLEL + 1  # files: the least the cache may hold
     largest = max(s.bytes for s in _train_shards(packed))
     cache_gb = cache * largest / streaming.GB
     # a run long enough (a minute here) that the restarted worker rejoins and reads again
@@ -216,7 +216,7 @@ def test_a_parameter_server_worker_killed_mid_pass_loses_its_files_of_that_pass_
     assert (live.store / "model" / "saved_model" / "saved_model.pb").is_file()
     workers = [f"worker-{i}" for i in range(3)]
     # what a worker's reader holds when it dies: the files it reads and those it took ahead
-    lost = 2 * streaming.READ_PARALLEL
+    lost = 2 * gates.READ_PARALLEL
     taken = _each_file_at_most_once_per_pass(run, workers, TRAIN_SHARDS, lost)
     assert all(n >= TRAIN_SHARDS for n in taken.values()), taken
     reads = [_reads_of_taken_files(run, node, packed) for node in workers]

@@ -25,7 +25,8 @@ from dlinfra.errors import DlinfraError
 from dlinfra.images import ImageRecord, Recipe
 from dlinfra.runs.wheel import node_wheel
 from dlinfra.spec.model import Spec
-from dlinfra.targets.aws.images import LOCK, bake, find_baked
+from dlinfra.targets.aws.builder import LOCK
+from dlinfra.targets.aws.images import bake, find_baked
 from support import assert_valid_cloud_config, fixed_locks
 
 pytestmark = [pytest.mark.terraform, pytest.mark.slow, pytest.mark.full]  # image bakes
@@ -273,7 +274,7 @@ def test_a_builder_that_never_finishes_times_out_and_is_destroyed(
 
 def test_builder_user_data_trusts_a_private_index_and_its_ca(wheel: Path, tmp_path: Path):
     """The recipe's pip reaches the spec's mirror through the system bundle holding its CA."""
-    from dlinfra.targets.aws.images import builder_user_data
+    from dlinfra.targets.aws.builder import builder_user_data
 
     ca = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
     mirrored = Spec.model_validate(

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from dlinfra.contract import WORKER_INDEX_FILE
-from dlinfra.training.loop import InputClock
+from dlinfra.training.meter import InputClock
 from dlinfra.training.objective import resolve
 from dlinfra.training.parameter_servers import counted_steps
 from dlinfra.training.program import Program

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from dlinfra.cli.views import input_bound
-from dlinfra.training.loop import InputClock, Meter
+from dlinfra.training.meter import InputClock, Meter
 
 # seconds: a slow element, or a slow step. Long beside what fetching an element costs a loaded
 # machine (at 0.02 s, a CI run's fast pipeline read as 23 % waiting: its overheads, not a wait).
@@ -76,7 +76,7 @@ def test_under_op_determinism_the_loop_runs_and_the_wait_is_not_measured(tmp_pat
     turned off again (and from a file: autograph reads the loop's source)."""
     program = (
         "import tensorflow as tf\n"
-        "from dlinfra.training.loop import InputClock, Meter\n"
+        "from dlinfra.training.meter import InputClock, Meter\n"
         "tf.config.experimental.enable_op_determinism()\n"
         "clock = InputClock(on=False)  # what the loops build under training.deterministic\n"
         "it = iter(tf.data.Dataset.range(100).repeat())\n"

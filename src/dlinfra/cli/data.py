@@ -49,11 +49,11 @@ def pack(
     """Pack SOURCE into TFRecord shards at DEST (train-*.tfrecord, eval-*.tfrecord) and a manifest.json
     with every shard's records, bytes and sha256 and the examples per class."""
     from dlinfra.errors import DlinfraError
-    from dlinfra.runs.store import Store
+    from dlinfra.runs.store_url import open_store
 
     if encoding not in ("png", "jpeg"):
         raise DlinfraError(f"--encoding {encoding}: use png or jpeg")
-    store = Store.from_url(_store_url(dest), endpoint_url, region)
+    store = open_store(_store_url(dest), endpoint_url, region)
     from dlinfra.training import pack_dest
 
     # before a source is read or TensorFlow loaded: a DEST it cannot land in whole

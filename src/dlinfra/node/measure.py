@@ -18,7 +18,7 @@ from typing import Any
 
 from dlinfra.contract import NodeConfig
 from dlinfra.runs.preflight import Link
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 
 
 @dataclass(frozen=True)
@@ -288,7 +288,7 @@ def input_figures(cfg: NodeConfig, effort: Effort) -> dict[str, float]:
         return {}
     directory, _, name = cfg.data.url.rpartition("/")
     glob = next((i for i, ch in enumerate(name) if ch in "*?["), len(name))
-    store = Store.from_url(directory, cfg.data.endpoint_url, cfg.data.region)
+    store = open_store(directory, cfg.data.endpoint_url, cfg.data.region)
     read, start = 0, time.perf_counter()
     for listed in store.files(name[:glob])[:64]:
         data = store.get_bytes(listed.name)

@@ -118,7 +118,8 @@ def fetch(uri: str, cache_dir: Path, sha256: str | None = None, s3: S3Access = S
         if uri.startswith("file://"):
             shutil.copyfile(uri[len("file://") :], tmp)
         elif uri.startswith("s3://"):
-            from dlinfra.runs.store import S3Store, parse_s3_url
+            from dlinfra.runs.s3_store import S3Store
+            from dlinfra.runs.store import parse_s3_url
 
             bucket, key = parse_s3_url(uri)
             if not S3Store(f"s3://{bucket}", s3.endpoint_url, s3.region).get_file(key, tmp):

@@ -1,15 +1,17 @@
 """Train files handed out by the chief's tf.data dispatcher under parameter servers: each worker takes
 the next file as it is free (ShardingPolicy DYNAMIC), so a faster worker reads more of them. The files
-still come through each node's bounded cache and its gates (training.streaming)."""
+still come through each node's bounded cache (training.streaming) and its gates (training.gates)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from dlinfra.training.gates import GATES_DIR, READ_PARALLEL, WANTED_DIR, gated_file
 from dlinfra.training.shards import ShardManifest
 from dlinfra.training.staging import local_name
-from dlinfra.training.streaming import GATES_DIR, READ_PARALLEL, RECORDS_PER_ELEMENT, WANTED_DIR, gated_file
+
+RECORDS_PER_ELEMENT = 64  # records the tf.data service moves at once (dispatched_records)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import re
 from fnmatch import fnmatchcase
 
 from dlinfra.errors import DlinfraError
-from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.dataset import DatasetSpec
 from dlinfra.training.shards import ShardFile, ShardManifest, Split
 
@@ -30,7 +30,7 @@ def split_files(
 ) -> list[ShardFile]:
     """`records`: TFRecord files, never a JSON file (a packed set's manifest) that `*` would match."""
     directory, _, pattern = uri.rpartition("/")
-    store = Store.from_url(directory, endpoint_url, region)
+    store = open_store(directory, endpoint_url, region)
     found = [
         ShardFile(name=f.name, records=None, bytes=f.bytes, sha256=None, etag=f.etag)
         for f in store.files(re.split(r"[*?\[]", pattern, maxsplit=1)[0])

@@ -19,8 +19,6 @@ from dlinfra.training import sharding
 from dlinfra.training.dispatch import Dispatch
 from dlinfra.training.loop import (
     Hooks,
-    InputClock,
-    Meter,
     Outcome,
     Scale,
     batched,
@@ -31,6 +29,7 @@ from dlinfra.training.loop import (
     restore,
     set_up,
 )
+from dlinfra.training.meter import InputClock, Meter
 from dlinfra.training.objective import Objective
 from dlinfra.training.pacing import ChunkClock, WorkerSamples, queue_depth, steps_per_call
 from dlinfra.training.program import Program

@@ -56,17 +56,17 @@ class Shard:
             raise ValueError("Shard.records(): the run reads no packed data (training.dataset.format)")
         import tensorflow as tf
 
-        from dlinfra.training import dispatch, streaming
+        from dlinfra.training import dispatch, gates
 
         if self.dispatch is not None:
             return dispatch.dispatched_records(self.dispatch, self.compression)
         if self.streamed:
-            return streaming.gated_records(self.compression)
+            return gates.gated_records(self.compression)
 
         # Listed when the pipeline runs, on the node that runs it; files interleaved in a fixed order.
         return tf.data.Dataset.list_files(self.pattern, shuffle=False).interleave(
             lambda path: tf.data.TFRecordDataset(path, compression_type=self.compression),
-            cycle_length=streaming.READ_PARALLEL,
+            cycle_length=gates.READ_PARALLEL,
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )

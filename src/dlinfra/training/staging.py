@@ -25,6 +25,7 @@ from dlinfra.errors import DlinfraError
 from dlinfra.runs.bundle import file_sha256
 from dlinfra.runs.layout import DATA_MANIFEST, RunStore
 from dlinfra.runs.store import Listed, Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.spec.dataset import is_listing
 from dlinfra.training.shards import ShardFile, ShardManifest
 
@@ -318,13 +319,13 @@ def node_set(cfg: NodeConfig, run: RunStore) -> Pinned:
     if is_listing(cfg.training.dataset.uri):
         assert sha256 is not None  # prepare pins every listing
         return Pinned(ShardManifest.model_validate_json(run.data_listing(sha256)), sha256)
-    return read_manifest(Store.from_url(cfg.data.url, cfg.data.endpoint_url, cfg.data.region), sha256)
+    return read_manifest(open_store(cfg.data.url, cfg.data.endpoint_url, cfg.data.region), sha256)
 
 
 def split_store(cfg: NodeConfig, manifest: ShardManifest, split: str) -> Store:
     assert cfg.data is not None
     where = manifest.locations[split] if manifest.locations else cfg.data.url
-    return Store.from_url(where, cfg.data.endpoint_url, cfg.data.region)
+    return open_store(where, cfg.data.endpoint_url, cfg.data.region)
 
 
 def checked_records(cfg: NodeConfig) -> str | None:

@@ -1,22 +1,8 @@
 """Train files streamed through a bounded cache (`training.dataset.cache_gb`): training starts when
 a node's first file lands, and files already read are evicted when its share does not fit.
 
-A parameter-server worker's pipeline runs no Python of ours (see training.staging), so the reader
-and the node agent talk through the file system, with TensorFlow ops alone. For each train file the
-agent makes a named pipe (a FIFO) in `gates/`. The reader's pipeline, per file:
-
-  1. writes `asked/<file>@<ask>`: which file it waits for (a restarted reader starts over at file 0);
-  2. opens the file's gate: opening a FIFO blocks until the agent opens its other end, which the
-     agent does once the file is whole on disk;
-  3. writes `passed/<file>@<ask>`: through the gate;
-  4. reads the file's records;
-  5. writes `done/<file>@<ask>` after its last record: the agent may then evict it.
-
-`<ask>` (the reader's clock) tells one read from another of the same file: two passes over a file
-can ask for it at once, and one gate lets through every reader waiting at it. So an ask is retired
-by its own `passed`, never by the gate's opening: a reader whose ask was merged into another's, or
-removed once the gate had opened for the other, waited at the gate for good (seen: a dispatched
-worker took one file for two passes in a row and its pipeline hung there).
+The reader talks to the node agent (Stream, here) through gates and markers on the file system: the
+protocol and the reader's side are in training.gates.
 
 The agent fetches ahead of the reader, in the reader's order, as far as the cache allows, several
 objects at once. Each example is still read once per epoch: the gates change when a file is read,
@@ -34,22 +20,21 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from dlinfra.runs.store import Store
+from dlinfra.training.gates import (
+    ASK,
+    ASKED_DIR,
+    DONE_DIR,
+    GATES_DIR,
+    PASSED_DIR,
+    READ_PARALLEL,
+    TAKEN_LOG,
+    WANTED_DIR,
+)
 from dlinfra.training.shards import ShardFile, ShardManifest
-from dlinfra.training.staging import PARALLEL_OBJECTS, SHARDS_DIR, TRAIN_DIR, fetch, local_name, size
+from dlinfra.training.staging import PARALLEL_OBJECTS, TRAIN_DIR, fetch, local_name, size
 
-GATES_DIR = SHARDS_DIR / "gates"
-ASKED_DIR = SHARDS_DIR / "asked"
-PASSED_DIR = SHARDS_DIR / "passed"
-DONE_DIR = SHARDS_DIR / "done"
-ASK = "@"  # between a marker's file name and its ask
-WANTED_DIR = SHARDS_DIR / "wanted"  # taken from the dispatcher, not yet opened (dispatched_records)
-TAKEN_LOG = SHARDS_DIR / "taken.tsv"  # pass and file of each file this node took from the dispatcher
-GATE_PATTERN = f"{GATES_DIR}/*"
-READ_PARALLEL = 4  # files one input pipeline reads at once (program.Shard.records)
-RECORDS_PER_ELEMENT = 64  # records the tf.data service moves at once (dispatched_records)
 TICK = 0.02  # seconds between the agent's looks at the reader's markers (a fetch's end wakes it too):
 # a reader waits at most this long per file; looking every 5 ms took a fifth of a slow 1-vCPU machine
 GB = 10**9
@@ -76,47 +61,6 @@ def cache_problem(manifest: ShardManifest, cache_gb: float) -> str | None:
 
 def cache_bytes(cache_gb: float) -> int:
     return round(cache_gb * GB)
-
-
-def gated_records(compression: str = "") -> Any:
-    """The reader's side: a tf.data.Dataset of the raw records of this node's train files, each file
-    read once the agent has it on disk (pure TensorFlow ops: it runs on parameter-server workers).
-    `compression`: TFRecordDataset's compression_type."""
-    import tensorflow as tf
-
-    # not a parallel interleave: that opens as many files again ahead of the cycle, past the cache
-    return tf.data.Dataset.list_files(GATE_PATTERN, shuffle=False).interleave(
-        lambda gate: gated_file(gate, compression), cycle_length=READ_PARALLEL
-    )
-
-
-def gated_file(gate: Any, compression: str) -> Any:
-    """One train file's records, read once the agent opens its `gate` (see the module's doc)."""
-    import tensorflow as tf
-
-    # this read's own name for its markers: microseconds of the clock when the file was asked for
-    ask = tf.strings.as_string(tf.timestamp() * 1e6, precision=0)
-
-    def marker(directory: Path) -> Any:
-        path = tf.strings.join([beside(directory), ask], separator=ASK)
-        # an element that writes a file and is then dropped: a side effect at one point of the stream
-        write = tf.data.Dataset.from_tensors(path).map(lambda p: (tf.io.write_file(p, ""), p)[1])
-        return write.filter(lambda _: False)
-
-    def beside(directory: Path) -> Any:
-        return tf.strings.regex_replace(gate, f"{GATES_DIR}/", f"{directory}/")
-
-    # a FIFO holds no bytes: the gate yields no record, it only waits to be opened
-    opened = tf.data.FixedLengthRecordDataset(gate, 1)
-    # opened only once the gate has passed
-    records = tf.data.TFRecordDataset(beside(TRAIN_DIR), compression_type=compression)
-    return (
-        marker(ASKED_DIR)
-        .concatenate(opened)
-        .concatenate(marker(PASSED_DIR))
-        .concatenate(records)
-        .concatenate(marker(DONE_DIR))
-    )
 
 
 class Stream:

@@ -11,11 +11,7 @@
     debug/request.json            a request for stack dumps; debug/<node>.stacks.txt: the dumps
     notices/<node>.<ms>.json      Notice: a spot notice a node's beacon saw, and how the node left
     owner.json                    Owner: who acts for the run now (runs.ownership), with its lease
-    code/bundle-<sha256>.tar.gz   the user's code; code/<wheel>: the dlinfra that cloud nodes install
-    code/env-<flavor>.lock        the run's environment, locked with hashes (cpu or gpu build of TF)
-    code/data-<sha256>.json       the data files a glob listed when the run was prepared (their pin)
-    terraform/                    the provider lock file and tfvars of a cloud run
-    run-dir.tar.gz                the run dir a controller acts from (a run handed over to it)
+    code/ terraform/ run-dir.tar.gz  the run's pinned code and inputs (runs.layout.pins, CodePins)
     preflight/<round>/<node>.json NodeFigures: what a node measured before the first step
     preflight/<round>/verdict.json  Verdict: the chief's judgement of that round
     preflight/history.json        the instance types' baselines when the run was deployed
@@ -34,7 +30,6 @@ No other module names a key: they ask a RunStore or the ControllerStore.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +38,7 @@ from pydantic import ValidationError
 
 from dlinfra.contract import StoreConfig
 from dlinfra.errors import StoreError
+from dlinfra.runs.layout.pins import CodePins
 from dlinfra.runs.layout.sizing import prediction
 from dlinfra.runs.layout.synced import SyncedDirs
 from dlinfra.runs.local_files import upload
@@ -61,6 +57,7 @@ from dlinfra.runs.records import (
     Record,
 )
 from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 from dlinfra.runs.stragglers import Stragglers
 
 R = TypeVar("R", bound=Record)
@@ -81,7 +78,6 @@ HISTORY = "history.json"
 STRAGGLERS = "stragglers.json"
 SIZING = "sizing.json"
 OWNER = "owner.json"
-RUN_DIR = "run-dir.tar.gz"
 CONTROLLER_PREFIX = "controller"
 HANDOVERS = "handovers"
 QUARANTINE = "quarantine"
@@ -111,7 +107,7 @@ def parse(model: type[R], raw: Any, what: str) -> R:
         raise StoreError(f"{what} is not a valid {model.__name__} record ({problems})") from None
 
 
-class RunStore(SyncedDirs):
+class RunStore(SyncedDirs, CodePins):
     """One run's prefix of the results store, read and written as typed records."""
 
     tagged = {SCRIPT_CHECKPOINTS: CHECKPOINT_TAGS}
@@ -121,7 +117,7 @@ class RunStore(SyncedDirs):
 
     @classmethod
     def open(cls, config: StoreConfig) -> RunStore:
-        return cls(Store.from_url(config.url, config.endpoint_url, config.region))
+        return cls(open_store(config.url, config.endpoint_url, config.region))
 
     def uri(self) -> str:
         return self.store.uri()
@@ -318,66 +314,3 @@ class RunStore(SyncedDirs):
 
     def sizing(self) -> dict[str, Any] | None:
         return prediction(self.store.get_json(SIZING), self.store.uri(SIZING))
-
-    # ---------------------------------------------------------------- code and pins
-
-    def put_bundle(self, sha256: str, data: bytes) -> None:
-        self.store.put_bytes(bundle_key(sha256), data)
-
-    def bundle(self, sha256: str) -> bytes:
-        return self._pinned(bundle_key(sha256), sha256)
-
-    def put_wheel(self, path: Path) -> str:
-        self.store.put_file(f"code/{path.name}", path)
-        return self.wheel_uri(path.name)
-
-    def wheel_uri(self, name: str) -> str:
-        return self.store.uri(f"code/{name}")
-
-    def wheel(self, name: str, sha256: str) -> bytes:
-        return self._pinned(f"code/{name}", sha256)
-
-    def put_lock(self, name: str, text: str) -> str:
-        self.store.put_bytes(f"code/{name}", text.encode())
-        return self.lock_uri(name)
-
-    def lock_uri(self, name: str) -> str:
-        return self.store.uri(f"code/{name}")
-
-    def lock(self, name: str, sha256: str) -> str:
-        return self._pinned(f"code/{name}", sha256).decode()
-
-    def put_data_listing(self, sha256: str, data: bytes) -> None:
-        self.store.put_bytes(data_listing_key(sha256), data)
-
-    def data_listing(self, sha256: str) -> bytes:
-        return self._pinned(data_listing_key(sha256), sha256)
-
-    def put_run_dir(self, data: bytes) -> None:
-        self.store.put_bytes(RUN_DIR, data)
-
-    def run_dir(self) -> bytes | None:
-        return self.store.get_bytes(RUN_DIR)
-
-    def put_terraform_pins(self, lock_file: Path, tfvars_text: str) -> None:
-        """A cloud run's provider lock and inputs: what a rerun months later must apply again."""
-        self.store.put_file("terraform/.terraform.lock.hcl", lock_file)
-        self.store.put_bytes("terraform/tfvars.json", tfvars_text.encode())
-
-    def _pinned(self, key: str, sha256: str) -> bytes:
-        """Bytes a manifest pinned (a code bundle, a wheel), checked against their sha256."""
-        data = self.store.get_bytes(key)
-        if data is None:
-            raise StoreError(f"{self.store.uri(key)} is missing. Fix: rerun a run whose store still holds it")
-        if hashlib.sha256(data).hexdigest() != sha256:
-            raise StoreError(f"{self.store.uri(key)} does not match its pinned sha256 {sha256[:12]}…")
-        return data
-
-
-def data_listing_key(sha256: str) -> str:
-    return f"code/data-{sha256}.json"
-
-
-def bundle_key(sha256: str) -> str:
-    """Also where the run dir keeps its copy: the run dir mirrors the store for the code."""
-    return f"code/bundle-{sha256}.tar.gz"

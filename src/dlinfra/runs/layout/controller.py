@@ -17,6 +17,7 @@ from dlinfra.runs.layout import (
 )
 from dlinfra.runs.records import ControllerInfo, Handover
 from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 
 MAX_RECORD_BYTES = 64 * 1024  # a hand-over record is under 1 KB; a larger object is not read
 
@@ -33,7 +34,7 @@ class ControllerStore:
 
     @classmethod
     def of_bucket(cls, bucket: str, endpoint_url: str | None, region: str | None) -> ControllerStore:
-        store = Store.from_url(f"s3://{bucket}/{CONTROLLER_PREFIX}", endpoint_url, region)
+        store = open_store(f"s3://{bucket}/{CONTROLLER_PREFIX}", endpoint_url, region)
         return cls(store, bucket, endpoint_url, region)
 
     def run_store(self, url: str, run_id: str) -> StoreConfig | None:

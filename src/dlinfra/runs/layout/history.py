@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 
 PREFLIGHT_HISTORY = "preflight-history"
 
@@ -16,7 +17,7 @@ class TypeHistory:
 
     @classmethod
     def under(cls, storage_url: str, endpoint_url: str | None, region: str | None) -> TypeHistory:
-        return cls(Store.from_url(f"{storage_url.rstrip('/')}/{PREFLIGHT_HISTORY}", endpoint_url, region))
+        return cls(open_store(f"{storage_url.rstrip('/')}/{PREFLIGHT_HISTORY}", endpoint_url, region))
 
     def runs(self, instance_type: str) -> list[dict[str, Any]]:
         """Oldest first: {run_id, time, figures: figure → the run's median on the type}."""

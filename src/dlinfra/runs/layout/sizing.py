@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from dlinfra.errors import StoreError
 from dlinfra.runs.store import Store
+from dlinfra.runs.store_url import open_store
 
 SIZING = "sizing"
 KEPT_RUNS = 100
@@ -88,7 +89,7 @@ class SizingHistory:
 
     @classmethod
     def under(cls, storage_url: str, endpoint_url: str | None, region: str | None) -> SizingHistory:
-        return cls(Store.from_url(f"{storage_url.rstrip('/')}/{SIZING}", endpoint_url, region))
+        return cls(open_store(f"{storage_url.rstrip('/')}/{SIZING}", endpoint_url, region))
 
     @property
     def uri(self) -> str:
