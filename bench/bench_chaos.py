@@ -4,7 +4,7 @@ cause, within a bound from its settings; the steps exact; a DONE model as good a
 fault-free run; the store's checkpoints whole; nothing left behind; every fault in the record.
 
 Each run's shape and faults come from its own seed (chaos_plan.plan_run): a failure replays with
-`--seed S --runs 1`. Local runs keep their store in S3 on the soak's moto server (so the store can go
+the replay command it prints. Local runs keep their store in S3 on the soak's moto server (so the store can go
 down), except runs that cut a link, whose nodes sit in namespaces of their own and use a file store.
 
     python bench/bench_chaos.py --runs 60 --faults-per-run 3 --seed 57
@@ -299,8 +299,12 @@ def main() -> None:
             flush=True,
         )
     table(outcomes)
-    wrong = [o.plan.seed for o in outcomes if o.broken]
-    print(f"\nseeds {args.seed}..{args.seed + args.runs - 1}; wrong outcomes: {len(wrong)} (seeds {wrong})")
+    wrong = [o for o in outcomes if o.broken]
+    print(f"\nseeds {args.seed}..{args.seed + args.runs - 1}; wrong outcomes: {len(wrong)}")
+    for o in wrong:
+        c = o.plan.cell
+        print(f"  replay: python bench/bench_chaos.py --runs 1 --seed {o.plan.seed} --faults-per-run "
+              f"{args.faults_per_run} --target {c.target} --strategy {c.strategy} --mode {c.mode}")
     print(f"kept: {scratch} (deploy-SEED.out of each run that went wrong)" if wrong else "")
     moto.server.stop()
     if not wrong:
