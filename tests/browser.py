@@ -83,3 +83,23 @@ def open_page(driver: Any, path: Path) -> Opened:
         if message["method"] == "Network.requestWillBeSent":
             opened.requests.append(message["params"]["request"]["url"])
     return opened
+
+
+def timeline_x(opened: Opened, node: str, kind: str, t: float, nth: int = 0) -> tuple[float, float]:
+    """(where the browser drew `node`'s `nth` mark of `kind`, where `t` seconds after the command falls
+    on the timeline's axis), in screen pixels: the page's scale read off its svg, the time from the
+    caller (a run's record), so a mark drawn at the wrong time is off by its error times the scale."""
+    found = opened.js(
+        """const svg = document.querySelector('svg.timeline');
+        const box = svg.getBoundingClientRect(), vb = svg.viewBox.baseVal;
+        const lane = [...svg.querySelectorAll('.lane')].find(l => l.dataset.node === arguments[0]);
+        const mark = lane.querySelectorAll('.mark.' + arguments[1])[arguments[2]];
+        const r = mark.querySelector('.shape').getBoundingClientRect();
+        return [box.left, box.width, vb.width, +svg.dataset.x0, +svg.dataset.x1, +svg.dataset.t1,
+                r.left + r.width / 2];""",
+        node,
+        kind,
+        nth,
+    )
+    left, width, view, x0, x1, t1, drawn = found
+    return drawn, left + (x0 + (x1 - x0) * t / t1) * width / view

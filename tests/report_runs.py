@@ -26,6 +26,7 @@ def recorded_run(
     error: str = "killed by signal 9",
     traceback: str | None = None,
     log_lines: list[str] | None = None,
+    script: bool = False,
 ) -> tuple[Run, Restart | None]:
     """A parameter-server run of a chief, `workers` workers and one ps over `seconds`, logging every
     LOG_EVERY steps; `restart`: (node, fraction of the run) killed and restarted there. The run ends
@@ -75,6 +76,7 @@ def recorded_run(
     if ended == "DONE":
         store.put_metrics(
             Metrics(
+                mode="script" if script else "program", command=["python", "train.py"] if script else None,
                 strategy="parameter_server", workers=workers, ps=1, steps=steps, total_steps=steps,
                 train_seconds=now - first_step, first_step_at=first_step, finished_at=now - 0.5,
                 global_steps_per_sec=MeanSd(mean=3.4, sd=0.2), examples_per_sec=MeanSd(mean=483.0, sd=2.0),
