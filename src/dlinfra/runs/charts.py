@@ -1,6 +1,7 @@
 """Charts of a run as inline SVG text, drawn here in Python: the report page needs no plotting library,
 no script and no network to open. Every text is escaped; every mark carries the figure it stands for
-(data-t, data-x, data-y) so a browser test can check where it was drawn against the run's records."""
+(a timeline mark its data-t, a bar its data-value), so a browser test can check where it was drawn
+against the run's records."""
 
 from __future__ import annotations
 
