@@ -105,14 +105,19 @@ def timeline(lanes: list[Lane], t1: float) -> str:
 
 
 def line_chart(
-    series: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str, css: str = "chart"
+    series: list[tuple[str, list[tuple[float, float]]]],
+    x_label: str,
+    y_label: str,
+    css: str = "chart",
+    x_max: float = 0.0,
 ) -> str:
-    """Lines of (x, y) points, one per named series, from zero on both axes."""
+    """Lines of (x, y) points, one per named series, from zero on both axes (x at least to `x_max`:
+    a chart on the timeline's clock spans the run as the timeline does)."""
     points = [p for _, pts in series for p in pts]
     if not points:
         return f'<p class="none">no {escape(y_label)} recorded</p>'
     height, top, bottom = 260, 16, 220
-    x1 = max(max(x for x, _ in points), 1e-9)
+    x1 = max(max(x for x, _ in points), x_max, 1e-9)
     y1 = max(max(y for _, y in points), 1e-9)
     y_ticks = _ticks(y1)
     if len(y_ticks) > 1 and y_ticks[-1] < y1:  # the axis ends on a tick above the highest point

@@ -137,7 +137,7 @@ def _run_sections(run: Run, outcome: Outcome) -> list[str]:
         LEGEND,
         charts.timeline(lanes(run, outcome), outcome.wall_seconds),
         "<h2>Throughput and loss</h2>",
-        _series(metrics.examples_per_sec_series if metrics else [], manifest.command_started),
+        _series(metrics.examples_per_sec_series if metrics else [], manifest.command_started, outcome),
         charts.line_chart(
             [("loss", [(float(s), v) for s, v in (metrics.loss_series if metrics else [])])], "step", "loss"
         ),
@@ -217,12 +217,13 @@ def _lane(name: str, st: NodeState | None, t0: float, end: float) -> Lane:
     return lane
 
 
-def _series(series: list[tuple[float, int, float]], t0: float | None) -> str:
+def _series(series: list[tuple[float, int, float]], t0: float | None, outcome: Outcome) -> str:
     start = t0 if t0 is not None else (series[0][0] if series else 0.0)
     return charts.line_chart(
         [("examples/s", [(t - start, eps) for t, _, eps in series])],
         "seconds after the command",
         "examples/s",
+        x_max=outcome.wall_seconds if t0 is not None else 0.0,
     )
 
 
