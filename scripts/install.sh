@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up into ./.venv from the committed hash locks in locks/ (refresh: bash scripts/lock.sh).
 # `install.sh` → what `dlinfra deploy` needs (TensorFlow CPU, boto3): locks/run.txt;
-# `install.sh dev` → also what the tests need (cloud-init's schema validator, pytest, moto, checkov):
+# `install.sh dev` → also what the tests need (cloud-init's schema validator, chromium, pytest, moto, checkov):
 # locks/dev.txt, and locks/checkov.txt into .venv-checkov.
 # Every Python package comes off a lock, its hash checked, uv itself included. Each venv is made
 # exactly its lock (`uv pip sync`: what the lock does not hold is removed, so a dev venv is what CI
@@ -17,11 +17,13 @@ esac
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # dev: cloud-init's schema validator checks every rendered user-data; qemu, mmdebstrap and
-# genisoimage build node images and boot them as VMs (the vm tests).
+# genisoimage build node images and boot them as VMs (the vm tests); chromium and its chromedriver
+# open `dlinfra report`'s pages in a real headless browser (Selenium drives the system's, no download).
 missing=()
 if [ "$profile" = dev ]; then
   for tool in cloud-init:cloud-init qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils \
-      mmdebstrap:mmdebstrap genisoimage:genisoimage mke2fs:e2fsprogs; do
+      mmdebstrap:mmdebstrap genisoimage:genisoimage mke2fs:e2fsprogs chromium:chromium \
+      chromedriver:chromium-driver; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
   done
 fi

@@ -144,7 +144,7 @@ def test_cost_so_far_is_the_plans_rate_over_the_nodes_time() -> None:
 
 def test_status_and_runs_show_the_cost_so_far() -> None:
     from dlinfra.cli.tables import runs_table
-    from dlinfra.cli.views import cost_line
+    from dlinfra.runs.results import cost_line
 
     line = cost_line({"usd_spent": 0.123456, "usd_per_hour": 2.1354, "max_cost": 0.5})
     assert line == "cost: $0.1235 at $2.135/h since the nodes started; cluster.max_cost $0.5"

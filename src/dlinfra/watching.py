@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from dlinfra.errors import DlinfraError
 from dlinfra.node.masked_log import masker
@@ -207,6 +208,32 @@ def _fail(store: RunStore, verdict: Verdict, nodes: dict[str, NodeState | None])
 
 def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) -> Outcome:
     run = prepared.run
+    outcome = ended_outcome(run, store, started, ended)
+    if outcome.metrics:
+        run.update_manifest(metrics=outcome.metrics.summary())
+    run.update_manifest(restarts=len(outcome.restarts))
+    return outcome
+
+
+def recorded_outcome(run: Run) -> Outcome:
+    """A recorded run's result, as its watcher showed it when it ended (`dlinfra report`): on the
+    clock of its manifest (the command's start, the run's end) and its store's records."""
+    manifest, store = run.manifest(), run.store()
+    started = manifest.command_started or _epoch(manifest.started) or _epoch(manifest.created) or 0.0
+    marker = store.marker()
+    ended = _epoch(manifest.finished) or (marker.time if marker else None) or started
+    if manifest.status not in ("DONE", "FAILED", "STOPPED") and marker is None:
+        return Outcome(run, manifest.status, wall_seconds=max(0.0, time.time() - started))
+    return ended_outcome(run, store, started, ended)
+
+
+def _epoch(stamp: str | None) -> float | None:
+    return datetime.fromisoformat(stamp).timestamp() if stamp else None
+
+
+def ended_outcome(run: Run, store: RunStore, started: float, ended: float) -> Outcome:
+    """How a run ended, read from its store (nothing is written): its verdict, metrics, startup,
+    stragglers, restarts, and a failed node's log tail."""
     marker = store.marker()
     state = marker.marker if marker else "STOPPED"
     metrics = store.metrics() if state == "DONE" else None
@@ -220,19 +247,16 @@ def _outcome(prepared: Prepared, store: RunStore, started: float, ended: float) 
         )
     outcome = Outcome(run, state, metrics, marker.node if marker else None, error)
     outcome.wall_seconds = ended - started
+    statuses = store.statuses(run.manifest().nodes)
     if metrics and metrics.first_step_at:
         outcome.seconds_to_first_step = metrics.first_step_at - started
-        statuses = store.statuses(run.manifest().nodes)
         outcome.startup = breakdown(statuses, metrics.strategy, started)
     outcome.stragglers = list(store.stragglers().named.values())
     # the nodes' own word, as they left it: newer than the marker's or the metrics' copy (a restart
     # that trained again after the chief wrote them)
-    outcome.restarts = restarts.of_nodes(store.statuses(run.manifest().nodes).values())
+    outcome.restarts = restarts.of_nodes(statuses.values())
     if state == "FAILED" and outcome.failed_node:
         # the run dir's log is the node's own, unmasked: this shell's secrets are masked in what it prints
         mask = masker()
         outcome.log_tail = [mask(line) for line in run.node_log(outcome.failed_node)[-LOG_TAIL_LINES:]]
-    if metrics:
-        run.update_manifest(metrics=metrics.summary())
-    run.update_manifest(restarts=len(outcome.restarts))
     return outcome

@@ -143,6 +143,26 @@ def test_the_run_checkpoints_at_its_cap_and_stops_with_the_budget_verdict_at_the
     listed = json.loads(run_cli("runs", "--json", env=aws_env["env"], cwd=aws_env["cwd"], timeout=120).stdout)
     row = next(r for r in listed if r["run_id"] == run_dir.name)
     assert row["usd_spent"] == pytest.approx(float(shown[1]), abs=0.0001), row
+    _the_report_reads_the_stopped_run_from_its_bucket(aws_env, run_dir.name, shown[1])
+
+
+def _the_report_reads_the_stopped_run_from_its_bucket(
+    aws_env: dict[str, Any], run_id: str, spent: str
+) -> None:
+    """`dlinfra report` of this aws run (its records in the emulated S3 bucket): STOPPED, the budget's
+    verdict and cost as deploy printed them, a lane for the node, opened offline without an error."""
+    from browser import chromium, open_page
+
+    page = aws_env["cwd"] / "report.html"
+    result = run_cli("report", run_id, "-o", str(page), env=aws_env["env"], cwd=aws_env["cwd"], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with chromium() as driver:
+        opened = open_page(driver, page)
+        assert opened.errors == [] and opened.beyond_the_file == [], (opened.console, opened.requests)
+        assert opened.js("return document.querySelector('h1 .status').innerText") == "STOPPED"
+        assert opened.js("return document.querySelectorAll('svg.timeline .lane').length") == 1
+        text = opened.js("return document.body.innerText")
+    assert f"${spent} at $" in text and "target aws" in text, text[:2000]
 
 
 def _instances(ec2: Any) -> set[str]:

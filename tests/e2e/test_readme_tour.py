@@ -197,6 +197,15 @@ def _show(tour: Tour, args: list[str], out: str) -> None:
         assert f"run_id: {tour.run}\n" in out and "model: file://" in out, out
 
 
+def _report(tour: Tour, args: list[str], out: str) -> None:
+    """The page where it says, of this run, a lane per node (tests/test_report.py opens pages in
+    Chromium; here only what the tour's command wrote)."""
+    path = args[args.index("-o") + 1] if "-o" in args else f"report-{tour.run}.html"
+    assert out == f"report: {path}\n", out
+    page = (tour.project / path).read_text()
+    assert f"<h1>run {tour.run} " in page and page.count('<g class="lane"') == 5, page[:500]
+
+
 CHECKS: dict[str, Callable[[Tour, list[str], str], None]] = {
     "init": _init,
     "validate": _validate,
@@ -207,6 +216,7 @@ CHECKS: dict[str, Callable[[Tour, list[str], str], None]] = {
     "watch": _watch,
     "show": _show,
     "compare": _compare,
+    "report": _report,
     "rerun": _rerun,
 }
 

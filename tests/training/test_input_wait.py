@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from dlinfra.cli.views import input_bound
+from dlinfra.runs.results import input_bound
 from dlinfra.training.meter import InputClock, Meter
 
 # seconds: a slow element, or a slow step. Long beside what fetching an element costs a loaded

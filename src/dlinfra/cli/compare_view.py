@@ -10,38 +10,10 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from dlinfra.cli.tables import _mean_sd, _num, _table, _width
+from dlinfra.cli.tables import _table, _width
 from dlinfra.runs.compare import COLUMNS
+from dlinfra.runs.compare import cells as compare_cells
 from dlinfra.spec.catalog import catalog
-
-
-def compare_cells(r: dict[str, Any]) -> list[str]:
-    """One run as the table's text cells, in COLUMNS order."""
-    return [
-        r["run"],
-        str(r["status"]),
-        r["target"],
-        r["roles"],
-        r["strategy"],
-        _mean_sd(r["global_steps_per_sec"], "{:.1f}"),
-        _mean_sd(r["examples_per_sec"], "{:.0f}"),
-        _num(r.get("predicted_examples_per_s"), "{:.0f}"),
-        _num(r.get("input_wait"), "{:.0%}"),
-        _num(r["train_seconds"], "{:.1f}"),
-        _num(r["wall_seconds"], "{:.0f}"),
-        _num(r["eval_accuracy"], "{:.4f}"),
-        _cost(r),
-    ]
-
-
-def _cost(r: dict[str, Any]) -> str:
-    """Dollars, and where spot ran, the on-demand and spot node-hours behind them."""
-    cell = _num(r["cost_usd"], "{:.4f}")
-    if not r.get("spot_hours"):
-        return cell
-    cell = "?" if r["cost_usd"] is None else cell  # never a guessed spot price
-    note = "" if r.get("spot_price") else ", no spot price"
-    return f"{cell} (on-demand {r['on_demand_hours']:.2f} h, spot {r['spot_hours']:.2f} h{note})"
 
 
 def compare_view(rows: list[dict[str, Any]], width: int) -> list[RenderableType]:

@@ -20,8 +20,9 @@ inspection_app = typer.Typer()
 @inspection_app.command()
 def status(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
     """Per-node state, step, heartbeat age and restarts of a run."""
-    from dlinfra.cli.views import cost_line, nodes_table
+    from dlinfra.cli.views import nodes_table
     from dlinfra.runs.reports import run_status
+    from dlinfra.runs.results import cost_line
 
     report = run_status(run_id)
     if as_json:
@@ -176,6 +177,43 @@ def show(run_id: RunArg = None, as_json: JsonOpt = False) -> None:
         from dlinfra.runs.run import Run
 
         out.print(preflight_view(Run.open(details["run_id"]).store()))
+
+
+@inspection_app.command()
+def report(
+    run_ids: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="The run (default: the newest); with --compare, the runs: ids, prefixes, 4-hex "
+            "suffixes, @last~N.",
+            show_default=False,
+        ),
+    ] = None,
+    side_by_side: Annotated[
+        bool, typer.Option("--compare", help="Several runs side by side on one page.")
+    ] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="The HTML file to write (default: report-<run id>.html here)."),
+    ] = None,
+) -> None:
+    """One self-contained HTML page of a run: result, timeline of each node, throughput, loss, preflight,
+    stragglers, cost, environment; it opens offline."""
+    from dlinfra.cli.outputs import check_file, write_file
+    from dlinfra.runs import report_page
+    from dlinfra.runs.run import Run
+
+    refs = run_ids or []
+    if side_by_side and len(refs) < 2:
+        raise DlinfraError("report --compare: name two runs or more. Fix: dlinfra report --compare 39a1 8a06")
+    if not side_by_side and len(refs) > 1:
+        raise DlinfraError("report: one run per page. Fix: --compare to put several side by side")
+    first = Run.open(refs[0] if refs else None)  # an unknown run is refused before anything is written
+    path = output or Path(f"report-{first.id}{'-compared' if side_by_side else ''}.html")
+    check_file(path, "--output", "report.html", suffix=".html")
+    page = report_page.compare_page(refs) if side_by_side else report_page.run_page(first.id)
+    write_file(path, "--output", page)
+    out.print(f"report: {path}", markup=False)
 
 
 @inspection_app.command()

@@ -57,8 +57,9 @@ def approver(yes: bool) -> Any:
 
 def finish(outcome: Any) -> None:
     from dlinfra.cli.preflight_view import preflight_view
-    from dlinfra.cli.views import outcome_cost, print_failure, result_view
+    from dlinfra.cli.views import print_failure, result_view
     from dlinfra.contract import PREFLIGHT_ONLY
+    from dlinfra.runs.results import outcome_cost
 
     if outcome.state in ("DONE", "FAILED") and (checked := preflight_view(outcome.run.store())):
         (out if outcome.state == "DONE" else err).print(checked)

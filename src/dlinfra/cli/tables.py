@@ -12,20 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from dlinfra.cli.console import out, table_box
+from dlinfra.runs.cells import num as _num
 from dlinfra.spec.catalog import InstanceType
-
-
-def _num(value: Any, fmt: str = "{:.0f}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def _mean_sd(stat: Any, fmt: str = "{:.1f}") -> str:
-    """A mean ± sd record (or its dict, from JSON)."""
-    if not stat:
-        return "-"
-    mean, sd = (stat["mean"], stat["sd"]) if isinstance(stat, dict) else (stat.mean, stat.sd)
-    return f"{fmt.format(mean)} ± {fmt.format(sd)}"
-
 
 # Columns a narrow screen drops first; the run id, the one thing a user copies, is never cut.
 RUNS_COLUMNS = (

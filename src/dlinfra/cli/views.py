@@ -14,11 +14,10 @@ from rich.table import Table
 from rich.text import Text
 
 from dlinfra.cli.console import table_box
-from dlinfra.cli.tables import _dropped_caption, _fitting, _mean_sd, _num
+from dlinfra.cli.tables import _dropped_caption, _fitting, _num
 from dlinfra.runs import restarts
-from dlinfra.runs.records import NO_MODEL_SAVED, Metrics
-from dlinfra.runs.reports import run_cost
-from dlinfra.runs.startup import describe
+from dlinfra.runs.records import NO_MODEL_SAVED
+from dlinfra.runs.results import input_bound, restart_lines, result_rows
 from dlinfra.watching import Outcome, Snapshot
 
 # ---------------------------------------------------------------- nodes and progress
@@ -160,7 +159,6 @@ class LiveTable:
 
 
 def result_table(outcome: Outcome) -> Table:
-    m = outcome.metrics
     table = Table(
         title=f"run {outcome.run.id}: {outcome.state}",
         title_justify="left",
@@ -169,80 +167,7 @@ def result_table(outcome: Outcome) -> Table:
     )
     table.add_column("metric")
     table.add_column("value", justify="right", overflow="fold")
-    if m is not None and m.mode == "script":
-        return _script_result(table, outcome, m)
-    rows = [
-        ("strategy", m.strategy if m else "-"),
-        ("workers / ps", f"{m.workers} / {m.ps}" if m else "- / -"),
-        ("replicas · global batch", f"{_num(m.replicas)} · {_num(m.global_batch)}" if m else "-"),
-        *([("loss", m.loss), ("optimizer", m.optimizer or "-")] if m and m.loss else []),
-        ("learning rate", _learning_rate(m)),
-        ("precision", ("mixed_float16" if m.mixed_precision else "float32") if m else "-"),
-        ("steps", _num(m.steps if m else None)),
-        ("global steps/s", _mean_sd(m.global_steps_per_sec if m else None)),
-        ("examples/s", _mean_sd(m.examples_per_sec if m else None, "{:.0f}")),
-        ("input wait", _num(m.input_wait if m else None, "{:.0%} of step time")),
-        ("training time", _num(m.train_seconds if m else None, "{:.1f} s")),
-        ("total time", f"{outcome.wall_seconds:.1f} s"),
-        ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
-        ("startup (s after the command)", describe(outcome.startup) or "-"),
-        ("restarts", restarts.summary(outcome.restarts)),
-        *([("cost", spent)] if (spent := outcome_cost(outcome)) else []),
-        *_evaluation(m),
-    ]
-    for key, value in rows:
-        table.add_row(key, str(value))
-    return table
-
-
-def outcome_cost(outcome: Outcome) -> str | None:
-    """The run's cost at its plan's prices (see cost_line), for its result."""
-    line = cost_line(run_cost(outcome.run, outcome.run.manifest()))
-    return line.removeprefix("cost: ") if line else None
-
-
-def cost_line(cost: dict[str, Any]) -> str | None:
-    """What a run has cost so far at its plan's prices, and its cap: None where nothing is billed."""
-    if cost.get("usd_spent") is None:
-        return None
-    cap = f"; cluster.max_cost ${cost['max_cost']:g}" if cost.get("max_cost") else ""
-    return f"cost: ${cost['usd_spent']:.4f} at ${cost['usd_per_hour']:.3f}/h since the nodes started{cap}"
-
-
-def _learning_rate(m: Metrics | None) -> str:
-    if m is None:
-        return "-"
-    if m.learning_rate is None:
-        return "the optimizer's schedule" if m.optimizer else "-"
-    return f"{m.learning_rate:g}, scaling {m.lr_scaling}"
-
-
-def _evaluation(m: Metrics | None) -> list[tuple[str, str]]:
-    """The program's eval loss and metrics by its names (an older run's: its accuracy alone)."""
-    if m is None or not m.scalars:
-        return [("eval accuracy", _num(m.eval_accuracy if m else None, "{:.4f}"))]
-    return [(name.replace("eval_", "eval ", 1), f"{value:.4f}") for name, value in m.scalars.items()]
-
-
-def _script_result(table: Table, outcome: Outcome, m: Metrics) -> Table:
-    """A script run: what it reported, under its own names; what it did not report is said so."""
-    if m.steps is None:
-        steps = "unknown (the script reported none: dlinfra.report)"
-    else:
-        steps = f"{m.steps}" + (" (from its TensorBoard scalars)" if m.progress == "tensorboard" else "")
-    rows = [
-        ("strategy", m.strategy),
-        ("workers / ps", f"{m.workers} / {m.ps}"),
-        ("steps", steps),
-        ("model", NO_MODEL_SAVED if m.no_model else ", ".join(m.models) or "-"),
-        *((name, f"{value:.6g}") for name, value in sorted(m.scalars.items())),
-        ("script time", f"{m.train_seconds:.1f} s"),
-        ("total time", f"{outcome.wall_seconds:.1f} s"),
-        ("command to first step", _num(outcome.seconds_to_first_step, "{:.1f} s")),
-        ("restarts", restarts.summary(outcome.restarts)),
-        *([("cost", spent)] if (spent := outcome_cost(outcome)) else []),
-    ]
-    for key, value in rows:
+    for key, value in result_rows(outcome):
         table.add_row(key, value)
     return table
 
@@ -266,28 +191,6 @@ def result_view(outcome: Outcome) -> Group:
     if outcome.metrics is not None and outcome.metrics.command:  # a script run: its command, whole
         lines.insert(0, Text(f"command: {shlex.join(outcome.metrics.command)}"))
     return Group(result_table(outcome), *map(Text, restart_lines(outcome)), *lines)
-
-
-def restart_lines(outcome: Outcome) -> list[str]:
-    """Each restart of the run, one line each (the from-scratch ones loudly, on a line of their own)."""
-    return [
-        *(restarts.scratch_line(r) for r in outcome.restarts if r.from_scratch),
-        *(f"restart: {restarts.line(r)}" for r in outcome.restarts),
-    ]
-
-
-INPUT_BOUND = 0.10  # a share of step time waiting on input above which input is the bottleneck
-
-
-def input_bound(wait: float | None) -> str | None:
-    """What to say of a run whose steps waited on input for more than INPUT_BOUND of their time."""
-    if wait is None or wait <= INPUT_BOUND:
-        return None
-    return (
-        f"input-bound: steps waited {wait:.0%} of their time for data, so faster accelerators would idle "
-        "too. Fix: more, smaller shards per worker (`dlinfra data pack --shards`), cheaper parsing in "
-        "train_data (decode once, at pack time), or an instance type with more CPUs for the pipeline"
-    )
 
 
 def print_failure(console: Console, outcome: Outcome) -> None:

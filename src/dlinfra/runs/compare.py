@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.errors import DlinfraError
+from dlinfra.runs.cells import mean_sd, num
 from dlinfra.runs.manifest import Manifest
 from dlinfra.runs.run import Run, list_runs, short_labels
 from dlinfra.spec.catalog import catalog
@@ -120,6 +121,35 @@ def row(run: Run) -> dict[str, Any]:
         "price_table": catalog().prices_as_of,
         "series": [(t, eps) for t, _, eps in metrics.examples_per_sec_series] if metrics else [],
     }
+
+
+def cells(r: dict[str, Any]) -> list[str]:
+    """One run's row as text cells, in COLUMNS order: the terminal's table and the report page's."""
+    return [
+        r["run"],
+        str(r["status"]),
+        r["target"],
+        r["roles"],
+        r["strategy"],
+        mean_sd(r["global_steps_per_sec"], "{:.1f}"),
+        mean_sd(r["examples_per_sec"], "{:.0f}"),
+        num(r.get("predicted_examples_per_s"), "{:.0f}"),
+        num(r.get("input_wait"), "{:.0%}"),
+        num(r["train_seconds"], "{:.1f}"),
+        num(r["wall_seconds"], "{:.0f}"),
+        num(r["eval_accuracy"], "{:.4f}"),
+        _cost(r),
+    ]
+
+
+def _cost(r: dict[str, Any]) -> str:
+    """Dollars, and where spot ran, the on-demand and spot node-hours behind them."""
+    cell = num(r["cost_usd"], "{:.4f}")
+    if not r.get("spot_hours"):
+        return cell
+    cell = "?" if r["cost_usd"] is None else cell  # never a guessed spot price
+    note = "" if r.get("spot_price") else ", no spot price"
+    return f"{cell} (on-demand {r['on_demand_hours']:.2f} h, spot {r['spot_hours']:.2f} h{note})"
 
 
 def _spot_columns(spec: Spec, manifest: Manifest, wall: float | None, typed: bool) -> dict[str, Any]:
