@@ -19,10 +19,12 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,8 +67,42 @@ class Moto:
             AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
         )
         self.server, self.endpoint = start_moto()
+        self._lock, self.down_until = threading.Lock(), 0.0
+        self.back = threading.Thread()  # the thread ending an outage: none yet
         self._free_ips_on_terminate()
         self.client("s3").create_bucket(Bucket=BUCKET)
+
+    def outage(self, seconds: float) -> None:
+        """S3 and EC2 refuse connections for `seconds` (an outage begun while one lasts extends it).
+        moto's stop leaves its socket listening, where a client would hang in the backlog: closed too."""
+        with self._lock:
+            self.down_until = max(self.down_until, time.time() + seconds)
+            if self.back.is_alive():
+                return
+            self.server.stop()
+            self.server._server.server_close()
+            self.back = threading.Thread(target=self._come_back, daemon=True)
+            self.back.start()
+
+    def _come_back(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        host, port = self.endpoint.removeprefix("http://").split(":")
+        while True:
+            with self._lock:
+                if time.time() >= self.down_until:
+                    break
+            time.sleep(0.1)
+        while True:
+            try:
+                socket.create_server(
+                    (host, int(port))
+                ).close()  # free: moto's thread would die on a taken one
+                break
+            except OSError:
+                time.sleep(0.2)
+        self.server = ThreadedMotoServer(ip_address=host, port=int(port), verbose=False)
+        self.server.start()
 
     def client(self, service: str) -> Any:
         import boto3
@@ -303,8 +339,10 @@ def main() -> None:
     print(f"\nseeds {args.seed}..{args.seed + args.runs - 1}; wrong outcomes: {len(wrong)}")
     for o in wrong:
         c = o.plan.cell
-        print(f"  replay: python bench/bench_chaos.py --runs 1 --seed {o.plan.seed} --faults-per-run "
-              f"{args.faults_per_run} --target {c.target} --strategy {c.strategy} --mode {c.mode}")
+        print(
+            f"  replay: python bench/bench_chaos.py --runs 1 --seed {o.plan.seed} --faults-per-run "
+            f"{args.faults_per_run} --target {c.target} --strategy {c.strategy} --mode {c.mode}"
+        )
     print(f"kept: {scratch} (deploy-SEED.out of each run that went wrong)" if wrong else "")
     moto.server.stop()
     if not wrong:

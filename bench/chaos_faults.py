@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -121,25 +120,8 @@ class Injector:
         self.imds.interrupt(fault.node)
 
     def _store_outage(self, fault: Fault) -> None:
-        """Refused, not silent: moto's stop leaves its socket listening (a client would hang in its
-        backlog), so the socket is closed too, and the new server binds the same port once free."""
-        from moto.server import ThreadedMotoServer
-
-        host, port = self.moto.server.get_host_and_port()
-        self.moto.server.stop()
-        self.moto.server._server.server_close()
-
-        def back() -> None:
-            while True:
-                try:
-                    socket.create_server((host, port)).close()  # free: moto's thread would die on it
-                    break
-                except OSError:
-                    time.sleep(0.2)
-            self.moto.server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
-            self.moto.server.start()
-
-        self._later(fault.seconds, back)
+        self.moto.outage(fault.seconds)
+        self.threads.append(self.moto.back)
 
     def _netcut(self, fault: Fault) -> None:
         pid = self._pid(fault.node)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from dlinfra.contract import EXIT_DONE, EXIT_RETRY, NodeConfig
-from dlinfra.node import model_check
+from dlinfra.node import model_check, spot
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.membership import stay_until_the_run_ends
 from dlinfra.node.script_dirs import MODEL_DIR, ScriptDirs
@@ -127,6 +127,7 @@ def finish(
         no_model=found.why_none,
         latest_checkpoint=model_check.latest_checkpoint(dirs.checkpoint) if checkpoints.files else None,
         outputs_refused=[*refused, *checkpoints.refused, *tensorboard.refused],
+        **(spot.recorded(store) if cfg.spot_in_cluster else {}),  # a script's run meets notices too
         restarts=restarts.of_nodes(run_nodes(cfg, store, status).values()),
     )
     store.put_metrics(metrics)  # what it trained, whether or not the run is DONE

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dlinfra.contract import EXIT_INTERRUPTED, NodeConfig
+from dlinfra.errors import StoreError
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import Notice
 
@@ -122,6 +123,7 @@ class SpotWatch:
         self.rebalance: Notice | None = None
         self.leaving = threading.Event()  # the trainer is being stopped for the notice
         self._unreachable = False
+        self._seen: dict[str, float] = {}  # kind → when first seen: a notice the store missed is retold
 
     def start(self) -> SpotWatch:
         threading.Thread(target=self._loop, name="spot-watch", daemon=True).start()
@@ -139,6 +141,8 @@ class SpotWatch:
         while self.notice is None:
             try:
                 self.check()
+            except StoreError as exc:  # the notice is seen and not yet told: the next poll tells it
+                self._say(f"the store is out ({exc}): telling the notice again in {POLL_SECONDS:g} s")
             except Exception as exc:  # no metadata here, or it answered nonsense: keep the node going
                 if not self._unreachable:
                     self._say(f"no instance metadata at {self.metadata.endpoint} ({exc}); retrying")
@@ -152,7 +156,7 @@ class SpotWatch:
                 Notice(
                     node=self.cfg.name,
                     kind="interruption",
-                    noticed=time.time(),
+                    noticed=self._seen.setdefault("interruption", time.time()),
                     action=kind,
                     deadline=deadline,
                     acted=True,
@@ -161,22 +165,27 @@ class SpotWatch:
             return
         if self.rebalance is None and (when := self.metadata.rebalance()) is not None:
             acts = self.cfg.act_on_rebalance
-            self.rebalance = Notice(node=self.cfg.name, kind="rebalance", noticed=time.time(), acted=acts)
-            self._say(
-                "EC2 recommends rebalancing off this instance "
-                f"(notice {time.strftime('%H:%M:%SZ', time.gmtime(when))}); "
-                + ("leaving (cluster.spot.act_on_rebalance)" if acts else "logged only")
-            )
+            if "rebalance" not in self._seen:
+                self._say(
+                    "EC2 recommends rebalancing off this instance "
+                    f"(notice {time.strftime('%H:%M:%SZ', time.gmtime(when))}); "
+                    + ("leaving (cluster.spot.act_on_rebalance)" if acts else "logged only")
+                )
+            noticed = self._seen.setdefault("rebalance", time.time())
+            rebalance = Notice(node=self.cfg.name, kind="rebalance", noticed=noticed, acted=acts)
             if acts:
-                self._leave(self.rebalance)
+                self._leave(rebalance)
             else:
-                self.store.put_notice(self.rebalance)
+                self.store.put_notice(rebalance)
+            self.rebalance = rebalance
 
     def _leave(self, notice: Notice) -> None:
+        """Told to the store first (a StoreError leaves it untold: the next poll tells it again), then
+        a checkpoint newer than it awaited, then the trainer stopped."""
         chief = self.store.status(self.cfg.chief_name)
         notice.step_at_notice = chief.step if chief else None
-        self.notice = notice
         self.store.put_notice(notice)
+        self.notice = notice
         self._say(f"spot notice ({notice.action or notice.kind}): asking the chief for a checkpoint now")
         deadline = (
             (notice.deadline - LEAVE_MARGIN) if notice.deadline else notice.noticed + ACTED_REBALANCE_WAIT
@@ -196,8 +205,10 @@ class SpotWatch:
         """The trainer is gone: record how the node left, and the code that tells its supervisor."""
         assert self.notice is not None
         notice, now = self.notice, time.time()
-        pointer = self.store.latest_checkpoint()
-        chief = self.store.status(self.cfg.chief_name)
+        pointer, chief = None, None
+        with contextlib.suppress(StoreError):  # the store is out: the exit code still tells
+            pointer = self.store.latest_checkpoint()
+            chief = self.store.status(self.cfg.chief_name)
         notice.left, notice.exit_code = now, EXIT_INTERRUPTED
         notice.checkpoint_step = pointer.step if pointer else None
         notice.checkpoint_time = pointer.time if pointer else None
@@ -253,11 +264,12 @@ def checkpoint_since(store: RunStore, since: float, deadline: float) -> Literal[
     """Wait for the checkpoint asked for at `since` (node.spot's flag): `stored` once one newer is,
     `ended` if the run ends first, `late` at `deadline`."""
     while time.time() < deadline:
-        if store.marker() is not None:
-            return "ended"
-        pointer = store.latest_checkpoint()
-        if pointer is not None and (pointer.time or 0) >= since:
-            return "stored"
+        with contextlib.suppress(StoreError):  # the store out a while: the deadline still holds
+            if store.marker() is not None:
+                return "ended"
+            pointer = store.latest_checkpoint()
+            if pointer is not None and (pointer.time or 0) >= since:
+                return "stored"
         time.sleep(0.5)
     return "late"
 
