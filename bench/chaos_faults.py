@@ -101,17 +101,18 @@ class Injector:
         self._kill9(fault)
 
     def _kill_in_restore(self, fault: Fault) -> None:
-        """Killed, then its next life killed as soon as it is up (restoring its checkpoint)."""
-        first = self._pid(fault.node)
+        """Killed, then its next life killed as soon as it is up (restoring its checkpoint): a new life
+        is a new `started` in its state file (the pid there may be the agent's or its trainer's)."""
+        life = state(self.run_dir, fault.node or "").get("started")
         self._kill9(fault)
         if fault.injected_at is None:
             return
         deadline = time.monotonic() + RESTORE_WAIT
         while time.monotonic() < deadline:
-            pid = self._pid(fault.node)
-            if pid and pid != first:
-                _signal(pid, signal.SIGKILL)
-                fault.note += f", then its new life {pid}"
+            now = state(self.run_dir, fault.node or "")
+            if now.get("started") != life and now.get("pid"):
+                _signal(int(now["pid"]), signal.SIGKILL)
+                fault.note += f", then its new life {now['pid']} ({now.get('state')})"
                 return
             time.sleep(0.02)
         fault.note += ", no new life within 120 s"

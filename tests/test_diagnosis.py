@@ -108,6 +108,55 @@ def test_diagnose(nodes, codes, expected) -> None:
     assert (None if verdict is None else (verdict.kind, verdict.nodes)) == expected
 
 
+def test_silence_while_the_store_was_out_is_not_loss_and_silence_after_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by bench_chaos (seed 105): a store outage of 14 s failed a run as `lost` under a 20 s
+    heartbeat_timeout, the nodes' beats held back by the outage. A real moto server, stopped and
+    started on its port; the watcher's read outlasts the outage and dates its return."""
+    import threading
+
+    from moto.server import ThreadedMotoServer
+
+    from dlinfra.runs.s3_store import S3Store
+    from support import FAKE_CREDS, s3_client
+
+    for key, value in FAKE_CREDS.items():
+        monkeypatch.setenv(key, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    port = server.get_host_and_port()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    s3_client(endpoint).create_bucket(Bucket="beats")
+    store = RunStore(S3Store("s3://beats/run", endpoint, retry_for=60))
+    beat = time.time()
+    for name in HEALTHY:
+        store.put_status(node(name, heartbeat=beat, progress_at=beat))
+    assert store.store.reachable_since == 0.0, "it never failed"
+    server.stop()
+    server._server.server_close()  # refused, as an endpoint that is down is
+    down = 2.0
+
+    def back() -> None:
+        time.sleep(down)
+        server.__init__(ip_address="127.0.0.1", port=port, verbose=False)  # type: ignore[misc]
+        server.start()
+
+    threading.Thread(target=back).start()
+    try:
+        seen = {name: store.status(name) for name in HEALTHY}  # blocks through the outage
+        back_at = store.store.reachable_since
+        assert back_at >= beat + down
+        beat_timeout = down / 2  # shorter than the outage: every node is silent past it
+        assert diagnose(seen, {}, beat_timeout, STALL, now=back_at + 0.1, store_back=back_at) is None
+        lost = diagnose(seen, {}, beat_timeout, STALL, now=back_at + 0.1)
+        assert lost is not None and lost.kind == "lost", "without the store's return it reads as loss"
+        later = diagnose(seen, {}, beat_timeout, STALL, now=back_at + beat_timeout + 0.1, store_back=back_at)
+        assert later is not None and later.kind == "lost", "silent past the timeout after the store is back"
+    finally:
+        server.stop()
+
+
 def test_a_trainer_stuck_before_its_first_step_is_stalled(tmp_path: Path) -> None:
     """The stall clock starts when training does (a ps cluster on one CPU used to sit at step 0 for
     good): waiting for peers never counts, re-entering training does not reset the clock."""

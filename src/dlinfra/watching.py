@@ -92,7 +92,8 @@ def watch(
                 on_update(_snapshot(store, names, started))
                 break
             limits = prepared.spec.cluster
-            if verdict := diagnose(snap.nodes, codes, limits.heartbeat_timeout, limits.stall_timeout):
+            timeouts = limits.heartbeat_timeout, limits.stall_timeout
+            if verdict := diagnose(snap.nodes, codes, *timeouts, store_back=store.store.reachable_since):
                 _fail(store, verdict, snap.nodes)
             elif codes and all(c == 0 for c in codes.values()):
                 time.sleep(poll)  # the chief's marker may land right after its exit

@@ -47,7 +47,11 @@ def diagnose(
     heartbeat_timeout: float,
     stall_timeout: float,
     now: float | None = None,
+    store_back: float = 0.0,
 ) -> Verdict | None:
+    """`store_back`: when the watcher's store last answered after an outage. Nodes could not write
+    through it either, so silence and idleness count from then at the earliest (found by
+    bench_chaos: a 14 s outage failed a run as lost under a 20 s heartbeat_timeout)."""
     now = time.time() if now is None else now
     # a node that left for a spot notice is being replaced, not crashed
     crashed = {n: c for n, c in exit_codes.items() if c not in (None, 0, EXIT_INTERRUPTED)}
@@ -75,7 +79,7 @@ def diagnose(
 
     def silent_for(s: NodeState) -> float:
         replaced = s.state.startswith("replacing") or s.interrupted
-        return now - s.heartbeat - (REPLACE_GRACE if replaced else 0.0)
+        return now - max(s.heartbeat, store_back) - (REPLACE_GRACE if replaced else 0.0)
 
     lost = sorted(
         (n for n, s in live.items() if silent_for(s) > heartbeat_timeout), key=lambda n: live[n].heartbeat
@@ -96,8 +100,9 @@ def diagnose(
     # the pace's bound holds only while every script idles too: one at work on CPU between reports
     # (an evaluation, a large save) is paused, not hung, until stall_timeout
     working = [s.working_at for s in live.values() if s.working_at is not None]
-    idle_since = max(progress + working) if progress else 0.0
-    if progress and not busy and (now - max(progress) > stall_timeout or now - idle_since > limit):
+    idle_since = max([*progress, *working, store_back]) if progress else 0.0
+    stepped = max([*progress, store_back]) if progress else 0.0
+    if progress and not busy and (now - stepped > stall_timeout or now - idle_since > limit):
         waiting = sorted(live)
         return Verdict(
             "stalled",

@@ -27,6 +27,7 @@ class S3Store(Store):
         self.endpoint_url, self.region = endpoint_url, region
         self.retry_for = retry_for
         self._client: Any = None
+        self._retried = False  # botocore retried since _retrying began a call: its retries hide outages
 
     @property
     def client(self) -> Any:
@@ -45,7 +46,14 @@ class S3Store(Store):
                     s3={"addressing_style": "path" if self.endpoint_url else "auto"},
                 ),
             )
+            self._client.meta.events.register("needs-retry.s3", self._note_retry)
         return self._client
+
+    def _note_retry(self, caught_exception: Exception | None = None, response: Any = None, **_: Any) -> None:
+        """Told of every attempt; returns None, so botocore's own handler alone decides to retry."""
+        status = response[1].get("ResponseMetadata", {}).get("HTTPStatusCode", 200) if response else 200
+        if caught_exception is not None or status >= 500:
+            self._retried = True
 
     def _key(self, key: str) -> str:
         checked_key(key)
@@ -57,10 +65,14 @@ class S3Store(Store):
         from botocore.exceptions import BotoCoreError, ClientError
 
         deadline = time.monotonic() + self.retry_for
-        delay = 0.5
+        delay, failed = 0.5, False
+        self._retried = False
         while True:
             try:
-                return action()
+                done = action()
+                if failed or self._retried:
+                    self.reachable_since = time.time()
+                return done
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "")
                 if code in ("AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
@@ -69,9 +81,11 @@ class S3Store(Store):
                     ) from None
                 if time.monotonic() > deadline:
                     raise StoreError(f"{what} {self.url}: {exc}") from None
+                failed = True
             except (BotoCoreError, S3UploadFailedError) as exc:  # upload_file wraps a 5xx in the latter
                 if time.monotonic() > deadline:
                     raise StoreError(f"{what} {self.url}: {exc}") from None
+                failed = True
             time.sleep(delay)
             delay = min(delay * 2, 5)
 

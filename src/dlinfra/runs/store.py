@@ -54,6 +54,9 @@ class Listed(NamedTuple):
 
 class Store:
     url: str
+    # When the store last answered after failing to (0: it never failed): what its writers sent in
+    # between could not land, so a heartbeat older than this is no sign its node is gone.
+    reachable_since: float = 0.0
 
     # -- primitives each backend implements
     def put_bytes(self, key: str, data: bytes) -> None:
