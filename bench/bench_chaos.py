@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -263,11 +264,19 @@ def judge(out: Outcome, run_dir: Path, moto: Moto, base: Outcome | None) -> None
         left = {k: v for k, v in left_of(moto.endpoint, out.run_id).items() if v}
         if left:
             out.broken.append(f"left in moto: {left}")
-    for restart in metrics.restarts if metrics else []:
+    restarts = metrics.restarts if metrics else []
+    for restart in restarts:
         if restart.resumed_at:
             out.lost_seconds.append(restart.resumed_at - restart.failed_at)
+    for fault in plan.faults:  # a kill's cost: the steps from where it struck to where its node resumed
+        after = [r for r in restarts if r.node == fault.node and r.restarted_at >= (fault.injected_at or 0)]
+        if fault.kind.startswith("kill") and after and fault.step is not None:
+            resumed = after[0].checkpoint_step if plan.cell.mode == "program" else after[0].first_step
+            if resumed is not None:
+                out.lost_steps.append(max(0, fault.step - resumed))
     for notice in metrics.interruptions if metrics else []:
-        out.lost_steps.append(notice.steps_lost or 0)
+        if notice.steps_lost is not None:
+            out.lost_steps.append(notice.steps_lost)
 
 
 def cells(args: argparse.Namespace) -> list[Cell]:
@@ -280,9 +289,9 @@ def cells(args: argparse.Namespace) -> list[Cell]:
 def table(outcomes: list[Outcome]) -> None:
     print(
         "\n| target/strategy/mode | runs | faults | DONE | right verdict | wrong "
-        "| s to training again (median, p95) |"
+        "| steps lost per fault (median, max) | s to training again (median, p95) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     by: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by.setdefault(str(o.plan.cell), []).append(o)
@@ -291,10 +300,13 @@ def table(outcomes: list[Outcome]) -> None:
         done = sum(o.state == "DONE" and not o.broken for o in runs)
         right = sum(o.state in ("FAILED", "STOPPED") and not o.broken for o in runs)
         lost = sorted(s for o in runs for s in o.lost_seconds)
-        spread = f"{statistics.median(lost):.1f}, {lost[int(0.95 * (len(lost) - 1))]:.1f}" if lost else "-"
+        p95 = lost[math.ceil(0.95 * len(lost)) - 1] if lost else 0.0  # nearest rank
+        spread = f"{statistics.median(lost):.1f}, {p95:.1f}" if lost else "-"
+        steps = sorted(n for o in runs for n in o.lost_steps)
+        steps_lost = f"{statistics.median(steps):g}, {max(steps)}" if steps else "-"
         print(
             f"| {cell} | {len(runs)} | {faults} | {done} | {right} "
-            f"| {sum(bool(o.broken) for o in runs)} | {spread} |"
+            f"| {sum(bool(o.broken) for o in runs)} | {steps_lost} | {spread} |"
         )
 
 

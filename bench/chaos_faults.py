@@ -19,6 +19,7 @@ from chaos_plan import Fault
 
 RESTORE_WAIT = 120.0  # for the new life of a killed node
 SAVE_WAIT = 60.0  # for the next checkpoint of a node before it is killed anyway
+LIVE_WAIT = 60.0  # for a node's current life to be up before a fault on it is given up
 
 
 def state(run_dir: Path, node: str) -> dict[str, Any]:
@@ -26,6 +27,13 @@ def state(run_dir: Path, node: str) -> dict[str, Any]:
         return json.loads((run_dir / "work" / node / "state.json").read_text())  # type: ignore[no-any-return]
     except (OSError, ValueError):
         return {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -62,14 +70,22 @@ class Injector:
         thread.start()
         self.threads.append(thread)
 
-    def _pid(self, node: str | None) -> int | None:
-        pid = state(self.run_dir, node or "").get("pid")
-        return int(pid) if pid else None
+    def _pid(self, node: str | None, wait: float = LIVE_WAIT) -> int | None:
+        """The node's process of its current life, once alive: a node killed a moment ago is not
+        killed twice (its state file names the dead one until its next life is up)."""
+        deadline = time.monotonic() + wait
+        while True:
+            pid = state(self.run_dir, node or "").get("pid")
+            if pid and _alive(int(pid)):
+                return int(pid)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
     def _kill9(self, fault: Fault) -> None:
         pid = self._pid(fault.node)
         if pid is None:
-            fault.note = "not up: nothing to kill"
+            fault.note += "not up within 60 s: nothing killed"
             fault.injected_at = None
             return
         _signal(pid, signal.SIGKILL)
@@ -110,7 +126,7 @@ class Injector:
         deadline = time.monotonic() + RESTORE_WAIT
         while time.monotonic() < deadline:
             now = state(self.run_dir, fault.node or "")
-            if now.get("started") != life and now.get("pid"):
+            if now.get("started") != life and now.get("pid") and _alive(int(now["pid"])):
                 _signal(int(now["pid"]), signal.SIGKILL)
                 fault.note += f", then its new life {now['pid']} ({now.get('state')})"
                 return

@@ -155,6 +155,19 @@ class Live:
         assert state is not None, f"{node}'s trainer is not up"
         return int(state["pid"])
 
+    def script_pid_at(
+        self, node: str, reached: Callable[[dict[str, Any]], bool], timeout: float = 300
+    ) -> int:
+        """The pid of `node`'s script (its agent's state file names it) once `reached` holds of that state."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.communicate()
+            state = read_state(state_file(self.run_dir / "work" / node))
+            if state is not None and state.get("state") == "running" and reached(state):
+                return int(state["pid"])
+            time.sleep(0.1)
+        raise AssertionError(f"{node} did not get there in {timeout:.0f}s")
+
     def published_status(
         self, node: str, until: Callable[[dict[str, Any]], bool] = lambda s: True, timeout: float = 120
     ) -> dict[str, Any]:

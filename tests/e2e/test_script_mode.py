@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +39,6 @@ def _in_plain_tensorflow(code: str, *args: str) -> str:
     return done.stdout.split()[-1]
 
 
-def _script_pid_at(
-    live: Live, node: str, reached: Callable[[dict[str, Any]], bool], timeout: float = 300
-) -> int:
-    """The pid of `node`'s script (its agent's state file names it) once `reached` holds of that state."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert live.proc.poll() is None, live.proc.communicate()
-        state = read_state(state_file(live.run_dir / "work" / node))
-        if state is not None and state.get("state") == "running" and reached(state):
-            return int(state["pid"])
-        time.sleep(0.1)
-    raise AssertionError(f"{node} did not get there in {timeout:.0f}s")
-
-
 def test_a_custom_loop_adapted_from_the_mwms_guide_resumes_from_its_checkpoint_after_kill_9(
     tmp_path: Path,
 ) -> None:
@@ -71,8 +56,8 @@ def test_a_custom_loop_adapted_from_the_mwms_guide_resumes_from_its_checkpoint_a
     digits_beside(project)
     live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
     # past the first epoch's checkpoint (step 30), which the chief's agent sends once it settles
-    _script_pid_at(live, "worker-0", lambda s: s.get("step", 0) >= 45)
-    os.kill(_script_pid_at(live, "worker-1", lambda s: True), signal.SIGKILL)
+    live.script_pid_at("worker-0", lambda s: s.get("step", 0) >= 45)
+    os.kill(live.script_pid_at("worker-1", lambda s: True), signal.SIGKILL)
     done = live.finish()
     assert done.returncode == 0, done.stdout + done.stderr
     log = live.log("worker-0").read_text()
@@ -134,7 +119,7 @@ def test_the_owner_killed_after_its_peer_finished_restarts_with_it_and_the_run_e
     ):
         assert time.monotonic() < deadline and live.proc.poll() is None, "the owner never began its save"
         time.sleep(0.1)
-    os.kill(_script_pid_at(live, "worker-0", lambda s: True), signal.SIGKILL)
+    os.kill(live.script_pid_at("worker-0", lambda s: True), signal.SIGKILL)
     done = live.finish()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "staying with the cluster until the run ends" in live.log("worker-1").read_text()
@@ -203,8 +188,8 @@ def test_a_coordinator_adapted_from_the_ps_guide_goes_on_when_a_worker_killed_mi
     )
     live = start_deploy(tmp_path, str(project / "experiment.yaml"), "--workers", "2")
     chief_log = live.log("chief-0")
-    pid = _script_pid_at(
-        live, "worker-1", lambda s: chief_log.exists() and "Finished epoch 2," in chief_log.read_text()
+    pid = live.script_pid_at(
+        "worker-1", lambda s: chief_log.exists() and "Finished epoch 2," in chief_log.read_text()
     )
     os.kill(pid, signal.SIGKILL)
     done = live.finish()

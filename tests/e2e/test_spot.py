@@ -107,3 +107,40 @@ def test_notice_from_the_loopback_metadata_stand_in_checkpoints_at_once_and_the_
             }
         )
     )
+
+
+def test_a_noticed_script_node_stops_its_script_at_once_and_the_run_records_the_notice(
+    tmp_path: Path,
+) -> None:
+    """bench_chaos seeds 105 and 111: in script mode the noticed node waited for a checkpoint the
+    chief's trainer makes, which a script never makes, until 15 s before EC2's deadline (105 s); and
+    the run's metrics left the notice out. A script saves its own checkpoints: the node stops it at
+    once, its checkpoint directory goes to the store as it exits, and the cluster resumes from it."""
+    from e2e.script_projects import user_project
+    from support import digits_beside
+
+    project = user_project(
+        tmp_path,
+        "mwms_custom_loop.py",
+        "name: spot-script\nstrategy: multi_worker_mirrored\ncluster: {workers: {spot: true}}\ntraining:\n"
+        "  command: [python, train.py, --data, digits.npz, --checkpoint_dir, '${DLINFRA_CHECKPOINT_DIR}',\n"
+        "            --epochs, 10, --steps_per_epoch, 30, --report]\n",
+    )
+    digits_beside(project)
+    with MetadataStandIn() as imds:
+        live = start_deploy(
+            tmp_path, str(project / "experiment.yaml"), "--workers", "2",
+            "--set", "cluster.local_network=host",  # the stand-in listens on this machine's loopback
+            env={"DLINFRA_METADATA_ENDPOINT": imds.node_template()},
+        )  # fmt: skip
+        live.script_pid_at("worker-0", lambda s: s.get("step", 0) >= 45)  # past epoch 1's checkpoint
+        noticed_at = imds.interrupt("worker-1")
+        done = live.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    [notice] = [json.loads(p.read_text()) for p in (live.store / "notices").glob("worker-1.*.json")]
+    assert notice["acted"] and notice["exit_code"] == 76 and notice["steps_lost"] is None
+    assert notice["left"] - noticed_at < 30, "stopped at once, not 15 s before EC2's deadline"
+    assert "stopping the script now" in live.log("worker-1").read_text()
+    metrics = live.metrics
+    assert [n["node"] for n in metrics["interruptions"]] == ["worker-1"], "the script's run records it"
+    assert metrics["steps"] == 300, "10 epochs of 30 steps, resumed from the script's own checkpoint"

@@ -9,6 +9,9 @@ trusted to poll) and turned into a checkpoint, a clean exit and a replacement.
                             chief's work dir
     chief's trainer         checks that file (a stat) at each progress report and checkpoints now
 
+In script mode nobody is asked: the script saves its own checkpoints, so the noticed node stops it at
+once (SIGTERM to its group) and sends its checkpoint directory as it exits.
+
 The store carries the notice because the chief is on another machine; the flag file keeps the
 trainer's check free of network calls.
 """
@@ -186,6 +189,14 @@ class SpotWatch:
         notice.step_at_notice = chief.step if chief else None
         self.store.put_notice(notice)
         self.notice = notice
+        if self.cfg.training.command:  # a script saves its own checkpoints: nobody to ask for one
+            self._say(
+                f"spot notice ({notice.action or notice.kind}): stopping the script now (SIGTERM, its "
+                "checkpoint directory sent as it exits)"
+            )
+            self.leaving.set()
+            self.stop_trainer()
+            return
         self._say(f"spot notice ({notice.action or notice.kind}): asking the chief for a checkpoint now")
         deadline = (
             (notice.deadline - LEAVE_MARGIN) if notice.deadline else notice.noticed + ACTED_REBALANCE_WAIT
@@ -213,9 +224,11 @@ class SpotWatch:
         notice.checkpoint_step = pointer.step if pointer else None
         notice.checkpoint_time = pointer.time if pointer else None
         notice.step_at_left = chief.step if chief else None
-        notice.steps_lost = (
-            max(0, (notice.step_at_left or 0) - (notice.checkpoint_step or 0)) if holds_state(self.cfg) else 0
-        )
+        if self.cfg.training.command:
+            notice.steps_lost = None  # what the script's own checkpoints hold is the script's to know
+        else:
+            held = notice.checkpoint_step or 0
+            notice.steps_lost = max(0, (notice.step_at_left or 0) - held) if holds_state(self.cfg) else 0
         with contextlib.suppress(Exception):  # the store may be out; the exit code still tells
             self.store.put_notice(notice)
         self._say(f"interrupted: exiting with {EXIT_INTERRUPTED} after {now - notice.noticed:.1f}s of notice")
