@@ -219,7 +219,7 @@ def one_run(plan: RunPlan, scratch: Path, moto: Moto, base: Outcome | None) -> O
                 fault = pending.pop(0)
                 fault.step = max((int(state(run_dir, n).get("step") or 0) for n in plan.nodes()), default=0)
                 injector.inject(fault)
-                print(f"  {fault.label()}: {fault.note or 'injected'}", flush=True)
+                print(f"  {fault.label()}: injected at step {fault.step}", flush=True)
             time.sleep(0.05)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)  # a hang: Ctrl-C tears the cluster down
@@ -227,6 +227,8 @@ def one_run(plan: RunPlan, scratch: Path, moto: Moto, base: Outcome | None) -> O
             out.broken.append(f"hung: still running after {out.bound + 120:.0f} s")
         if injector:
             injector.settle()
+            for fault in plan.faults:
+                print(f"  {fault.label()}: {fault.note or 'as planned'}", flush=True)
         out.wall = time.monotonic() - started
     run_dir = run_dir or new_run_dir(home, before)
     if run_dir is None:

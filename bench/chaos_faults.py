@@ -51,13 +51,19 @@ class Injector:
     def __init__(self, run_dir: Path, moto: Any, imds: Any, endpoint: str) -> None:
         self.run_dir, self.moto, self.imds, self.endpoint = run_dir, moto, imds, endpoint
         self.threads: list[threading.Thread] = []
+        self.ended = threading.Event()  # the deploy exited: a fault still waiting for its moment gives up
 
     def inject(self, fault: Fault) -> None:
+        """On a thread of its own: a fault that waits for its moment (a save, a new life, a heal's
+        replacement) holds up neither the run's watch nor a fault due at the same time."""
         fault.injected_at = time.time()
-        getattr(self, f"_{fault.kind}")(fault)
+        thread = threading.Thread(target=getattr(self, f"_{fault.kind}"), args=(fault,), daemon=True)
+        thread.start()
+        self.threads.append(thread)
 
     def settle(self) -> None:
         """Every timed fault over (thawed, the store back, the link up) before the run is judged."""
+        self.ended.set()
         for thread in self.threads:
             thread.join()
 
@@ -78,7 +84,7 @@ class Injector:
             pid = state(self.run_dir, node or "").get("pid")
             if pid and _alive(int(pid)):
                 return int(pid)
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.ended.is_set():
                 return None
             time.sleep(0.05)
 
@@ -106,7 +112,7 @@ class Injector:
         work = self.run_dir / "work" / (fault.node or "")
         seen = {p for p in work.rglob("*") if "ckpt" in p.name}
         deadline = time.monotonic() + SAVE_WAIT
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.ended.is_set():
             new = [p for p in work.rglob("*") if "ckpt" in p.name and p not in seen]
             if new:
                 fault.note = f"as {new[0].name} appeared; "
@@ -124,7 +130,7 @@ class Injector:
         if fault.injected_at is None:
             return
         deadline = time.monotonic() + RESTORE_WAIT
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.ended.is_set():
             now = state(self.run_dir, fault.node or "")
             if now.get("started") != life and now.get("pid") and _alive(int(now["pid"])):
                 _signal(int(now["pid"]), signal.SIGKILL)
@@ -173,7 +179,7 @@ class Injector:
         if fault.injected_at is None:
             return
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.ended.is_set():
             now = self._instance(fault.node)
             if now and now != fault.note:
                 self.moto.ec2().terminate_instances(InstanceIds=[now])
