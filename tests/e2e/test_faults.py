@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import kill_at, start_deploy
-from support import FAKE_CREDS, alive_node_pids, s3_client
+from e2e.conftest import Live, kill_at, start_deploy
+from support import FAKE_CREDS, alive_node_pids, run_cli, s3_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
 
@@ -234,6 +234,7 @@ def test_frozen_node_is_named_frozen_and_its_peers_are_not_blamed(tmp_path: Path
     assert frozen in done.stderr and "frozen" in done.stderr
     assert timeout <= seconds < timeout + 60  # stopped for the timeout, then stacks and teardown
     assert alive_node_pids(str(live.run_dir)) == []
+    _the_report_leads_with_the_verdict(live, "frozen", frozen)
     report(
         f"{frozen} frozen (SIGSTOP)",
         heartbeat_timeout=timeout,
@@ -266,3 +267,24 @@ def test_stalled_run_fails_after_stall_timeout_with_the_sleeping_frame(tmp_path:
     dump = (live.store / "debug" / "worker-0.stacks.txt").read_text()
     assert re.search(r"sleep_forever \(\S*sleeping_program\.py:\d+\)", dump), dump
     assert alive_node_pids(str(live.run_dir)) == []
+
+
+def _the_report_leads_with_the_verdict(live: Live, verdict: str, node: str) -> None:
+    """`dlinfra report` of a real FAILED run, in headless Chromium with the network off (issue 58):
+    the verdict first, where each node waited, the fault on the failed node's lane only."""
+    from browser import chromium, open_page
+
+    page_file = live.home / "failed.html"
+    env = dict(os.environ, DLINFRA_HOME=str(live.home))
+    made = run_cli("report", live.run_dir.name, "-o", str(page_file), env=env, cwd=live.home, timeout=120)
+    assert made.returncode == 0, made.stdout + made.stderr
+    with chromium() as browser:
+        page = open_page(browser, page_file)
+        assert page.errors == [] and page.beyond_the_file == [], page.console
+        headings = page.js("return [...document.querySelectorAll('h2')].map(h => h.innerText)")
+        assert headings[0] == f"Verdict: {verdict}", headings
+        marked = page.js(
+            "return [...document.querySelectorAll('.lane')].filter(l => l.querySelector('.mark.fault'))"
+            ".map(l => l.dataset.node)"
+        )
+        assert marked == [node], marked
