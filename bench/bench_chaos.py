@@ -266,6 +266,9 @@ def judge(out: Outcome, run_dir: Path, moto: Moto, base: Outcome | None) -> None
         left = {k: v for k, v in left_of(moto.endpoint, out.run_id).items() if v}
         if left:
             out.broken.append(f"left in moto: {left}")
+        locks = [str(p) for p in (run_dir / "terraform").rglob(".terraform.tfstate.lock.info")]
+        if locks:
+            out.broken.append(f"a terraform state lock left: {locks}")
     restarts = metrics.restarts if metrics else []
     for restart in restarts:
         if restart.resumed_at:
