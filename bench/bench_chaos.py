@@ -20,7 +20,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,11 +36,12 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 import chaos_checks as checks  # noqa: E402
 from chaos_faults import Injector, state  # noqa: E402
 from chaos_plan import Cell, RunPlan, plan_run  # noqa: E402
-from emulated_aws import start_moto, terraform_rc  # noqa: E402
+from emulated_aws import terraform_rc  # noqa: E402
 
 from dlinfra.contract import StoreConfig  # noqa: E402
 from dlinfra.runs.layout import RunStore  # noqa: E402
 from metadata_stand_in import MetadataStandIn  # noqa: E402
+from stoppable_moto import StoppableMoto, freeing_private_ips  # noqa: E402
 from support import digits_beside  # noqa: E402
 
 BUCKET = "chaos"
@@ -58,8 +58,8 @@ SCRIPTS = {
 STRATEGIES = {"ps": "parameter_server", "mwms": "multi_worker_mirrored"}
 
 
-class Moto:
-    """The soak's moto server (restarted on its port by a store outage) and clients of it."""
+class Moto(StoppableMoto):
+    """The soak's moto server, its outages (an outage begun while one lasts extends it), clients of it."""
 
     def __init__(self) -> None:
         os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
@@ -67,43 +67,31 @@ class Moto:
         os.environ.update(
             AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
         )
-        self.server, self.endpoint = start_moto()
+        super().__init__()
         self._lock, self.down_until = threading.Lock(), 0.0
         self.back = threading.Thread()  # the thread ending an outage: none yet
-        self._free_ips_on_terminate()
+        from moto.ec2.models.instances import InstanceBackend
+
+        terminate = InstanceBackend.terminate_instances
+        InstanceBackend.terminate_instances = freeing_private_ips(terminate)  # type: ignore[method-assign]
         self.client("s3").create_bucket(Bucket=BUCKET)
 
     def outage(self, seconds: float) -> None:
-        """S3 and EC2 refuse connections for `seconds` (an outage begun while one lasts extends it).
-        moto's stop leaves its socket listening, where a client would hang in the backlog: closed too."""
         with self._lock:
             self.down_until = max(self.down_until, time.time() + seconds)
             if self.back.is_alive():
                 return
-            self.server.stop()
-            self.server._server.server_close()
+            self.down()
             self.back = threading.Thread(target=self._come_back, daemon=True)
             self.back.start()
 
     def _come_back(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        host, port = self.endpoint.removeprefix("http://").split(":")
         while True:
             with self._lock:
                 if time.time() >= self.down_until:
                     break
             time.sleep(0.1)
-        while True:
-            try:
-                socket.create_server(
-                    (host, int(port))
-                ).close()  # free: moto's thread would die on a taken one
-                break
-            except OSError:
-                time.sleep(0.2)
-        self.server = ThreadedMotoServer(ip_address=host, port=int(port), verbose=False)
-        self.server.start()
+        self.up()
 
     def client(self, service: str) -> Any:
         import boto3
@@ -113,22 +101,6 @@ class Moto:
 
     def ec2(self) -> Any:
         return self.client("ec2")
-
-    @staticmethod
-    def _free_ips_on_terminate() -> None:
-        """Stand-in for AWS behaviour moto lacks (as tests/e2e/conftest.py's): a terminated instance's
-        private IP is free again, so its replacement can take it."""
-        from moto.ec2.models.instances import InstanceBackend
-
-        terminate = InstanceBackend.terminate_instances
-
-        def terminate_and_free(self: Any, instance_ids: list[str]) -> Any:
-            done = terminate(self, instance_ids)
-            for instance, _ in done:
-                self.get_subnet(instance.subnet_id).del_subnet_ip(instance.private_ip)
-            return done
-
-        InstanceBackend.terminate_instances = terminate_and_free  # type: ignore[method-assign]
 
 
 @dataclass
@@ -361,7 +333,7 @@ def main() -> None:
             f"{args.faults_per_run} --target {c.target} --strategy {c.strategy} --mode {c.mode}"
         )
     print(f"kept: {scratch} (deploy-SEED.out of each run that went wrong)" if wrong else "")
-    moto.server.stop()
+    moto.stop()
     if not wrong:
         shutil.rmtree(scratch, ignore_errors=True)
     raise SystemExit(1 if wrong else 0)

@@ -116,31 +116,25 @@ def test_silence_while_the_store_was_out_is_not_loss_and_silence_after_it_is(
     started on its port; the watcher's read outlasts the outage and dates its return."""
     import threading
 
-    from moto.server import ThreadedMotoServer
-
     from dlinfra.runs.s3_store import S3Store
+    from stoppable_moto import StoppableMoto
     from support import FAKE_CREDS, s3_client
 
     for key, value in FAKE_CREDS.items():
         monkeypatch.setenv(key, value)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    port = server.get_host_and_port()[1]
-    endpoint = f"http://127.0.0.1:{port}"
-    s3_client(endpoint).create_bucket(Bucket="beats")
-    store = RunStore(S3Store("s3://beats/run", endpoint, retry_for=60))
+    moto = StoppableMoto()
+    s3_client(moto.endpoint).create_bucket(Bucket="beats")
+    store = RunStore(S3Store("s3://beats/run", moto.endpoint, retry_for=60))
     beat = time.time()
     for name in HEALTHY:
         store.put_status(node(name, heartbeat=beat, progress_at=beat))
     assert store.store.reachable_since == 0.0, "it never failed"
-    server.stop()
-    server._server.server_close()  # refused, as an endpoint that is down is
+    moto.down()
     down = 2.0
 
     def back() -> None:
         time.sleep(down)
-        server.__init__(ip_address="127.0.0.1", port=port, verbose=False)  # type: ignore[misc]
-        server.start()
+        moto.up()
 
     threading.Thread(target=back).start()
     try:
@@ -154,7 +148,7 @@ def test_silence_while_the_store_was_out_is_not_loss_and_silence_after_it_is(
         later = diagnose(seen, {}, beat_timeout, STALL, now=back_at + beat_timeout + 0.1, store_back=back_at)
         assert later is not None and later.kind == "lost", "silent past the timeout after the store is back"
     finally:
-        server.stop()
+        moto.stop()
 
 
 def test_a_trainer_stuck_before_its_first_step_is_stalled(tmp_path: Path) -> None:

@@ -161,20 +161,16 @@ def test_a_notice_seen_while_the_store_is_out_is_told_once_it_is_back_and_the_no
     """An outage longer than the store's retries (found by bench_chaos.py: a notice told to a store
     that failed was kept as told, and the node never left). A real moto server, stopped and started
     on its port; the notice keeps the time it was first seen."""
-    from moto.server import ThreadedMotoServer
-
     from dlinfra.errors import StoreError
     from dlinfra.runs.s3_store import S3Store
+    from stoppable_moto import StoppableMoto
     from support import FAKE_CREDS, s3_client
 
     for key, value in FAKE_CREDS.items():
         monkeypatch.setenv(key, value)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    port = server.get_host_and_port()[1]
-    endpoint = f"http://127.0.0.1:{port}"
-    s3_client(endpoint).create_bucket(Bucket="notices")
-    store = RunStore(S3Store("s3://notices/run", endpoint, retry_for=0.5))
+    moto = StoppableMoto()
+    s3_client(moto.endpoint).create_bucket(Bucket="notices")
+    store = RunStore(S3Store("s3://notices/run", moto.endpoint, retry_for=0.5))
     cfg = node_configs(_spec("cluster.workers.spot=true"), "run", "s3://notices/run")["worker-0"]
     stopped: list[bool] = []
     with MetadataStandIn() as imds:
@@ -182,16 +178,14 @@ def test_a_notice_seen_while_the_store_is_out_is_told_once_it_is_back_and_the_no
         watch = spot.SpotWatch(cfg, store, lambda: stopped.append(True))
         watch.metadata.token()  # the instance's session, which the stand-in's notice is for
         imds.interrupt("worker-0")
-        server.stop()
-        server._server.server_close()  # refused, as an endpoint that is down is
+        moto.down()
         try:
             with pytest.raises(StoreError):
                 watch.check()
             assert watch.notice is None and not stopped, "not told: not acted on"
             seen = watch._seen["interruption"]
         finally:
-            server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-            server.start()
+            moto.up()
         ckpt = tmp_path / "ckpt"
         ckpt.mkdir()
         (ckpt / "ckpt-7.index").write_bytes(b"i")
@@ -202,7 +196,7 @@ def test_a_notice_seen_while_the_store_is_out_is_told_once_it_is_back_and_the_no
         assert [(n.node, n.noticed, n.acted) for n in store.notices()] == [("worker-0", seen, True)]
         assert stopped == [True] and watch.leaving.is_set()
     finally:
-        server.stop()
+        moto.stop()
 
 
 # ---------------------------------------------------------------- the watcher's side

@@ -305,15 +305,11 @@ def terminate_frees_private_ips_as_aws_does(monkeypatch: pytest.MonkeyPatch) -> 
     healing does after a spot notice) can take it. Patched in this process, where the server runs."""
     from moto.ec2.models.instances import InstanceBackend
 
-    terminate = InstanceBackend.terminate_instances
+    from stoppable_moto import freeing_private_ips
 
-    def terminate_and_free(self: Any, instance_ids: list[str]) -> Any:
-        done = terminate(self, instance_ids)
-        for instance, _ in done:
-            self.get_subnet(instance.subnet_id).del_subnet_ip(instance.private_ip)
-        return done
-
-    monkeypatch.setattr(InstanceBackend, "terminate_instances", terminate_and_free)
+    monkeypatch.setattr(
+        InstanceBackend, "terminate_instances", freeing_private_ips(InstanceBackend.terminate_instances)
+    )
 
 
 def start_deploy(tmp: Path, *args: str, env: dict[str, str] | None = None, cpus: float | None = None) -> Live:
