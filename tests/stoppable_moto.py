@@ -4,6 +4,7 @@ client would hang in the backlog instead of being refused, so going down closes 
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from typing import Any
@@ -13,6 +14,7 @@ class StoppableMoto:
     def __init__(self) -> None:
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request would bury the rest
         self.server: Any = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         self.port = int(self.server.get_host_and_port()[1])
