@@ -239,6 +239,32 @@ def test_the_log_tail_is_this_lifes_and_names_the_error_a_traceback_ends_with(tm
     assert log_tail(None) == [] and last_error([]) == "it printed nothing"
 
 
+def test_a_lost_peer_is_told_by_the_traceback_however_long_tensorflow_logs_after_it(tmp_path: Path) -> None:
+    """bench_chaos seed 401: the ps guide's coordinator ended on UnavailableError after its ps was
+    killed, then TensorFlow logged 159 lines at exit; the last 40 held no error name, and the run was
+    failed as the script's own error instead of restarted."""
+    from dlinfra.node.script_end import lost_a_peer
+    from dlinfra.node.script_log import RUNNING, log_tail
+
+    exit_log = [
+        f"E0000 00:00:1796224730.{i:06d}    3445 context.cc:911] Failed to remove function remotely due to "
+        'failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:22262: Failed to connect"}'
+        for i in range(160)
+    ]
+    frames = ["Traceback (most recent call last):", '  File "train.py", line 120, in <module>', "    run()"]
+    log = tmp_path / "chief-0.log"
+    log.write_text(
+        "\n".join([f"{RUNNING}python train.py in /w", *frames,
+                   "tensorflow.python.framework.errors_impl.UnavailableError: Graph execution error:",
+                   ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"Socket closed"}',
+                   *exit_log]) + "\n"
+    )  # fmt: skip
+    assert lost_a_peer(log_tail(log)), "the traceback's UnavailableError, 160 lines up"
+    own = tmp_path / "own.log"
+    own.write_text("\n".join([f"{RUNNING}python t.py", *frames, "ValueError: bad label", *exit_log]) + "\n")
+    assert not lost_a_peer(log_tail(own)), "the script's own error is its own, whatever TensorFlow logs"
+
+
 def test_a_multi_line_exception_keeps_its_whole_message_capped() -> None:
     from dlinfra.node.script_log import MESSAGE_LINES, last_error
 

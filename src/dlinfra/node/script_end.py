@@ -22,6 +22,14 @@ from dlinfra.runs.local_files import OutputsTooBig, regular_files
 from dlinfra.runs.records import NO_MODEL, NO_MODEL_SAVED, Metrics
 
 
+def lost_a_peer(tail: list[str]) -> bool:
+    """The script ended on TensorFlow's word that a peer went away: the exception its last traceback
+    ends with, or its last lines (bench_chaos seed 401: a coordinator's UnavailableError after a ps was
+    killed, then 159 lines of TensorFlow's exit log, was failed as the script's own error)."""
+    said = [last_error(tail).split("\n", 1)[0], *tail[-TAIL_LINES:]]
+    return any(name in line for line in said for name in TRANSIENT_TF_ERRORS)
+
+
 def ended(
     cfg: NodeConfig,
     store: RunStore,
@@ -37,7 +45,7 @@ def ended(
         return EXIT_RETRY
     tail = log_tail(log_file)
     if exit_code != 0:
-        if any(name in line for line in tail[-TAIL_LINES:] for name in TRANSIENT_TF_ERRORS):
+        if lost_a_peer(tail):
             print(
                 "the script lost a peer (TensorFlow's UnavailableError and kin): exiting for a restart",
                 flush=True,

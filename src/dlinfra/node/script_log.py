@@ -10,6 +10,7 @@ from pathlib import Path
 TAIL_LINES = 40
 RUNNING = "running "  # the agent's line before its script starts: where this life's log begins
 TAIL_BYTES = 4000
+TAIL_READ = 256 * 1024
 TRACEBACK = "Traceback (most recent call last):"
 TENSORFLOW_LOG = re.compile(r"[IWEF]\d{4} ")  # TensorFlow's own log lines (I0000 00:00:…), at exit too
 MESSAGE_LINES, MESSAGE_CHARS = 20, 2000  # of a failure's message, in the status and the marker
@@ -21,10 +22,12 @@ def log_tail(log_file: Path | None) -> list[str]:
     if log_file is None or not log_file.is_file():
         return []
     with open(log_file, "rb") as fh:
-        fh.seek(max(0, fh.seek(0, os.SEEK_END) - 64 * 1024))
+        # far enough back for the traceback: TensorFlow logs on at exit (seen: 159 lines, 45 KB, of
+        # `E0000 … context.cc` after a coordinator's UnavailableError)
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - TAIL_READ))
         lines = fh.read().decode(errors="replace").splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith(RUNNING)]
-    return lines[starts[-1] + 1 if starts else 0 :][-TAIL_LINES * 4 :]
+    return lines[starts[-1] + 1 if starts else 0 :]
 
 
 def last_error(tail: list[str]) -> str:
