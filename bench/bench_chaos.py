@@ -56,6 +56,8 @@ SCRIPTS = {
     "ps": ("ps_coordinator.py", 200, "  command: [python, train.py, --epochs, 200]\n"),
 }  # fmt: skip
 STRATEGIES = {"ps": "parameter_server", "mwms": "multi_worker_mirrored"}
+STALL_TIMEOUT = 600.0  # cluster.stall_timeout, the default the soak keeps
+HANGS = {"netcut", "freeze"}  # faults that leave every node alive and may leave TensorFlow waiting
 
 
 class Moto(StoppableMoto):
@@ -175,6 +177,8 @@ def one_run(plan: RunPlan, scratch: Path, moto: Moto, base: Outcome | None) -> O
     args, env, cwd = deploy_args(plan, scratch, moto)
     per_fault = HEARTBEAT * 2 + 90 + sum(f.seconds for f in plan.faults)
     out.bound = (base.wall * 1.5 if base else 600) + per_fault * len(plan.faults) + 60
+    if any(f.kind in HANGS for f in plan.faults):  # a collective cut mid-flight may wait until the stall verdict
+        out.bound += STALL_TIMEOUT
     with MetadataStandIn() as imds:
         env["DLINFRA_METADATA_ENDPOINT"] = imds.node_template()
         log = scratch / f"deploy-{plan.seed}.out"
