@@ -177,7 +177,7 @@ def one_run(plan: RunPlan, scratch: Path, moto: Moto, base: Outcome | None) -> O
     args, env, cwd = deploy_args(plan, scratch, moto)
     per_fault = HEARTBEAT * 2 + 90 + sum(f.seconds for f in plan.faults)
     out.bound = (base.wall * 1.5 if base else 600) + per_fault * len(plan.faults) + 60
-    if any(f.kind in HANGS for f in plan.faults):  # a collective cut mid-flight may wait until the stall verdict
+    if any(f.kind in HANGS for f in plan.faults):  # TF may wait until the stall verdict
         out.bound += STALL_TIMEOUT
     with MetadataStandIn() as imds:
         env["DLINFRA_METADATA_ENDPOINT"] = imds.node_template()
