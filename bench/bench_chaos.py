@@ -203,7 +203,12 @@ def one_run(plan: RunPlan, scratch: Path, moto: Moto, base: Outcome | None) -> O
             out.broken.append(f"hung: still running after {out.bound + 120:.0f} s")
         if injector:
             injector.settle()
+            told = {node for node, path in imds.answered if path.endswith("instance-action")}
             for fault in plan.faults:
+                if fault.kind == "spot" and fault.node not in told:
+                    # its beacon asked no more before its life ended (a restart with the cluster is a
+                    # new session, which the stand-in answers as a new instance): no notice to record
+                    fault.note = "never seen by its node"
                 print(f"  {fault.label()}: {fault.note or 'as planned'}", flush=True)
         out.wall = time.monotonic() - started
     run_dir = run_dir or new_run_dir(home, before)
