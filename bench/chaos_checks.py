@@ -3,18 +3,15 @@ its faults must have ended with. Each check returns the ways the run broke it ([
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from chaos_plan import Fault, RunPlan
+from chaos_plan import RunPlan
 
 from dlinfra.runs.layout import CHECKPOINTS, MODEL, RunStore
 from dlinfra.runs.records import Marker, Metrics
+from support import fresh_process_accuracy
 
 ACCURACY_TOLERANCE = 0.05  # a DONE model against the same seed's fault-free run, on the held-out split
 PER_CALL = 20  # a remote call re-run after a node leaves may count once more (log_every bounds a call)
@@ -124,21 +121,7 @@ def model_accuracy(store: RunStore) -> float | None:
             return None
         for key in keys:
             store.store.get_file(key, Path(scratch) / key)
-        code = (
-            "import sys, numpy as np, tensorflow as tf\n"
-            "from dlinfra.spec.dataset import DatasetSpec\nfrom dlinfra.training.data import load\n"
-            "data = load(DatasetSpec(), None)\nmodel = tf.saved_model.load(sys.argv[1])\n"
-            "logits = model.serve(tf.constant(data.x_test))\n"
-            "print(float(np.mean(np.argmax(logits.numpy(), axis=1) == data.y_test)))\n"
-        )
-        done = subprocess.run(
-            [sys.executable, "-c", code, str(Path(scratch) / MODEL / "saved_model")],
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
+        try:
+            return fresh_process_accuracy(str(Path(scratch) / MODEL / "saved_model"))
+        except AssertionError:
             return -1.0  # a model that does not load is a wrong outcome, said by the caller
-        return float(done.stdout.strip().splitlines()[-1])
-
-
-def summary(fault: Fault) -> dict[str, Any]:
-    return json.loads(json.dumps(fault.__dict__, default=str))

@@ -17,16 +17,16 @@ from typing import Any
 
 from chaos_plan import Fault
 
+from dlinfra.node.status import read_state, state_file
+
 RESTORE_WAIT = 120.0  # for the new life of a killed node
 SAVE_WAIT = 60.0  # for the next checkpoint of a node before it is killed anyway
 LIVE_WAIT = 60.0  # for a node's current life to be up before a fault on it is given up
 
 
 def state(run_dir: Path, node: str) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / "work" / node / "state.json").read_text())  # type: ignore[no-any-return]
-    except (OSError, ValueError):
-        return {}
+    """The node's state file, as the node agent writes it (its own reader)."""
+    return read_state(state_file(run_dir / "work" / node)) or {}
 
 
 def _alive(pid: int) -> bool:

@@ -399,3 +399,26 @@ def mnist_beside(project: Path) -> None:
         x_test=images[1400:],
         y_test=labels[1400:],
     )
+
+
+def fresh_process_accuracy(model_dir: str) -> float:
+    """Load an exported SavedModel in a new plain-TensorFlow process and score the built-in example's
+    held-out split (the e2e tests, and bench_chaos's check of a DONE model)."""
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys, numpy as np, tensorflow as tf
+        from dlinfra.spec.dataset import DatasetSpec
+        from dlinfra.training.data import load
+        data = load(DatasetSpec(), None)
+        model = tf.saved_model.load(sys.argv[1])
+        logits = model.serve(tf.constant(data.x_test))
+        print(float(np.mean(np.argmax(logits.numpy(), axis=1) == data.y_test)))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, model_dir], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout.strip().splitlines()[-1])

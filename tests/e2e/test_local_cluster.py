@@ -6,37 +6,18 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from dlinfra.render import node_config_from_user_data
-from support import alive_node_pids, run_cli
+from support import alive_node_pids, fresh_process_accuracy, run_cli
 
 from .conftest import Deployed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NODES = ["chief-0", "ps-0", "worker-0", "worker-1", "worker-2"]
-
-
-def _fresh_process_accuracy(model_dir: str) -> float:
-    """Load the exported SavedModel in a new plain-TensorFlow process and score the held-out split."""
-    code = textwrap.dedent(
-        f"""
-        import numpy as np, tensorflow as tf
-        from dlinfra.spec.dataset import DatasetSpec
-        from dlinfra.training.data import load
-        data = load(DatasetSpec(), None)
-        model = tf.saved_model.load({model_dir!r})
-        logits = model.serve(tf.constant(data.x_test))
-        print(float(np.mean(np.argmax(logits.numpy(), axis=1) == data.y_test)))
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return float(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("run_name", ["ps_run", "mirrored_run"])
@@ -63,7 +44,7 @@ def test_exported_model_reproduces_accuracy_in_a_fresh_process(
     run_name: str, request: pytest.FixtureRequest
 ) -> None:
     run: Deployed = request.getfixturevalue(run_name)
-    accuracy = _fresh_process_accuracy(str(run.store / "model" / "saved_model"))
+    accuracy = fresh_process_accuracy(str(run.store / "model" / "saved_model"))
     assert abs(accuracy - run.metrics["eval_accuracy"]) <= 0.01
 
 
