@@ -39,6 +39,7 @@ from chaos_plan import Cell, RunPlan, plan_run  # noqa: E402
 from emulated_aws import terraform_rc  # noqa: E402
 
 from dlinfra.contract import StoreConfig  # noqa: E402
+from dlinfra.runs import incidents  # noqa: E402
 from dlinfra.runs.layout import RunStore  # noqa: E402
 from metadata_stand_in import MetadataStandIn  # noqa: E402
 from stoppable_moto import StoppableMoto, freeing_private_ips  # noqa: E402
@@ -116,6 +117,7 @@ class Outcome:
     accuracy: float | None = None
     lost_seconds: list[float] = field(default_factory=list)
     lost_steps: list[int] = field(default_factory=list)
+    lived: int = 0  # incidents in the record: faults lived through without a restart
 
 
 def deploy_args(plan: RunPlan, scratch: Path, moto: Moto) -> tuple[list[str], dict[str, str], Path]:
@@ -234,7 +236,10 @@ def judge(out: Outcome, run_dir: Path, moto: Moto, base: Outcome | None) -> None
     total = PROGRAM_STEPS[plan.cell.strategy] if plan.cell.mode == "program" else None
     if out.state == "DONE":
         out.broken += checks.steps(plan, metrics, pointer_step, total)
-        out.broken += checks.faults_named(plan, marker, metrics)
+        lived = incidents.of_nodes(store.statuses(plan.nodes()).values())
+        beat = max(1.0, min(10.0, HEARTBEAT / 4))  # render.configs: the nodes' heartbeat interval
+        out.broken += checks.faults_named(plan, marker, metrics, lived, beat)
+        out.lived = len(lived)
         if plan.cell.mode == "program":
             out.accuracy = checks.model_accuracy(store)
             floor = (base.accuracy if base and base.accuracy else 0.9) - checks.ACCURACY_TOLERANCE
@@ -275,9 +280,9 @@ def cells(args: argparse.Namespace) -> list[Cell]:
 def table(outcomes: list[Outcome]) -> None:
     print(
         "\n| target/strategy/mode | runs | faults | DONE | right verdict | wrong "
-        "| steps lost per fault (median, max) | s to training again (median, p95) |"
+        "| steps lost per fault (median, max) | s to training again (median, p95) | lived through, recorded |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     by: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by.setdefault(str(o.plan.cell), []).append(o)
@@ -292,7 +297,8 @@ def table(outcomes: list[Outcome]) -> None:
         steps_lost = f"{statistics.median(steps):g}, {max(steps)}" if steps else "-"
         print(
             f"| {cell} | {len(runs)} | {faults} | {done} | {right} "
-            f"| {sum(bool(o.broken) for o in runs)} | {steps_lost} | {spread} |"
+            f"| {sum(bool(o.broken) for o in runs)} | {steps_lost} | {spread} "
+            f"| {sum(o.lived for o in runs)} |"
         )
 
 

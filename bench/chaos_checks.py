@@ -7,14 +7,15 @@ import re
 import tempfile
 from pathlib import Path
 
-from chaos_plan import RunPlan
+from chaos_plan import Fault, RunPlan
 
 from dlinfra.runs.layout import CHECKPOINTS, MODEL, RunStore
-from dlinfra.runs.records import Marker, Metrics
+from dlinfra.runs.records import Incident, Marker, Metrics
 from support import fresh_process_accuracy
 
 ACCURACY_TOLERANCE = 0.05  # a DONE model against the same seed's fault-free run, on the held-out split
 PER_CALL = 20  # a remote call re-run after a node leaves may count once more (log_every bounds a call)
+PAUSE_LOOK = 1.0  # how often a beacon looks at its trainer's process state (node.beacon.NEWS_POLL)
 TORN = (".pulling", ".tmp", "_temp")  # a name a half-written upload or pull would leave
 
 
@@ -76,9 +77,13 @@ def store_consistent(store: RunStore) -> tuple[list[str], int | None]:
     return broken, pointer.step if pointer else None
 
 
-def faults_named(plan: RunPlan, marker: Marker | None, metrics: Metrics | None) -> list[str]:
-    """Every fault that cost the run a life is in its record: a kill or a terminated instance as a
-    restart of that node, a spot notice as an interruption."""
+def faults_named(
+    plan: RunPlan, marker: Marker | None, metrics: Metrics | None, lived: list[Incident], beat: float
+) -> list[str]:
+    """Every fault the run met is in its record: a kill or a terminated instance as a restart of that
+    node, a spot notice as an interruption, a freeze as a pause of that node (or its restart, had it
+    been killed meanwhile), a store outage as the store unreachable from some node. A freeze or an
+    outage shorter than two beats may fall between the beacon's looks or writes: not required."""
     if marker is None or marker.marker != "DONE" or metrics is None:
         return []
     restarted = {r.node for r in metrics.restarts}
@@ -91,7 +96,21 @@ def faults_named(plan: RunPlan, marker: Marker | None, metrics: Metrics | None) 
             broken.append(f"{fault.label()}: no restart of {fault.node} in the result")
         if fault.kind == "spot" and fault.note != "never seen by its node" and fault.node not in interrupted:
             broken.append(f"{fault.label()}: no interruption of {fault.node} in the result")
+        paused = fault.node in restarted or any(
+            i.kind == "paused" and i.node == fault.node and _during(i, fault) for i in lived
+        )
+        if fault.kind == "freeze" and fault.seconds >= 2 * PAUSE_LOOK and not paused:
+            broken.append(f"{fault.label()}: no pause of {fault.node} in the result")
+        seen = any(i.kind == "store unreachable" and _during(i, fault) for i in lived)
+        if fault.kind == "store_outage" and fault.seconds >= 2 * beat and not seen:
+            broken.append(f"{fault.label()}: no node saw the store unreachable, says the result")
     return broken
+
+
+def _during(incident: Incident, fault: Fault) -> bool:
+    """The incident began within the fault's span (a few seconds' slack for the looks' pace)."""
+    began = fault.injected_at or 0.0
+    return began - 5 <= incident.at <= began + fault.seconds + 5
 
 
 def left_behind(run_id: str, store: RunStore) -> list[str]:

@@ -140,7 +140,15 @@ class Injector:
         fault.note += ", no new life within 120 s"
 
     def _spot(self, fault: Fault) -> None:
-        self.imds.interrupt(fault.node)
+        """To the node's current life: its beacon's session, once it asked for one."""
+        if self._pid(fault.node) is None:
+            fault.injected_at, fault.note = None, "not up: no instance to notify"
+            return
+        life = float(state(self.run_dir, fault.node or "").get("started") or 0.0)
+        try:
+            self.imds.interrupt(fault.node, since=life, timeout=LIVE_WAIT)
+        except AssertionError:
+            fault.injected_at, fault.note = None, "its life asked for no metadata token"
 
     def _store_outage(self, fault: Fault) -> None:
         self.moto.outage(fault.seconds)
@@ -152,14 +160,26 @@ class Injector:
             fault.injected_at, fault.note = None, "not up: no link to cut"
             return
 
+        # The namespace, held open by this soak: the node's process may die while the link is down
+        # (a kill, a restart with its cluster), and its next life lives on in the same namespace.
+        # Entered by the dead pid, the link stayed down for good (seed 403: the cluster then waited
+        # in its startup at every life, the verdict due only at stall_timeout).
+        namespace = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+
         def link(updown: str) -> None:
-            subprocess.run(
-                ["nsenter", "--net", f"--target={pid}", "ip", "link", "set", "eth0", updown],
-                check=False, capture_output=True,
+            done = subprocess.run(
+                ["nsenter", f"--net=/proc/self/fd/{namespace}", "ip", "link", "set", "eth0", updown],
+                check=False, capture_output=True, text=True, pass_fds=(namespace,),
             )  # fmt: skip
+            if done.returncode != 0:
+                fault.note += f"; link {updown} failed: {done.stderr.strip()}"
+
+        def up() -> None:
+            link("up")
+            os.close(namespace)
 
         link("down")
-        self._later(fault.seconds, lambda: link("up"))
+        self._later(fault.seconds, up)
 
     def _instance(self, node: str | None) -> str | None:
         manifest = json.loads((self.run_dir / "manifest.json").read_text())

@@ -18,6 +18,7 @@ class MetadataStandIn:
     def __init__(self) -> None:
         self.tokens: dict[str, str] = {}  # token → node
         self.latest: dict[str, str] = {}  # node → its current session's token
+        self.issued: dict[str, float] = {}  # token → when it was asked for (wall clock)
         self.interrupted: dict[str, float] = {}  # token → the instance-action's time
         self.rebalanced: dict[str, float] = {}  # token → the recommendation's time
         self.requests: list[tuple[str, str, str]] = []  # (method, node, path) in order
@@ -42,18 +43,23 @@ class MetadataStandIn:
         self.server.shutdown()
         self.server.server_close()
 
-    def _session(self, node: str, timeout: float = 120) -> str:
+    def _session(self, node: str, timeout: float = 120, since: float = 0.0) -> str:
+        """The node's newest session, once it has one begun at `since` or later."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if node in self.latest:
-                    return self.latest[node]
+                token = self.latest.get(node)
+                if token is not None and self.issued[token] >= since:
+                    return token
             time.sleep(0.1)
-        raise AssertionError(f"{node} never asked the metadata service for a token")
+        raise AssertionError(f"{node} asked the metadata service for no token since {since}")
 
-    def interrupt(self, node: str) -> float:
-        """From now on, `node`'s current instance answers a terminate instance-action; returns when."""
-        token = self._session(node)
+    def interrupt(self, node: str, since: float = 0.0, timeout: float = 120) -> float:
+        """From now on, `node`'s current instance answers a terminate instance-action; returns when.
+        `since`: the start of the node's current life. A node restarted a moment ago has a beacon that
+        has not asked for its token yet, and the notice must not go to the life before, which is gone
+        (seed 411 of bench_chaos: a notice given to a dead session was never seen)."""
+        token = self._session(node, timeout, since)
         now = time.time()
         with self._lock:
             self.interrupted[token] = now + NOTICE_SECONDS
@@ -89,6 +95,7 @@ class MetadataStandIn:
                 with owner._lock:
                     owner.tokens[token] = node
                     owner.latest[node] = token
+                    owner.issued[token] = time.time()
                 self._answer(200, token)
 
             def do_GET(self) -> None:

@@ -130,7 +130,7 @@ def test_silence_while_the_store_was_out_is_not_loss_and_silence_after_it_is(
         store.put_status(node(name, heartbeat=beat, progress_at=beat))
     assert store.store.reachable_since == 0.0, "it never failed"
     moto.down()
-    down = 2.0
+    down_at, down = time.time(), 2.0
 
     def back() -> None:
         time.sleep(down)
@@ -141,6 +141,8 @@ def test_silence_while_the_store_was_out_is_not_loss_and_silence_after_it_is(
         seen = {name: store.status(name) for name in HEALTHY}  # blocks through the outage
         back_at = store.store.reachable_since
         assert back_at >= beat + down
+        out_from, out_until = store.store.last_outage or (0.0, 0.0)  # what the node's record takes
+        assert out_until == back_at and down_at <= out_from <= down_at + 0.5, (out_from, down_at)
         beat_timeout = down / 2  # shorter than the outage: every node is silent past it
         assert diagnose(seen, {}, beat_timeout, STALL, now=back_at + 0.1, store_back=back_at) is None
         lost = diagnose(seen, {}, beat_timeout, STALL, now=back_at + 0.1)

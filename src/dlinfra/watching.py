@@ -11,11 +11,11 @@ from datetime import datetime
 from dlinfra.errors import DlinfraError
 from dlinfra.node.masked_log import masker
 from dlinfra.prepare import Prepared
-from dlinfra.runs import preflight_history, restarts, versions
+from dlinfra.runs import incidents, preflight_history, restarts, versions
 from dlinfra.runs.diagnosis import Verdict, collect_stacks, diagnose, hung_first, stack_summary
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.ownership import Lease, owner_of
-from dlinfra.runs.records import Marker, Metrics, NodeState, Restart
+from dlinfra.runs.records import Incident, Marker, Metrics, NodeState, Restart
 from dlinfra.runs.run import Run, home, utc_now
 from dlinfra.runs.startup import breakdown
 from dlinfra.runs.stragglers import Straggler, Stragglers, StragglerWatch
@@ -49,6 +49,7 @@ class Outcome:
     startup: list[tuple[str, float]] = field(default_factory=list)  # see dlinfra.runs.startup
     stragglers: list[Straggler] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)  # every node's, by the time of the fault
+    incidents: list[Incident] = field(default_factory=list)  # faults lived through in the same life
 
 
 def watch(
@@ -256,6 +257,7 @@ def ended_outcome(run: Run, store: RunStore, started: float, ended: float) -> Ou
     # the nodes' own word, as they left it: newer than the marker's or the metrics' copy (a restart
     # that trained again after the chief wrote them)
     outcome.restarts = restarts.of_nodes(statuses.values())
+    outcome.incidents = incidents.of_nodes(statuses.values())
     if state == "FAILED" and outcome.failed_node:
         # the run dir's log is the node's own, unmasked: this shell's secrets are masked in what it prints
         mask = masker()

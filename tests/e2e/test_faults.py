@@ -152,9 +152,13 @@ def test_max_runtime_stops_every_node(tmp_path: Path) -> None:
     report(f"max_runtime {MAX_RUNTIME} s", nodes_stopped_after_seconds=round(ended - first, 1))
 
 
-def test_store_outage_of_10s_loses_nothing(tmp_path: Path) -> None:
+def test_store_outage_of_10s_and_a_paused_worker_lose_nothing_and_the_result_names_both(
+    tmp_path: Path,
+) -> None:
     """The S3 endpoint goes away for 10 s right after the first checkpoint: later uploads, heartbeats
-    and the watcher's reads retry with backoff, and every checkpoint and the model land."""
+    and the watcher's reads retry with backoff, and every checkpoint and the model land. Just before,
+    worker-1's trainer is stopped for 3 s (SIGSTOP, then SIGCONT). Neither costs a life, and the
+    result names both (bench_chaos found such faults missing from the record)."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -179,6 +183,11 @@ def test_store_outage_of_10s_loses_nothing(tmp_path: Path) -> None:
         while "checkpoints/latest.json" not in keys():
             assert time.monotonic() < deadline and live.proc.poll() is None, live.proc.communicate()
             time.sleep(0.2)
+        paused = live.trainer_pid("worker-1")
+        os.killpg(paused, signal.SIGSTOP)
+        paused_at = time.time()
+        time.sleep(3)
+        os.killpg(paused, signal.SIGCONT)
         server.stop()
         down_at = time.time()
         time.sleep(10)
@@ -198,6 +207,22 @@ def test_store_outage_of_10s_loses_nothing(tmp_path: Path) -> None:
             s3.get_object(Bucket="outage-results", Key=prefix + "metrics.json")["Body"].read()
         )
         assert metrics["steps"] == STEPS
+        assert "lived through" in done.stdout and "store unreachable" in done.stdout, done.stdout
+        assert "paused: worker-1, its trainer stopped for" in done.stdout, done.stdout
+        statuses = {
+            node: json.loads(
+                s3.get_object(Bucket="outage-results", Key=f"{prefix}status/{node}.json")["Body"].read()
+            )
+            for node in ("chief-0", "ps-0", "worker-0", "worker-1")
+        }
+        assert [r for st in statuses.values() for r in st["restart_history"]] == [], "no life was lost"
+        pauses = [i for st in statuses.values() for i in st["incidents"] if i["kind"] == "paused"]
+        assert [i["node"] for i in pauses] == ["worker-1"], pauses
+        assert abs(pauses[0]["at"] - paused_at) < 3 and 2 <= pauses[0]["seconds"] <= 8, pauses
+        outages = [i for st in statuses.values() for i in st["incidents"] if i["kind"] == "store unreachable"]
+        assert outages, statuses
+        for seen in outages:  # each node's own sighting: within the outage, lasting to its end
+            assert down_at - 10 <= seen["at"] <= down_at + 10 and seen["at"] + seen["seconds"] >= down_at + 9
         report(
             "S3 endpoint down 10 s", checkpoints_lost=0, run_seconds_after_outage=round(time.time() - down_at)
         )

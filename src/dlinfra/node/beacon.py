@@ -27,6 +27,7 @@ from dlinfra.node import reaper, spot, watchdog
 from dlinfra.node.masked_log import MaskedLog
 from dlinfra.node.status import SPAWNED_AT, read_state, state_file
 from dlinfra.node.supervision import should_restart
+from dlinfra.node.survived import Survived
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
 
@@ -72,14 +73,16 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
 class Beacon:
     def __init__(self, cfg: NodeConfig, store: RunStore, work: Path, log_file: Path | None):
         self.cfg, self.store, self.work, self.log_file = cfg, store, work, log_file
-        self.stopped_since: float | None = None
         self.answered: str | None = None
         self.spot: spot.SpotWatch | None = None
+        self.survived = Survived(cfg.name)
         with contextlib.suppress(Exception):  # a store outage must not end the node before it starts
             self.answered = store.stacks_request()  # requests older than this life are not ours
+            self.survived = Survived(cfg.name, store.status(cfg.name))
         self._masked: MaskedLog | None = None
         self.stop_asked: float | None = None
         self.published: dict[str, Any] | None = None  # the NEWS_FIELDS of the last beat
+        self.told_incidents = 0  # of survived.found, how many a beat carried
 
     def ask_stop(self, trainer: subprocess.Popen[bytes], signum: int) -> None:
         """A stop request (the launcher's teardown, systemd's): passed on to the trainer, and timed."""
@@ -150,6 +153,8 @@ class Beacon:
                 fields["error"] = f"killed by signal {-code}"  # no last word of its own: its restart's cause
             # the process that trains: the trainer, or in script mode the user's script it runs
             pid = int((fields or {}).get("pid") or trainer.pid)
+            if fields is not None:  # each look, not each beat: a pause of a few seconds is seen
+                self.survived.process("gone" if code is not None else process_state(pid))
             beat = code is not None or time.monotonic() >= beat_due
             if beat or self._news(fields):
                 self.publish(pid, fields, gone=code is not None)
@@ -180,28 +185,31 @@ class Beacon:
 
     def _news(self, fields: dict[str, Any] | None) -> bool:
         """Whether the trainer's state holds news the last beat did not carry."""
-        return fields is not None and {k: fields.get(k) for k in NEWS_FIELDS} != self.published
+        if fields is None:
+            return False
+        news = {k: fields.get(k) for k in NEWS_FIELDS} != self.published
+        return news or len(self.survived.found) != self.told_incidents
 
     def publish(self, pid: int, fields: dict[str, Any] | None, gone: bool) -> None:
         if fields is None:  # the trainer is still importing TensorFlow: nothing to say yet
             return
         process = "gone" if gone else process_state(pid)
-        if process == "stopped":
-            self.stopped_since = self.stopped_since or time.time()
-        else:
-            self.stopped_since = None
+        self.survived.process(process)
+        self.survived.store(self.store.store.last_outage)  # outlasted by any call: this beat's, a read's
         try:
             state = NodeState(
                 **fields,
                 heartbeat=time.time(),
                 process=process,
-                stopped_since=self.stopped_since,
+                stopped_since=self.survived.stopped_since,
+                incidents=self.survived.found,
                 port_open=None if gone else port_open(self.cfg.address),
                 notice=self.spot.text if self.spot else None,
             )
             # news that fails to go out goes with the next beat, not again each look (a store outage)
             self.published = {k: fields.get(k) for k in NEWS_FIELDS}
             self.store.put_status(state)
+            self.told_incidents = len(state.incidents)
             self._sync_log(final=gone)
         except Exception as exc:  # a store outage must not end the node; the next beat retries
             print(f"beacon {self.cfg.name}: could not publish: {exc}", file=sys.stderr, flush=True)

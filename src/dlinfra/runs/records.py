@@ -53,6 +53,20 @@ class Restart(Record):
         return None if self.resumed_at is None else max(0.0, self.resumed_at - self.failed_at)
 
 
+IncidentKind = Literal["paused", "store unreachable"]
+
+
+class Incident(Record):
+    """A fault a node lived through without losing its life (a lost life is a Restart): its trainer
+    stopped and thawed (SIGSTOP, a debugger), or the store unreachable from the node for a while.
+    Seen from outside the trainer by the node's beacon (node.survived)."""
+
+    node: str
+    kind: IncidentKind
+    at: float  # when it was first seen
+    seconds: float  # how long it lasted, as seen
+
+
 class NodeState(Record):
     """A node's heartbeat and progress, rewritten every few seconds."""
 
@@ -72,6 +86,7 @@ class NodeState(Record):
     workers: dict[str, list[float]] | None = None
     restarts: int = 0
     restart_history: list[Restart] = Field(default_factory=list)  # every restart of the node, oldest first
+    incidents: list[Incident] = Field(default_factory=list)  # what it lived through, oldest first
     started: float
     first_started: float
     heartbeat: float

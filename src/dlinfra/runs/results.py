@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dlinfra.runs import restarts
+from dlinfra.runs import incidents, restarts
 from dlinfra.runs.cells import mean_sd, num
 from dlinfra.runs.records import NO_MODEL_SAVED, Metrics
 from dlinfra.runs.reports import run_cost
@@ -36,6 +36,7 @@ def result_rows(outcome: Outcome) -> list[tuple[str, str]]:
         ("command to first step", num(outcome.seconds_to_first_step, "{:.1f} s")),
         ("startup (s after the command)", describe(outcome.startup) or "-"),
         ("restarts", restarts.summary(outcome.restarts)),
+        *_lived_through(outcome),
         *([("cost", spent)] if (spent := outcome_cost(outcome)) else []),
         *_evaluation(m),
     ]
@@ -86,15 +87,23 @@ def _script_rows(outcome: Outcome, m: Metrics) -> list[tuple[str, str]]:
         ("total time", f"{outcome.wall_seconds:.1f} s"),
         ("command to first step", num(outcome.seconds_to_first_step, "{:.1f} s")),
         ("restarts", restarts.summary(outcome.restarts)),
+        *_lived_through(outcome),
         *([("cost", spent)] if (spent := outcome_cost(outcome)) else []),
     ]
 
 
+def _lived_through(outcome: Outcome) -> list[tuple[str, str]]:
+    """Only for a run that met such a fault: a run without one keeps the README's table of rows."""
+    return [("lived through", incidents.summary(outcome.incidents))] if outcome.incidents else []
+
+
 def restart_lines(outcome: Outcome) -> list[str]:
-    """Each restart of the run, one line each (the from-scratch ones loudly, on a line of their own)."""
+    """Each restart of the run, one line each (the from-scratch ones loudly, on a line of their own),
+    then each fault it lived through without a restart."""
     return [
         *(restarts.scratch_line(r) for r in outcome.restarts if r.from_scratch),
         *(f"restart: {restarts.line(r)}" for r in outcome.restarts),
+        *map(incidents.line, outcome.incidents),
     ]
 
 

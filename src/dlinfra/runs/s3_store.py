@@ -65,13 +65,15 @@ class S3Store(Store):
         from botocore.exceptions import BotoCoreError, ClientError
 
         deadline = time.monotonic() + self.retry_for
-        delay, failed = 0.5, False
+        delay, failed, began = 0.5, False, time.time()
         self._retried = False
         while True:
             try:
                 done = action()
                 if failed or self._retried:
                     self.reachable_since = time.time()
+                    self.last_outage = (self._down_since or began, self.reachable_since)
+                    self._down_since = None
                 return done
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "")
@@ -86,6 +88,7 @@ class S3Store(Store):
                 if time.monotonic() > deadline:
                     raise StoreError(f"{what} {self.url}: {exc}") from None
                 failed = True
+            self._down_since = self._down_since or time.time()  # across calls: an outage outlasting one
             time.sleep(delay)
             delay = min(delay * 2, 5)
 

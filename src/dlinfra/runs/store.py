@@ -57,6 +57,10 @@ class Store:
     # When the store last answered after failing to (0: it never failed): what its writers sent in
     # between could not land, so a heartbeat older than this is no sign its node is gone.
     reachable_since: float = 0.0
+    # The last outage it outlasted (first failed, answered again), for the record of what a node lived
+    # through (node.survived); None: none yet.
+    last_outage: tuple[float, float] | None = None
+    _down_since: float | None = None
 
     # -- primitives each backend implements
     def put_bytes(self, key: str, data: bytes) -> None:

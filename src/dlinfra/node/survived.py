@@ -1,0 +1,43 @@
+"""What a node lives through without losing its life, as its beacon sees it from outside the trainer:
+the trainer stopped and thawed, the store out of reach while the beacon wrote to it. The run's result
+names them beside its restarts (runs.incidents), so a run that ends DONE still says what it met."""
+
+from __future__ import annotations
+
+import time
+
+from dlinfra.runs.records import Incident, IncidentKind, NodeState
+
+# Shorter than this is noise, not a fault: one retried request, a stop seen at a single look.
+MIN_SECONDS = 1.0
+
+
+class Survived:
+    def __init__(self, node: str, earlier: NodeState | None = None) -> None:
+        self.node = node
+        # an earlier life's (the store's copy of this node's state): the record is the node's, not a life's
+        self.found: list[Incident] = list(earlier.incidents) if earlier is not None else []
+        self.stopped_since: float | None = None
+        self._counted: tuple[float, float] | None = None  # the store's outage already in `found`
+
+    def process(self, state: str, now: float | None = None) -> None:
+        """The trainer's process state at a look: a stop is counted once the process runs again (one
+        that dies stopped lost its life: that is a restart, not a pause)."""
+        now = time.time() if now is None else now
+        if state == "stopped":
+            self.stopped_since = self.stopped_since or now
+            return
+        if self.stopped_since is not None and state != "gone":
+            self._add("paused", self.stopped_since, now)
+        self.stopped_since = None
+
+    def store(self, last_outage: tuple[float, float] | None) -> None:
+        """The store's last outage outlasted (runs.store.Store.last_outage), counted once."""
+        if last_outage is not None and last_outage != self._counted:
+            self._counted = last_outage
+            self._add("store unreachable", *last_outage)
+
+    def _add(self, kind: IncidentKind, since: float, until: float) -> None:
+        if until - since >= MIN_SECONDS:
+            seen = Incident(node=self.node, kind=kind, at=since, seconds=round(until - since, 1))
+            self.found = [*self.found, seen]

@@ -1,0 +1,98 @@
+"""What a node lives through without a restart (node.survived): a real process stopped and thawed, a
+real store outage (moto stopped and started on its port), as the beacon records them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from dlinfra.node.beacon import process_state
+from dlinfra.node.survived import Survived
+from dlinfra.runs import incidents
+from dlinfra.runs.records import NodeState
+
+
+def _looks(survived: Survived, pid: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        survived.process(process_state(pid))
+        time.sleep(0.2)
+
+
+def test_a_stopped_process_is_a_pause_once_it_runs_again_and_one_that_dies_stopped_is_none() -> None:
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        survived = Survived("worker-1")
+        _looks(survived, proc.pid, 0.5)
+        assert survived.found == [] and survived.stopped_since is None
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped = time.time()
+        _looks(survived, proc.pid, 1.5)
+        assert survived.found == [], "counted once it runs again: how long is not known before"
+        assert survived.stopped_since is not None and abs(survived.stopped_since - stopped) < 0.5
+        os.kill(proc.pid, signal.SIGCONT)
+        _looks(survived, proc.pid, 0.5)
+        [pause] = survived.found
+        assert pause.kind == "paused" and pause.node == "worker-1" and 1.2 <= pause.seconds <= 2.5, pause
+        os.kill(proc.pid, signal.SIGSTOP)
+        _looks(survived, proc.pid, 1.5)
+        proc.kill()
+        proc.wait()
+        survived.process("gone")  # what the beacon says of a trainer that ended
+        assert survived.found == [pause], "a life lost while stopped is its restart, not a pause"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_blip_is_not_a_pause_and_the_record_outlives_the_life() -> None:
+    survived = Survived("ps-0")
+    survived.process("stopped", now=100.0)
+    survived.process("sleeping", now=100.4)
+    assert survived.found == [], "shorter than MIN_SECONDS: one look's noise"
+    survived.process("stopped", now=200.0)
+    survived.process("running", now=206.0)
+    earlier = NodeState(
+        node="ps-0", role="ps", index=0, state="serving", started=1, first_started=1, heartbeat=1,
+        incidents=survived.found,
+    )  # fmt: skip
+    next_life = Survived("ps-0", earlier)
+    assert [(i.kind, i.at, i.seconds) for i in next_life.found] == [("paused", 200.0, 6.0)]
+    assert incidents.summary(next_life.found) == "paused 1 (ps-0)"
+
+
+def test_a_store_outage_outlasted_is_recorded_once_from_its_first_failure_to_its_return(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dlinfra.runs.layout import RunStore
+    from dlinfra.runs.s3_store import S3Store
+    from stoppable_moto import StoppableMoto
+    from support import FAKE_CREDS, s3_client
+
+    for key, value in FAKE_CREDS.items():
+        monkeypatch.setenv(key, value)
+    moto = StoppableMoto()
+    try:
+        s3_client(moto.endpoint).create_bucket(Bucket="survived")
+        store = RunStore(S3Store("s3://survived/run", moto.endpoint, retry_for=60))
+        survived = Survived("worker-0")
+        store.store.put_bytes("a", b"1")
+        survived.store(store.store.last_outage)
+        assert survived.found == [] and store.store.last_outage is None
+        moto.down()
+        down_at = time.time()
+        threading.Timer(2.5, moto.up).start()
+        store.store.put_bytes("b", b"2")  # blocks through the outage
+        survived.store(store.store.last_outage)
+        survived.store(store.store.last_outage)  # the same outage, seen at the next beat: once
+        [outage] = survived.found
+        assert outage.kind == "store unreachable" and abs(outage.at - down_at) < 0.5, outage
+        assert 2.0 <= outage.seconds <= 6.0, outage
+        assert incidents.line(outage).startswith("store unreachable: worker-0, the store unreachable for")
+    finally:
+        moto.stop()
