@@ -15,6 +15,7 @@ from support import fresh_process_accuracy
 
 ACCURACY_TOLERANCE = 0.05  # a DONE model against the same seed's fault-free run, on the held-out split
 PER_CALL = 20  # a remote call re-run after a node leaves may count once more (log_every bounds a call)
+SPOT_LOOK = 2 * 2.0 + 1  # two of the beacon's metadata polls (node.spot.POLL_SECONDS), and a second
 PAUSE_LOOK = 1.0  # how often a beacon looks at its trainer's process state (node.beacon.NEWS_POLL)
 TORN = (".pulling", ".tmp", "_temp")  # a name a half-written upload or pull would leave
 
@@ -96,6 +97,9 @@ def faults_named(
             broken.append(f"{fault.label()}: no restart of {fault.node} in the result")
         if fault.kind == "spot" and fault.note != "never seen by its node" and fault.node not in interrupted:
             broken.append(f"{fault.label()}: no interruption of {fault.node} in the result")
+        unseen = fault.note == "never seen by its node"
+        if fault.kind == "spot" and unseen and not _ended_soon(fault, metrics):
+            broken.append(f"{fault.label()}: never seen by {fault.node}, whose life went on")
         paused = fault.node in restarted or any(
             i.kind == "paused" and i.node == fault.node and _during(i, fault) for i in lived
         )
@@ -105,6 +109,13 @@ def faults_named(
         if fault.kind == "store_outage" and fault.seconds >= 2 * beat and not seen:
             broken.append(f"{fault.label()}: no node saw the store unreachable, says the result")
     return broken
+
+
+def _ended_soon(fault: Fault, metrics: Metrics) -> bool:
+    """The noticed life ended before its beacon's next look at the metadata (a kill, a restart with
+    its cluster): the next life is a new session, which the stand-in answers as a new instance."""
+    began = fault.injected_at or 0.0
+    return any(r.node == fault.node and began <= r.failed_at <= began + SPOT_LOOK for r in metrics.restarts)
 
 
 def _during(incident: Incident, fault: Fault) -> bool:

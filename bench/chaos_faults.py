@@ -144,7 +144,9 @@ class Injector:
         if self._pid(fault.node) is None:
             fault.injected_at, fault.note = None, "not up: no instance to notify"
             return
-        life = float(state(self.run_dir, fault.node or "").get("started") or 0.0)
+        # the beacon asks for its token as it spawns the trainer, before the trainer's own start
+        now = state(self.run_dir, fault.node or "")
+        life = float((now.get("phases") or {}).get("spawned") or now.get("started") or 0.0)
         try:
             self.imds.interrupt(fault.node, since=life, timeout=LIVE_WAIT)
         except AssertionError:
