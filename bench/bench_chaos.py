@@ -190,15 +190,21 @@ def one_run(plan: RunPlan, scratch: Path, moto: Moto, base: Outcome | None) -> O
                                     stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
         run_dir, injector, pending = None, None, list(plan.faults)
-        while proc.poll() is None and time.monotonic() - started < out.bound + 120:
-            run_dir = run_dir or new_run_dir(home, before)
-            if run_dir is not None and pending and progress(run_dir, plan) >= pending[0].at:
-                injector = injector or Injector(run_dir, moto, imds, moto.endpoint)
-                fault = pending.pop(0)
-                fault.step = max((int(state(run_dir, n).get("step") or 0) for n in plan.nodes()), default=0)
-                injector.inject(fault)
-                print(f"  {fault.label()}: injected at step {fault.step}", flush=True)
-            time.sleep(0.05)
+        try:
+            while proc.poll() is None and time.monotonic() - started < out.bound + 120:
+                run_dir = run_dir or new_run_dir(home, before)
+                if run_dir is not None and pending and progress(run_dir, plan) >= pending[0].at:
+                    injector = injector or Injector(run_dir, moto, imds, moto.endpoint)
+                    fault = pending.pop(0)
+                    steps = (int(state(run_dir, n).get("step") or 0) for n in plan.nodes())
+                    fault.step = max(steps, default=0)
+                    injector.inject(fault)
+                    print(f"  {fault.label()}: injected at step {fault.step}", flush=True)
+                time.sleep(0.05)
+        except KeyboardInterrupt:  # the soak stopped: its run torn down first, while moto still answers
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=300)
+            raise
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)  # a hang: Ctrl-C tears the cluster down
             proc.wait(timeout=300)
@@ -302,7 +308,12 @@ def table(outcomes: list[Outcome]) -> None:
         )
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # `kill` stops the soak as Ctrl-C does: the run under way torn down
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupted)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
