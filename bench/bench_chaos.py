@@ -239,7 +239,8 @@ def judge(out: Outcome, run_dir: Path, moto: Moto, base: Outcome | None) -> None
     out.broken += checks.outcome(plan, marker, metrics, out.wall, out.bound)
     torn, pointer_step = checks.store_consistent(store)
     out.broken += torn
-    total = PROGRAM_STEPS[plan.cell.strategy] if plan.cell.mode == "program" else None
+    scripted = SCRIPTS["mwms"][1] if plan.cell.strategy == "mwms" else None  # the ps guide reports none
+    total = PROGRAM_STEPS[plan.cell.strategy] if plan.cell.mode == "program" else scripted
     if out.state == "DONE":
         out.broken += checks.steps(plan, metrics, pointer_step, total)
         lived = incidents.of_nodes(store.statuses(plan.nodes()).values())
