@@ -54,6 +54,7 @@ class S3Store(Store):
         status = response[1].get("ResponseMetadata", {}).get("HTTPStatusCode", 200) if response else 200
         if caught_exception is not None or status >= 500:
             self._retried = True
+            self._down_since = self._down_since or time.time()  # not the call's start: a long upload's
 
     def _key(self, key: str) -> str:
         checked_key(key)
