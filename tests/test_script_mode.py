@@ -349,3 +349,37 @@ def test_a_scripts_shard_patterns_are_relative_to_its_code_so_one_names_every_no
     assert patterns["worker-0"] == patterns["worker-1"]
     assert patterns["worker-0"][EVAL_FILES] == "../shards/eval/*.tfrecord"
     assert staged_files(cfg(""), tmp_path, tmp_path / "code") == {}
+
+
+def test_a_life_ended_before_its_agent_read_its_last_report_leaves_that_step_to_the_next(
+    tmp_path: Path,
+) -> None:
+    """Seen in a spot test under load: the MWMS guide's owner trained all 300 steps, was restarted
+    with its cluster before its agent read past step 229, and its next life restored the final
+    checkpoint, trained nothing and reported nothing: the DONE run said 229 steps."""
+    from dlinfra.node.script_dirs import ScriptDirs
+    from dlinfra.node.script_progress import ScriptProgress, carry_last_report
+    from dlinfra.node.status import NodeStatus
+
+    store = RunStore(open_store((tmp_path / "store").as_uri()))
+    work = tmp_path / "work"
+    work.mkdir()
+    first = NodeStatus(store, "worker-0", "worker", 0, work)
+    first.update(state="running", step=229)  # what the agent last read, as the beacon published it
+    store.put_status(first.state())
+    _script(
+        "import dlinfra\nfor s in range(1, 301): dlinfra.report(s, loss=1.0 / s)\n",
+        {PROGRESS_FILE: str(ScriptDirs.progress_file(work))},
+    )  # what the script reported before it was killed
+    second = NodeStatus(store, "worker-0", "worker", 0, work)
+    carry_last_report(second, ScriptDirs.progress_file(work))
+    dirs = ScriptDirs.under(work)
+    assert not dirs.progress.exists(), "each life reports afresh"
+    assert ScriptProgress(second, dirs.progress).last_step == 300
+    store.put_status(second.state())
+
+    # a report behind what the agent read (a life that resumed from an earlier checkpoint) is not news
+    _script("import dlinfra\ndlinfra.report(12)\n", {PROGRESS_FILE: str(dirs.progress)})
+    third = NodeStatus(store, "worker-0", "worker", 0, work)
+    carry_last_report(third, dirs.progress)
+    assert third.fields["step"] == 300

@@ -40,7 +40,7 @@ from dlinfra.node.script_dirs import (
 )
 from dlinfra.node.script_end import alone, ended, finish
 from dlinfra.node.script_log import RUNNING
-from dlinfra.node.script_progress import ScriptProgress
+from dlinfra.node.script_progress import ScriptProgress, carry_last_report
 from dlinfra.node.spot import holds_state
 from dlinfra.node.status import NodeStatus, give_up
 from dlinfra.node.supervision import CLEAN_STOP_SIGNALS
@@ -64,6 +64,7 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     command = cfg.training.command or []
     assert cfg.bundle is not None
     code = bundle.unpack(store, cfg.bundle, work)
+    carry_last_report(status, ScriptDirs.progress_file(work))
     dirs = ScriptDirs.under(work)
     cap = cfg.training.outputs_max_gb
     # under parameter servers each ps sends shards of one checkpoint: none may delete another's

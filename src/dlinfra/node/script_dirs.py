@@ -31,6 +31,10 @@ class ScriptDirs:
     data: Path
     progress: Path
 
+    @staticmethod
+    def progress_file(work: Path) -> Path:
+        return work / "progress.json"
+
     @classmethod
     def under(cls, work: Path) -> ScriptDirs:
         # One checkpoint path for every node of the run, as a shared filesystem would give: TensorFlow's
@@ -41,7 +45,7 @@ class ScriptDirs:
             work.parent / "checkpoints",
             work / "tensorboard",
             work / "data",
-            work / "progress.json",
+            cls.progress_file(work),
         )
         shutil.rmtree(dirs.model, ignore_errors=True)
         dirs.progress.unlink(missing_ok=True)

@@ -115,6 +115,17 @@ class ScriptProgress:
                 self.status.training_again(now)  # one that reported before: its next report says
 
 
+def carry_last_report(status: NodeStatus, path: Path) -> None:
+    """Before a new life clears it: the step of the last report the life before left on this machine,
+    when it is past what its agent read. That life ended (a kill, a restart with its cluster) before
+    its agent's next read; a new life that restores the final checkpoint trains nothing and reports
+    nothing, so the run's steps are this one's (a spot test, under load, saw the MWMS guide's DONE
+    run say 229 of its 300 steps)."""
+    left = read_report(path)
+    if left is not None and left["step"] > int(status.fields.get("step") or 0):
+        status.update(step=left["step"])
+
+
 def stall_after(intervals: list[float], longest_pause: float = 0.0) -> float:
     """Seconds without a new report after which a script reporting at these intervals is stalled."""
     return max(STALL_FLOOR, STALL_MULTIPLE * statistics.median(intervals), 2 * longest_pause)
