@@ -198,11 +198,10 @@ class Beacon:
         self.survived.store(self.store.store.last_outage)  # outlasted by any call: this beat's, a read's
         try:
             state = NodeState(
-                **fields,
+                **{**fields, "incidents": self.survived.found},  # the trainer's copy holds earlier lives'
                 heartbeat=time.time(),
                 process=process,
                 stopped_since=self.survived.stopped_since,
-                incidents=self.survived.found,
                 port_open=None if gone else port_open(self.cfg.address),
                 notice=self.spot.text if self.spot else None,
             )

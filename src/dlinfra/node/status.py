@@ -70,6 +70,9 @@ class NodeStatus:
             "devices": previous.devices if previous else None,
             "phases": {},
             "restart_history": [r.model_dump() for r in previous.restart_history] if previous else [],
+            # what earlier lives lived through (the beacon adds this life's): a last word this life
+            # publishes itself keeps them
+            "incidents": [i.model_dump() for i in previous.incidents] if previous else [],
         }
         told = restart_cause(work)  # read either way: a word left for this life is no later one's
         # an earlier life of this run ended before the run did, or finished and was restarted with its
