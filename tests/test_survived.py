@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,22 @@ def test_a_store_outage_outlasted_is_recorded_once_from_its_first_failure_to_its
         assert incidents.line(outage).startswith("store unreachable: worker-0, the store unreachable for")
     finally:
         moto.stop()
+
+
+def test_a_new_lifes_own_last_word_keeps_what_earlier_lives_lived_through(tmp_path: Path) -> None:
+    """The trainer publishes its last word itself (NodeStatus.stop); its beacon adds this life's."""
+    from dlinfra.contract import StoreConfig
+    from dlinfra.node.status import NodeStatus
+    from dlinfra.runs.layout import RunStore
+
+    store = RunStore.open(StoreConfig(url=(tmp_path / "store").as_uri()))
+    (tmp_path / "work").mkdir()
+    first = NodeStatus(store, "worker-1", "worker", 1, tmp_path / "work")
+    survived = Survived("worker-1")
+    survived.process("stopped", now=10.0)
+    survived.process("running", now=14.0)
+    store.put_status(first.state().model_copy(update={"incidents": survived.found}))  # its beacon's beat
+    second = NodeStatus(store, "worker-1", "worker", 1, tmp_path / "work")
+    second.stop(state="lost peer")
+    published = store.status("worker-1")
+    assert published is not None and published.incidents == survived.found
