@@ -116,3 +116,39 @@ def test_a_new_lifes_own_last_word_keeps_what_earlier_lives_lived_through(tmp_pa
     second.stop(state="lost peer")
     published = store.status("worker-1")
     assert published is not None and published.incidents == survived.found
+
+
+def test_a_beacons_last_write_that_outlasts_an_outage_records_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer's end is its beacon's last beat: an outage that write outlasted is told by it (found
+    by bench_chaos, seed 702: every beacon of a restarting cluster outlasted an 11 s outage in its
+    final write, and no node's record said so)."""
+    from dlinfra.node.beacon import Beacon
+    from dlinfra.node.status import NodeStatus
+    from dlinfra.runs.layout import RunStore
+    from dlinfra.runs.s3_store import S3Store
+    from dlinfra.spec.training import TrainingSpec
+    from stoppable_moto import StoppableMoto
+    from support import FAKE_CREDS, s3_client, staging_node
+
+    for key, value in FAKE_CREDS.items():
+        monkeypatch.setenv(key, value)
+    cfg = staging_node("worker", 0, TrainingSpec(), tmp_path / "results", (tmp_path / "data").as_uri())
+    moto = StoppableMoto()
+    try:
+        s3_client(moto.endpoint).create_bucket(Bucket="beats")
+        store = RunStore(S3Store("s3://beats/run", moto.endpoint, retry_for=60))
+        (tmp_path / "work").mkdir()
+        trainer = NodeStatus(store, cfg.name, cfg.role, cfg.index, tmp_path / "work")
+        beacon = Beacon(cfg, store, tmp_path / "work", None)
+        moto.down()
+        down_at = time.time()
+        threading.Timer(2.5, moto.up).start()
+        beacon.publish(os.getpid(), dict(trainer.fields), gone=True)  # blocks through the outage
+        published = store.status(cfg.name)
+        assert published is not None and published.process == "gone"
+        [outage] = published.incidents
+        assert outage.kind == "store unreachable" and abs(outage.at - down_at) < 0.5, outage
+    finally:
+        moto.stop()

@@ -208,6 +208,11 @@ class Beacon:
             # news that fails to go out goes with the next beat, not again each look (a store outage)
             self.published = {k: fields.get(k) for k in NEWS_FIELDS}
             self.store.put_status(state)
+            if self.survived.store(self.store.store.last_outage):  # this very write outlasted it: told
+                # now, not a beat later (the beat of a trainer that ended is its beacon's last: seen
+                # by bench_chaos, an outage every beacon outlasted in its final write went unrecorded)
+                state = state.model_copy(update={"incidents": self.survived.found})
+                self.store.put_status(state)
             self.told_incidents = len(state.incidents)
             self._sync_log(final=gone)
         except Exception as exc:  # a store outage must not end the node; the next beat retries

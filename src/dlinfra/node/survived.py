@@ -31,13 +31,17 @@ class Survived:
             self._add("paused", self.stopped_since, now)
         self.stopped_since = None
 
-    def store(self, last_outage: tuple[float, float] | None) -> None:
-        """The store's last outage outlasted (runs.store.Store.last_outage), counted once."""
-        if last_outage is not None and last_outage != self._counted:
-            self._counted = last_outage
-            self._add("store unreachable", *last_outage)
+    def store(self, last_outage: tuple[float, float] | None) -> bool:
+        """The store's last outage outlasted (runs.store.Store.last_outage), counted once; whether it
+        is new."""
+        if last_outage is None or last_outage == self._counted:
+            return False
+        self._counted = last_outage
+        return self._add("store unreachable", *last_outage)
 
-    def _add(self, kind: IncidentKind, since: float, until: float) -> None:
-        if until - since >= MIN_SECONDS:
-            seen = Incident(node=self.node, kind=kind, at=since, seconds=round(until - since, 1))
-            self.found = [*self.found, seen]
+    def _add(self, kind: IncidentKind, since: float, until: float) -> bool:
+        if until - since < MIN_SECONDS:
+            return False
+        seen = Incident(node=self.node, kind=kind, at=since, seconds=round(until - since, 1))
+        self.found = [*self.found, seen]
+        return True
