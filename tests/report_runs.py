@@ -9,7 +9,7 @@ import time
 
 from dlinfra.runs.manifest import EnvironmentPin
 from dlinfra.runs.preflight import NodeFigures, Verdict
-from dlinfra.runs.records import MeanSd, Metrics, NodeState, Restart
+from dlinfra.runs.records import Incident, MeanSd, Metrics, NodeState, Restart
 from dlinfra.runs.run import Run, utc_now
 from dlinfra.spec.model import Spec
 
@@ -27,10 +27,12 @@ def recorded_run(
     traceback: str | None = None,
     log_lines: list[str] | None = None,
     script: bool = False,
+    paused: tuple[str, float, float] | None = ("worker-3", 0.6, 8.0),
 ) -> tuple[Run, Restart | None]:
     """A parameter-server run of a chief, `workers` workers and one ps over `seconds`, logging every
     LOG_EVERY steps; `restart`: (node, fraction of the run) killed and restarted there. The run ends
-    `ended` (DONE, FAILED on the ps with `error`, or STOPPED). Returns it and its restart record."""
+    `ended` (DONE, FAILED on the ps with `error`, or STOPPED); `paused`: (node, fraction, seconds) its
+    trainer stopped and thawed there, a fault it lived through. Returns it and its restart record."""
     spec = Spec.model_validate({"cluster": {"workers": {"count": workers}}})
     run = Run.create(spec)
     now = time.time()
@@ -49,11 +51,15 @@ def recorded_run(
         role, index = name.rsplit("-", 1)
         spawned = t0 + 0.5 + 0.1 * i
         history = [restarted] if restarted and restarted.node == name else []
+        lived = []
+        if paused and paused[0] == name:
+            lived = [Incident(node=name, kind="paused", at=t0 + seconds * paused[1], seconds=paused[2])]
         store.put_status(
             NodeState(
                 node=name, role=role, index=int(index), state="done" if ended == "DONE" else ended.lower(),
                 step=steps, total_steps=steps, loss=0.05, examples_per_sec=500.0, input_wait=0.02 + 0.01 * i,
-                restarts=len(history), restart_history=history, started=spawned, first_started=spawned,
+                restarts=len(history), restart_history=history, incidents=lived, started=spawned,
+                first_started=spawned,
                 heartbeat=now - 1.0, host="127.0.0.1", pid=1000 + i,
                 phases={"spawned": spawned, "up": spawned + 0.5, "tensorflow": spawned + 3.5,
                         "peers": t0 + 4.6, "program": t0 + 4.8, "first step": first_step},

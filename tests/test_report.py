@@ -53,11 +53,17 @@ def test_a_done_runs_page_opens_offline_with_a_lane_per_node_and_the_restart_whe
     assert (
         page.js("return document.querySelectorAll('.lane[data-node=\"worker-0\"] .mark.restart').length") == 0
     )
+    # worker-3's pause (8 s from 60 % of the run) spans its time on its lane: its middle at 4 s in
+    pause = next(i for st in run.store().statuses(["worker-3"]).values() if st for i in st.incidents)
+    drawn, expected = timeline_x(page, "worker-3", "incident", pause.at + pause.seconds / 2 - t0)
+    assert abs(drawn - expected) < 1.5, (drawn, expected)
     text = page.js("return document.body.innerText")
     for shown in (
         "eval accuracy",
         "0.9700",
         "restart: worker-1 restarted (killed by signal 9)",
+        "lived through\tpaused 1 (worker-3)",
+        "paused: worker-3, its trainer stopped for 8.0 s",
         "tensorflow-cpu",
     ):
         assert shown in text, shown

@@ -20,8 +20,9 @@ class Mark:
     """One moment on a node's lane: a startup phase, a checkpoint, a fault, a restart, the end."""
 
     t: float  # seconds after the command started
-    kind: str  # phase | checkpoint | fault | restart | resumed | done | straggler
+    kind: str  # phase | checkpoint | fault | restart | resumed | done | straggler | incident
     says: str
+    seconds: float = 0.0  # how long it lasted (an incident: its span on the lane)
 
 
 @dataclass
@@ -58,6 +59,7 @@ SHAPES = {
     "resumed": '<path d="M{x:.2f},{top:.1f} L{xr:.2f},{mid:.1f} L{x:.2f},{bottom:.1f} Z" class="shape"/>',
     "done": '<rect x="{xl:.2f}" y="{top:.1f}" width="6" height="{height:.1f}" class="shape"/>',
     "straggler": '<circle cx="{x:.2f}" cy="{mid:.1f}" r="4" class="shape"/>',
+    "incident": '<rect x="{x:.2f}" y="{top:.1f}" width="{width:.2f}" height="{height:.1f}" class="shape"/>',
 }
 
 
@@ -92,9 +94,11 @@ def timeline(lanes: list[Lane], t1: float) -> str:
             )
         for mark in sorted(lane.marks, key=lambda m: m.t):
             x = _x(mark.t, t1)
+            width = max(_x(mark.t + mark.seconds, t1) - x, 2.0)
             shape = SHAPES[mark.kind].format(
-                x=x, xl=x - 3, xr=x + 5, top=mid - 8, bottom=mid + 8, mid=mid, mid_l=mid - 3, height=16
-            )
+                x=x, xl=x - 3, xr=x + 5, top=mid - 8, bottom=mid + 8, mid=mid, mid_l=mid - 3, height=16,
+                width=width,
+            )  # fmt: skip
             out.append(
                 f'<g class="mark {mark.kind}" data-t="{mark.t:.3f}">{shape}'
                 f"<title>{escape(lane.node)}: {escape(mark.says)} at {mark.t:.1f} s</title></g>"

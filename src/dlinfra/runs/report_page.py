@@ -35,7 +35,8 @@ vertical-align:top}td.v{text-align:right}pre{background:#f6f6f6;padding:8px;over
 svg text{font:11px system-ui,sans-serif;fill:#333}.grid{stroke:#eee}.life{fill:#cfe3f5}
 .tick{stroke:#555}.checkpoint .shape{fill:#2ca02c}.fault .shape{stroke:#d62728;stroke-width:2.5;fill:#d62728}
 .restart .shape{fill:#ff7f0e}.resumed .shape{fill:#1f77b4}.done .shape{fill:#333}
-.straggler .shape{fill:#9467bd}.bar{fill:#9cc3e6}.median{stroke:#d62728;stroke-dasharray:4 3}
+.straggler .shape{fill:#9467bd}.incident .shape{fill:#ff7f0e;fill-opacity:.45}.bar{fill:#9cc3e6}
+.median{stroke:#d62728;stroke-dasharray:4 3}
 .legend-key span{margin-right:14px}.runs{display:grid;grid-template-columns:1fr;gap:8px}
 """
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -43,7 +44,8 @@ LEGEND = (
     '<p class="legend-key"><span>| phase</span><span style="color:#2ca02c">■ checkpoint</span>'
     '<span style="color:#d62728">✕ fault</span><span style="color:#ff7f0e">● restart</span>'
     '<span style="color:#1f77b4">▶ training again</span><span>▮ done</span>'
-    '<span style="color:#9467bd">● straggler</span> (hover a mark for what and when)</p>'
+    '<span style="color:#9467bd">● straggler</span><span style="color:#ff7f0e">▬ lived through (a pause, '
+    "the store out)</span> (hover a mark for what and when)</p>"
 )
 
 
@@ -179,7 +181,7 @@ def _failure(run: Run, outcome: Outcome) -> str:
 
 def lanes(run: Run, outcome: Outcome) -> list[Lane]:
     """Each node's lane on the command's clock: its lives, startup phases, the latest checkpoint,
-    faults, restarts and its end, where the run's records put them."""
+    faults, restarts, what it lived through and its end, where the run's records put them."""
     manifest, store = run.manifest(), run.store()
     t0 = manifest.command_started or 0.0
     statuses = store.statuses(manifest.nodes)
@@ -204,6 +206,9 @@ def lanes(run: Run, outcome: Outcome) -> list[Lane]:
     for s in outcome.stragglers:
         if s.node in out:
             out[s.node].marks.append(Mark(s.since - t0, "straggler", f"straggler {s.ratio:.1f}x"))
+    for i in outcome.incidents:  # lived through in the same life: a span, not a cross
+        if i.node in out:
+            out[i.node].marks.append(Mark(i.at - t0, "incident", f"{i.kind} {i.seconds:.1f} s", i.seconds))
     return list(out.values())
 
 
