@@ -40,6 +40,7 @@ from emulated_aws import terraform_rc  # noqa: E402
 
 from dlinfra.contract import StoreConfig  # noqa: E402
 from dlinfra.runs import incidents  # noqa: E402
+from dlinfra.runs import restarts as restart_records  # noqa: E402
 from dlinfra.runs.layout import RunStore  # noqa: E402
 from metadata_stand_in import MetadataStandIn  # noqa: E402
 from stoppable_moto import StoppableMoto, freeing_private_ips  # noqa: E402
@@ -243,9 +244,11 @@ def judge(out: Outcome, run_dir: Path, moto: Moto, base: Outcome | None) -> None
     total = PROGRAM_STEPS[plan.cell.strategy] if plan.cell.mode == "program" else scripted
     if out.state == "DONE":
         out.broken += checks.steps(plan, metrics, pointer_step, total)
-        lived = incidents.of_nodes(store.statuses(plan.nodes()).values())
+        statuses = store.statuses(plan.nodes())
+        lived = incidents.of_nodes(statuses.values())
         beat = max(1.0, min(10.0, HEARTBEAT / 4))  # render.configs: the nodes' heartbeat interval
-        out.broken += checks.faults_named(plan, marker, metrics, lived, beat)
+        shown = restart_records.of_nodes(statuses.values())  # as the result shows them
+        out.broken += checks.faults_named(plan, marker, metrics, lived, beat, shown)
         out.lived = len(lived)
         if plan.cell.mode == "program":
             out.accuracy = checks.model_accuracy(store)

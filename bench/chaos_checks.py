@@ -10,7 +10,7 @@ from pathlib import Path
 from chaos_plan import Fault, RunPlan
 
 from dlinfra.runs.layout import CHECKPOINTS, MODEL, RunStore
-from dlinfra.runs.records import Incident, Marker, Metrics
+from dlinfra.runs.records import Incident, Marker, Metrics, Restart
 from support import fresh_process_accuracy
 
 ACCURACY_TOLERANCE = 0.05  # a DONE model against the same seed's fault-free run, on the held-out split
@@ -83,15 +83,23 @@ def store_consistent(store: RunStore) -> tuple[list[str], int | None]:
 
 
 def faults_named(
-    plan: RunPlan, marker: Marker | None, metrics: Metrics | None, lived: list[Incident], beat: float
+    plan: RunPlan,
+    marker: Marker | None,
+    metrics: Metrics | None,
+    lived: list[Incident],
+    beat: float,
+    shown: list[Restart],
 ) -> list[str]:
     """Every fault the run met is in its record: a kill or a terminated instance as a restart of that
     node, a spot notice as an interruption, a freeze as a pause of that node (or its restart, had it
     been killed meanwhile), a store outage as the store unreachable from some node. A freeze or an
-    outage shorter than two beats may fall between the beacon's looks or writes: not required."""
+    outage shorter than two beats may fall between the beacon's looks or writes: not required.
+    `shown`: the restarts the result shows (the nodes' own records, newer than the metrics' copy: a
+    kill after the owner wrote its metrics is in them, seed 707)."""
     if marker is None or marker.marker != "DONE" or metrics is None:
         return []
-    restarted = {r.node for r in metrics.restarts}
+    every = [*metrics.restarts, *shown]
+    restarted = {r.node for r in every}
     interrupted = {n.node for n in metrics.interruptions}
     broken = []
     for fault in plan.faults:
@@ -102,7 +110,7 @@ def faults_named(
         if fault.kind == "spot" and fault.note != "never seen by its node" and fault.node not in interrupted:
             broken.append(f"{fault.label()}: no interruption of {fault.node} in the result")
         unseen = fault.note == "never seen by its node"
-        if fault.kind == "spot" and unseen and not _ended_soon(fault, metrics):
+        if fault.kind == "spot" and unseen and not _ended_soon(fault, every):
             broken.append(f"{fault.label()}: never seen by {fault.node}, whose life went on")
         paused = fault.node in restarted or any(
             i.kind == "paused" and i.node == fault.node and _during(i, fault) for i in lived
@@ -115,11 +123,11 @@ def faults_named(
     return broken
 
 
-def _ended_soon(fault: Fault, metrics: Metrics) -> bool:
+def _ended_soon(fault: Fault, restarts: list[Restart]) -> bool:
     """The noticed life ended before its beacon's next look at the metadata (a kill, a restart with
     its cluster): the next life is a new session, which the stand-in answers as a new instance."""
     began = fault.injected_at or 0.0
-    return any(r.node == fault.node and began <= r.failed_at <= began + SPOT_LOOK for r in metrics.restarts)
+    return any(r.node == fault.node and began <= r.failed_at <= began + SPOT_LOOK for r in restarts)
 
 
 def _during(incident: Incident, fault: Fault) -> bool:
