@@ -136,3 +136,38 @@ def test_skipping_trained_batches_restores_the_data_position(resumed_at: int) ->
     whole = [b.numpy() for b in batched(ds, 32, shuffle_seed=7).take(resumed_at + 5)]
     resumed = [b.numpy() for b in batched(ds, 32, shuffle_seed=7, skip_batches=resumed_at).take(5)]
     assert all(np.array_equal(a, b) for a, b in zip(whole[resumed_at:], resumed, strict=True))
+
+
+def test_the_launcher_leaves_a_node_whose_instance_a_heal_replaces_to_the_heal(tmp_path: Path) -> None:
+    """During a heal the emulated instances' supervisors go on (targets.aws.healing, bench_chaos seed
+    714), polling with the healed nodes skipped: a node whose instance is being replaced is not
+    restarted in place, nor with its mirrored cluster. Real processes: worker-0 (its instance gone)
+    was killed, worker-1 exited asking for a retry, worker-2 runs."""
+    from dlinfra.targets.local import LocalCluster, NodeProcess
+
+    cluster = LocalCluster(run_dir=tmp_path, restart_together=True)
+    relaunched: list[str] = []
+    cluster._launch = relaunched.append  # type: ignore[method-assign]  # what it would boot, not a boot
+
+    def node(code: str) -> subprocess.Popen[bytes]:  # a process group of its own, as launch() makes
+        return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+    procs = {
+        "worker-0": node("import os, signal; os.kill(os.getpid(), 9)"),
+        "worker-1": node(f"raise SystemExit({EXIT_RETRY})"),
+        "worker-2": node("import time; time.sleep(60)"),
+    }
+    try:
+        for name, proc in procs.items():
+            cluster.nodes[name] = NodeProcess(name, proc, tmp_path / f"{name}.log")
+        procs["worker-0"].wait()
+        procs["worker-1"].wait()
+        codes = cluster.poll(skip=["worker-0"])
+        assert sorted(relaunched) == ["worker-1", "worker-2"], relaunched
+        assert codes == {"worker-0": -9, "worker-1": None, "worker-2": None}
+        assert procs["worker-2"].poll() is not None, "restarted with its cluster: the old life ended"
+        relaunched.clear()
+        cluster.poll()
+        assert "worker-0" in relaunched, "without the heal, a killed node is restarted in place"
+    finally:
+        procs["worker-2"].kill()

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -236,13 +236,14 @@ class LocalCluster:
     def exit_codes(self) -> dict[str, int | None]:
         return {name: node.process.poll() for name, node in self.nodes.items()}
 
-    def poll(self) -> dict[str, int | None]:
-        """Restart what should be restarted; report the exit codes of the rest (None: running)."""
+    def poll(self, skip: Collection[str] = ()) -> dict[str, int | None]:
+        """Restart what should be restarted; report the exit codes of the rest (None: running).
+        `skip`: nodes whose instance is being replaced (a heal): not restarted in place."""
         codes = self.exit_codes()
         broken = sorted(
             name
             for name, code in codes.items()
-            if should_restart(code) or (self.replace_interrupted and is_replaced(code))
+            if name not in skip and (should_restart(code) or (self.replace_interrupted and is_replaced(code)))
         )
         if not broken:
             return codes
@@ -250,7 +251,8 @@ class LocalCluster:
             with open(self.nodes[name].log, "a", encoding="utf-8") as log:
                 then = "starting its replacement" if is_replaced(codes[name]) else "restarting it"
                 log.write(f"launcher: {name} exited with code {codes[name]}: {then}\n")
-        again = [n for n, c in codes.items() if c is None or n in broken] if self.restart_together else broken
+        together = [n for n, c in codes.items() if (c is None or n in broken) and n not in skip]
+        again = together if self.restart_together else broken
         for name in again:
             if name not in broken:  # healthy, ended so that its cluster restarts whole: its next life says so
                 note_restart_cause(

@@ -6,8 +6,11 @@ the same private IP with the same user-data, and only that instance changes."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,6 +33,7 @@ MAX_HEAL_ATTEMPTS = 3
 HEAL_TFVARS = "tfvars.heal.json"  # the run's inputs as heals changed them (a node moved on demand)
 TERMINATE_POLL = 1.0  # seconds between looks at an instance healing ended itself
 NOTICE_CHECK_EVERY = 1.0  # while a node that got a spot notice is on its way out
+SUPERVISE_EVERY = 0.5  # an emulated instance's supervisor, during a heal (what LocalCluster.poll does)
 
 
 @dataclass
@@ -196,10 +200,11 @@ class InstanceCluster:
             )
             if self.emulated:
                 self.emulated.kill(name)  # its process was that instance
-        self._terminate([n for n in gone if states.get(self.instances[n], "terminated") != "terminated"])
-        for name in (n for n in gone if reasons.get(n) == "straggler"):  # its node writes no more
-            self._store.put_status(_replacing(name, self._store.status(name), "replacing (straggler)"))
-        on_demand, outputs = self._apply_replacements(gone)
+        with self._supervisors_go_on(skip=gone):
+            self._terminate([n for n in gone if states.get(self.instances[n], "terminated") != "terminated"])
+            for name in (n for n in gone if reasons.get(n) == "straggler"):  # its node writes no more
+                self._store.put_status(_replacing(name, self._store.status(name), "replacing (straggler)"))
+            on_demand, outputs = self._apply_replacements(gone)
         applied = tfvars.instances(outputs)
         replaced = {name: applied[name] for name in gone}
         user_data = instance_user_data(self._ec2, replaced)
@@ -223,6 +228,32 @@ class InstanceCluster:
             if self.emulated is not None:
                 self.emulated.replace(name, user_data[name])
         self.run.update_manifest(heals=heals, instances=dict(self.instances))
+
+    @contextlib.contextmanager
+    def _supervisors_go_on(self, skip: list[str]) -> Iterator[None]:
+        """While a heal applies, the other emulated instances' supervisors go on restarting their
+        nodes, as systemd on each EC2 instance does: a node that lost its peer to the heal restarted
+        only after the apply, 25 s later, and the run failed as that node lost (bench_chaos, seed
+        714). Processes only: an emulated VM has its own systemd."""
+        if not isinstance(self.emulated, LocalCluster):
+            yield
+            return
+        emulated, done = self.emulated, threading.Event()
+
+        def supervise() -> None:
+            while not done.wait(SUPERVISE_EVERY):
+                try:
+                    emulated.poll(skip=skip)
+                except Exception as exc:  # a launch that failed: the next look tries again
+                    self.log(f"emulated instances: {exc}")
+
+        thread = threading.Thread(target=supervise, name="emulated-supervisors", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def _terminate(self, names: list[str]) -> None:
         """End the instances of nodes that left for a spot notice (EC2 reclaims them within two minutes
