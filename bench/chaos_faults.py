@@ -107,13 +107,18 @@ class Injector:
         fault.note = f"pid {pid}"
 
     def _kill_in_save(self, fault: Fault) -> None:
-        """Killed as the node's next checkpoint file appears in its work dir: its save under way,
-        its upload not begun or not done."""
-        work = self.run_dir / "work" / (fault.node or "")
-        seen = {p for p in work.rglob("*") if "ckpt" in p.name}
+        """Killed as the node's next checkpoint file appears in its work dir, or in the run's shared
+        $DLINFRA_CHECKPOINT_DIR a script saves to (node.script_dirs: 7 of 8 such kills in script
+        mode saw no save there before): its save under way, its upload not begun or not done."""
+        places = [self.run_dir / "work" / (fault.node or ""), self.run_dir / "work" / "checkpoints"]
+
+        def saves() -> set[Path]:
+            return {p for place in places for p in place.rglob("*") if "ckpt" in p.name}
+
+        seen = saves()
         deadline = time.monotonic() + SAVE_WAIT
         while time.monotonic() < deadline and not self.ended.is_set():
-            new = [p for p in work.rglob("*") if "ckpt" in p.name and p not in seen]
+            new = sorted(saves() - seen)
             if new:
                 fault.note = f"as {new[0].name} appeared; "
                 break
