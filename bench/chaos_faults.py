@@ -108,8 +108,8 @@ class Injector:
 
     def _kill_in_save(self, fault: Fault) -> None:
         """Killed as the node's next checkpoint file appears in its work dir, or in the run's shared
-        $DLINFRA_CHECKPOINT_DIR a script saves to (node.script_dirs: 7 of 8 such kills in script
-        mode saw no save there before): its save under way, its upload not begun or not done."""
+        $DLINFRA_CHECKPOINT_DIR a script saves to (node.script_dirs: all 7 such kills of
+        the soak's script runs saw no save before): its save under way, its upload not begun or not done."""
         places = [self.run_dir / "work" / (fault.node or ""), self.run_dir / "work" / "checkpoints"]
 
         def saves() -> set[Path]:
