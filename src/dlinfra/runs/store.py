@@ -16,6 +16,8 @@ import json
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
@@ -125,11 +127,47 @@ class Store:
         raise NotImplementedError
 
 
+# A file is written under this folder at the store's root and renamed into its key whole: a writer
+# killed mid-write (a node's life ended while it sent a checkpoint) leaves its part here, in no folder
+# a user or a listing reads, and the next store opened after it sweeps it away.
+STAGING = ".writing"
+LEFT_FOR = 60.0  # untouched this long, its writer gone: no write in progress (a stream moves mtime)
+
+
 class FileStore(Store):
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.root = Path(url[len("file://") :])
         self._real_root = self.root.resolve()
+        self._staging = self.root / STAGING
+        self._sweep_parts()
+
+    def _sweep_parts(self) -> None:
+        """Remove the parts of writers that died mid-write: named by the writer's pid, left untouched."""
+        try:
+            parts = list(self._staging.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for part in parts:
+            pid = part.name.partition("-")[0]
+            try:
+                stale = time.time() - part.stat().st_mtime > LEFT_FOR
+            except FileNotFoundError:
+                continue  # renamed into its key meanwhile
+            if stale and pid.isdigit() and not _alive(int(pid)):
+                part.unlink(missing_ok=True)
+
+    def _write(self, dest: Path, fill: Callable[[BinaryIO], object]) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self._staging.mkdir(exist_ok=True)
+        fd, part = tempfile.mkstemp(dir=self._staging, prefix=f"{os.getpid()}-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                fill(out)
+            os.replace(part, dest)
+        except BaseException:
+            os.unlink(part)
+            raise
 
     def _path(self, key: str) -> Path:
         path = self.root / checked_key(key)
@@ -138,12 +176,7 @@ class FileStore(Store):
         return path
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
+        self._write(self._path(key), lambda out: out.write(data))
 
     def get_bytes(self, key: str) -> bytes | None:
         try:
@@ -178,7 +211,7 @@ class FileStore(Store):
         return sorted(
             p.relative_to(self.root).as_posix()
             for p in folder.rglob("*")
-            if p.is_file() and not p.name.startswith(".tmp-")  # a write in progress is not a key yet
+            if p.is_file() and STAGING not in p.relative_to(self.root).parts[:1]  # parts, not keys yet
         )
 
     def put_file(self, key: str, path: Path, tags: dict[str, str] | None = None) -> None:
@@ -188,12 +221,7 @@ class FileStore(Store):
             self.put_opened(key, fh)
 
     def put_opened(self, key: str, fh: BinaryIO, tags: dict[str, str] | None = None) -> None:
-        dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(fh, out)
-        os.replace(tmp, dest)
+        self._write(self._path(key), lambda out: shutil.copyfileobj(fh, out))
 
     def files(self, starting: str = "") -> list[Listed]:
         if not self.root.is_dir():
@@ -212,3 +240,13 @@ class FileStore(Store):
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, path)
         return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
