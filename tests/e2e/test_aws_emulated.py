@@ -199,14 +199,20 @@ def test_no_credential_reaches_tfvars_user_data_plan_outputs_logs_or_store(
             assert secret not in data, f"credential found in {where}"
 
 
-def test_destroy_removes_the_cluster_and_leaves_the_results_bucket(
+def test_destroy_removes_the_cluster_what_terraform_never_tracked_and_leaves_the_results_bucket(
     kept_run: dict[str, Any], aws_env: dict[str, Any]
 ) -> None:
     run_id = kept_run["run_id"]
-    result = run_cli("destroy", run_id, env=aws_env["env"], cwd=aws_env["cwd"], timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
     ec2, iam = _client(aws_env["endpoint"], "ec2"), _client(aws_env["endpoint"], "iam")
     tagged = [{"Name": "tag:dlinfra:run-id", "Values": [run_id]}]
+    # stands in for the provider sending AllocateAddress again after an answer lost on the way (no
+    # client token makes it idempotent): a second address with the run's tags, in no state
+    spec = [{"ResourceType": "elastic-ip", "Tags": [{"Key": "dlinfra:run-id", "Value": run_id}]}]
+    stray = ec2.allocate_address(Domain="vpc", TagSpecifications=spec)["AllocationId"]
+    result = run_cli("destroy", run_id, env=aws_env["env"], cwd=aws_env["cwd"], timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"outside Terraform's state, found by the run's tag: released Elastic IPs {stray}" in result.stdout
+    assert ec2.describe_addresses(Filters=tagged)["Addresses"] == []
     alive = [
         i
         for r in ec2.describe_instances(Filters=tagged)["Reservations"]

@@ -85,7 +85,24 @@ def destroy(run: Run) -> str:
     run_stack(run, log=lambda line: None).destroy(var_file(run))
     seconds = round(time.time() - t0, 1)
     run.update_manifest(destroyed=True, destroy_seconds=seconds)
-    return f"run {run.id}: stack destroyed in {seconds:.0f}s (the results bucket is untouched)"
+    said = [f"run {run.id}: stack destroyed in {seconds:.0f}s (the results bucket is untouched)"]
+    return "\n".join(said + [f"run {run.id}: {line}" for line in _outside_the_state(run)])
+
+
+def _outside_the_state(run: Run) -> list[str]:
+    """What EC2 still holds with the run's tag after the destroy (see leftovers), each said."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from dlinfra.targets.aws import leftovers, preflight
+
+    try:
+        found = leftovers.sweep(preflight.client(run.spec(), "ec2"), run.id)
+    except (BotoCoreError, ClientError) as exc:
+        return [
+            f"could not look for resources Terraform did not track ({exc}). Fix: look in EC2 for the tag "
+            f"{tfvars.RUN_TAG}={run.id} and remove what is there"
+        ]
+    return [f"outside Terraform's state, found by the run's tag: {line}" for line in found]
 
 
 def setup_bucket(bucket: str, region: str, endpoint_url: str | None, log: Log) -> str:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from dlinfra.runs.manifest import ImagePin
     from dlinfra.spec.model import Spec
 
+RUN_TAG = "dlinfra:run-id"  # on every resource of a run's stack: what its teardown looks for afterwards
+
 
 def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None = None) -> dict[str, Any]:
     """The run stack's inputs (infra/stack/variables.tf): one instance group per role, one user-data
@@ -53,7 +55,7 @@ def stack_tfvars(prepared: Prepared, images: dict[str, ImagePin | None] | None =
         "roles": roles,
         "ssm_access": spec.aws.ssm_access,
         "read_objects": read_objects(spec),
-        "tags": {**spec.aws.tags, "dlinfra:run-id": run_id, "dlinfra:experiment": spec.name},
+        "tags": {**spec.aws.tags, RUN_TAG: run_id, "dlinfra:experiment": spec.name},
     }
 
 
