@@ -10,6 +10,7 @@ runs.store_url opens the one a URL names.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -146,16 +147,14 @@ class FileStore(Store):
         """Remove the parts of writers that died mid-write: named by the writer's pid, left untouched."""
         try:
             parts = list(self._staging.iterdir())
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # none yet, or a store this user may only read
             return
         for part in parts:
             pid = part.name.partition("-")[0]
-            try:
-                stale = time.time() - part.stat().st_mtime > LEFT_FOR
-            except FileNotFoundError:
-                continue  # renamed into its key meanwhile
-            if stale and pid.isdigit() and not _alive(int(pid)):
-                part.unlink(missing_ok=True)
+            # gone meanwhile (renamed into its key), or not this user's to remove: left as it is
+            with contextlib.suppress(OSError):
+                if time.time() - part.stat().st_mtime > LEFT_FOR and pid.isdigit() and not _alive(int(pid)):
+                    part.unlink()
 
     def _write(self, dest: Path, fill: Callable[[BinaryIO], object]) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +165,7 @@ class FileStore(Store):
                 fill(out)
             os.replace(part, dest)
         except BaseException:
-            os.unlink(part)
+            Path(part).unlink(missing_ok=True)
             raise
 
     def _path(self, key: str) -> Path:
