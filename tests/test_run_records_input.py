@@ -3,6 +3,7 @@ run does not have, or a corrupt record each exit 2 with the name and a fix (neve
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,28 @@ def test_a_short_id_that_names_no_single_run_says_why(ref: str, says: str) -> No
     with pytest.raises(RunNotFound, match="Fix:") as caught:
         resolve_run_ref(ref, IDS)
     assert says in str(caught.value)
+
+
+def test_writers_of_one_manifest_in_threads_lose_no_field(recorded: Run) -> None:
+    """A heal's supervisor thread records the nodes' pids while the watcher records the heal's
+    instances: each read-and-write is one step, so the last value of each field survives."""
+    rounds = 60
+
+    def pids() -> None:
+        for n in range(rounds):
+            recorded.update_manifest(pids={"worker-0": 1000 + n})
+
+    def instances() -> None:
+        for n in range(rounds):
+            recorded.update_manifest(instances={"worker-0": f"i-{n:04d}"})
+
+    threads = [threading.Thread(target=pids), threading.Thread(target=instances)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    manifest = recorded.manifest()
+    assert manifest.pids == {"worker-0": 1000 + rounds - 1}
+    assert manifest.instances == {"worker-0": f"i-{rounds - 1:04d}"}
+    assert manifest.nodes == ["chief-0", "worker-0", "worker-1", "ps-0"]
+    assert sorted(p.name for p in recorded.dir.glob("*manifest*")) == [".manifest.json.lock", "manifest.json"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -10,6 +11,7 @@ import secrets
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -154,14 +156,19 @@ class Run:
         return parse(Manifest, raw, str(path))
 
     def write_manifest(self, manifest: Manifest) -> None:
-        tmp = self.dir / f"{MANIFEST}.tmp"
-        tmp.write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        tmp.replace(self.dir / MANIFEST)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{MANIFEST}.")  # each writer its own
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(manifest.model_dump_json(indent=2) + "\n")
+        os.replace(tmp, self.dir / MANIFEST)
 
     def update_manifest(self, **fields: Any) -> Manifest:
-        """Set manifest fields (validated: an unknown field or a wrong type is an error)."""
-        manifest = Manifest.model_validate(self.manifest().model_dump() | fields)
-        self.write_manifest(manifest)
+        """Set manifest fields (validated: an unknown field or a wrong type is an error). The read and
+        the write are one step for every writer (a heal's supervisor thread records pids while the
+        watcher records the heal), so no field another writer set is lost."""
+        with open(self.dir / f".{MANIFEST}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a lock per open file: threads of one process wait too
+            manifest = Manifest.model_validate(self.manifest().model_dump() | fields)
+            self.write_manifest(manifest)
         return manifest
 
     def store(self) -> RunStore:
