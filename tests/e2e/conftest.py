@@ -270,21 +270,26 @@ def left_of(endpoint: str, run_id: str) -> dict[str, list[str]]:
     gateways not deleted, Elastic IPs."""
     ec2 = aws_client(endpoint, "ec2")
     tagged = [{"Name": "tag:dlinfra:run-id", "Values": [run_id]}]
+    tag = {"Key": "dlinfra:run-id", "Value": run_id}  # checked on each: moto's NAT gateways ignore the filter
     reservations = ec2.describe_instances(Filters=tagged)["Reservations"]
     return {
         "instances": [
             i["InstanceId"]
             for r in reservations
             for i in r["Instances"]
-            if i["State"]["Name"] != "terminated"
+            if i["State"]["Name"] != "terminated" and tag in i.get("Tags", [])
         ],
-        "vpcs": [v["VpcId"] for v in ec2.describe_vpcs(Filters=tagged)["Vpcs"]],
+        "vpcs": [v["VpcId"] for v in ec2.describe_vpcs(Filters=tagged)["Vpcs"] if tag in v.get("Tags", [])],
         "nat_gateways": [
             n["NatGatewayId"]
             for n in ec2.describe_nat_gateways(Filters=tagged)["NatGateways"]
-            if n["State"] != "deleted"
+            if n["State"] != "deleted" and tag in n.get("Tags", [])
         ],
-        "eips": [a["AllocationId"] for a in ec2.describe_addresses(Filters=tagged)["Addresses"]],
+        "eips": [
+            a["AllocationId"]
+            for a in ec2.describe_addresses(Filters=tagged)["Addresses"]
+            if tag in a.get("Tags", [])
+        ],
     }
 
 

@@ -209,10 +209,23 @@ def test_destroy_removes_the_cluster_what_terraform_never_tracked_and_leaves_the
     # client token makes it idempotent): a second address with the run's tags, in no state
     spec = [{"ResourceType": "elastic-ip", "Tags": [{"Key": "dlinfra:run-id", "Value": run_id}]}]
     stray = ec2.allocate_address(Domain="vpc", TagSpecifications=spec)["AllocationId"]
-    result = run_cli("destroy", run_id, env=aws_env["env"], cwd=aws_env["cwd"], timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"outside Terraform's state, found by the run's tag: released Elastic IPs {stray}" in result.stdout
-    assert ec2.describe_addresses(Filters=tagged)["Addresses"] == []
+    # another run's NAT gateway and its address: moto's DescribeNatGateways ignores the tag filter,
+    # so only the sweep's own look at each resource's tags keeps it from deleting them
+    other = _another_runs_nat_gateway(ec2)
+    try:
+        result = run_cli("destroy", run_id, env=aws_env["env"], cwd=aws_env["cwd"], timeout=600)
+        assert result.returncode == 0, result.stdout + result.stderr
+        said = "outside Terraform's state, found by the run's tag: released Elastic IPs"
+        assert f"{said} {stray}" in result.stdout
+        assert ec2.describe_addresses(Filters=tagged)["Addresses"] == []
+        [kept] = ec2.describe_nat_gateways(NatGatewayIds=[other["nat"]])["NatGateways"]
+        assert kept["State"] == "available", "another run's NAT gateway was deleted"
+        assert ec2.describe_addresses(AllocationIds=[other["eip"]])["Addresses"]
+    finally:
+        ec2.delete_nat_gateway(NatGatewayId=other["nat"])
+        ec2.release_address(AllocationId=other["eip"])
+        ec2.delete_subnet(SubnetId=other["subnet"])
+        ec2.delete_vpc(VpcId=other["vpc"])
     alive = [
         i
         for r in ec2.describe_instances(Filters=tagged)["Reservations"]
@@ -225,6 +238,20 @@ def test_destroy_removes_the_cluster_what_terraform_never_tracked_and_leaves_the
     assert [r for r in iam.list_roles()["Roles"] if run_id in r["RoleName"]] == []
     s3 = _client(aws_env["endpoint"], "s3")
     s3.head_object(Bucket=BUCKET, Key=f"runs/{run_id}/model/model.keras")
+
+
+def _another_runs_nat_gateway(ec2: Any) -> dict[str, str]:
+    theirs = [{"Key": "dlinfra:run-id", "Value": "someone-elses-run"}]
+    vpc = ec2.create_vpc(CidrBlock="10.99.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.99.1.0/24")["Subnet"]["SubnetId"]
+    tagging = [{"ResourceType": "elastic-ip", "Tags": theirs}]
+    eip = ec2.allocate_address(Domain="vpc", TagSpecifications=tagging)
+    nat = ec2.create_nat_gateway(
+        SubnetId=subnet,
+        AllocationId=eip["AllocationId"],
+        TagSpecifications=[{"ResourceType": "natgateway", "Tags": theirs}],
+    )["NatGateway"]["NatGatewayId"]
+    return {"nat": nat, "eip": eip["AllocationId"], "subnet": subnet, "vpc": vpc}
 
 
 @pytest.mark.parametrize(

@@ -17,12 +17,18 @@ def sweep(ec2: Any, run_id: str) -> list[str]:
     """One sentence per kind of resource found: removed, or left with the reason and the fix.
     Only the teardown's own EC2 actions are used (its role allows them already)."""
     tagged = [{"Name": f"tag:{RUN_TAG}", "Values": [run_id]}]
+
+    def ours(resource: dict[str, Any]) -> bool:
+        # the filter asks, each resource's own tags decide: an endpoint that ignores a filter (moto's
+        # NAT gateways do) must not make this remove another run's resources
+        return {"Key": RUN_TAG, "Value": run_id} in resource.get("Tags", [])
+
     said = []
     instances = [
         i["InstanceId"]
         for r in ec2.describe_instances(Filters=tagged)["Reservations"]
         for i in r["Instances"]
-        if i["State"]["Name"] not in GONE
+        if i["State"]["Name"] not in GONE and ours(i)
     ]
     if instances:
         ec2.terminate_instances(InstanceIds=instances)
@@ -30,13 +36,13 @@ def sweep(ec2: Any, run_id: str) -> list[str]:
     gateways = [
         n["NatGatewayId"]
         for n in ec2.describe_nat_gateways(Filters=tagged)["NatGateways"]
-        if n["State"] not in GONE
+        if n["State"] not in GONE and ours(n)
     ]
     for gateway in gateways:
         ec2.delete_nat_gateway(NatGatewayId=gateway)
     if gateways:
         said.append(f"deleted NAT gateways {', '.join(gateways)}")
-    addresses = ec2.describe_addresses(Filters=tagged)["Addresses"]
+    addresses = [a for a in ec2.describe_addresses(Filters=tagged)["Addresses"] if ours(a)]
     free = [a["AllocationId"] for a in addresses if not a.get("AssociationId")]
     for allocation in free:
         ec2.release_address(AllocationId=allocation)
@@ -48,7 +54,7 @@ def sweep(ec2: Any, run_id: str) -> list[str]:
             f"Elastic IPs {', '.join(held)} are still associated: run `dlinfra destroy {run_id}` again in "
             "a few minutes to release them"
         )
-    vpcs = [v["VpcId"] for v in ec2.describe_vpcs(Filters=tagged)["Vpcs"]]
+    vpcs = [v["VpcId"] for v in ec2.describe_vpcs(Filters=tagged)["Vpcs"] if ours(v)]
     if vpcs:
         said.append(
             f"VPCs {', '.join(vpcs)} remain (their subnets and gateways with them): run "
