@@ -7,6 +7,8 @@ real run is tests/e2e/test_script_mode.py's kill -9 of the MWMS guide."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,55 @@ def test_two_nodes_restoring_into_one_directory_never_meet(tmp_path: Path) -> No
     assert first.pull() == 3, "the first node's pull completes although another pulled meanwhile"
     assert (shared / "ckpt-1.data-00000-of-00001").read_text() == "shard 0 of ckpt-1"
     assert sorted(os.listdir(shared)) == ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
+
+
+SLOW_PULL = """
+import sys, time
+from pathlib import Path
+from dlinfra.node.directory_sync import DirectorySync
+from dlinfra.runs.layout import SCRIPT_CHECKPOINTS, RunStore
+from dlinfra.runs.store_url import open_store
+
+class Slow(RunStore):  # stands in for a download of a large shard from S3: part written, then a wait
+    def get_synced(self, prefix, rel, path):
+        if rel == "checkpoint":  # the state file, read first into a scratch folder: as it is
+            return super().get_synced(prefix, rel, path)
+        path.write_bytes(b"half a shard")
+        print("copying", flush=True)
+        time.sleep(600)
+        return False
+
+DirectorySync(Slow(open_store(sys.argv[1])), Path(sys.argv[2]), SCRIPT_CHECKPOINTS).pull()
+"""
+
+
+def test_a_restore_killed_part_way_leaves_nothing_that_is_sent_and_the_next_life_clears_it(
+    tmp_path: Path,
+) -> None:
+    """A life killed while it pulled a checkpoint (bench_chaos seed 743: a kill -9 of the owner as it
+    restored) leaves its file in progress in the checkpoint folder. The next life must not send it
+    into the store as a checkpoint file, and its own restore removes it."""
+    writer = DirectorySync(_store(tmp_path), tmp_path / "written", SCRIPT_CHECKPOINTS)
+    _checkpoint(tmp_path / "written", "ckpt-1")
+    _settle(writer)
+    local = tmp_path / "node"
+    url = f"file://{tmp_path / 'store'}"
+    pulling = subprocess.Popen([sys.executable, "-c", SLOW_PULL, url, str(local)], stdout=subprocess.PIPE)
+    assert pulling.stdout is not None and pulling.stdout.readline() == b"copying\n"
+    pulling.kill()
+    pulling.wait()
+    [left] = [p.name for p in local.iterdir()]
+    assert left.endswith(f".{pulling.pid}.pulling")
+    stored = sorted(_store(tmp_path).synced(SCRIPT_CHECKPOINTS))
+    next_life = DirectorySync(_store(tmp_path), local, SCRIPT_CHECKPOINTS)
+    next_life.push(final=True)  # a life that sends before it restores: a ps's, or one with nothing to restore
+    assert sorted(_store(tmp_path).synced(SCRIPT_CHECKPOINTS)) == stored, "a file in progress was sent"
+    beside = local / f".ckpt-1.index.abcd.{os.getpid()}.pulling"  # a restore under way on this machine
+    beside.write_bytes(b"in progress")
+    assert next_life.pull() == 3
+    assert sorted(os.listdir(local)) == sorted(
+        ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index", beside.name]
+    )
 
 
 def test_a_restart_pulls_the_newest_checkpoint_each_state_file_names(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -20,9 +21,12 @@ from dlinfra.node.checkpoint_state import (
     worth_pulling,
 )
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.local_files import bounded, check_cap, open_beneath, regular_files
+from dlinfra.runs.local_files import bounded, check_cap, open_beneath, pid_alive, regular_files
 
 PEEK_SECONDS = 10.0  # how often a node that writes no state file reads the store's (a ps: its shards' fate)
+# A restore's file in progress (see _pull_one), by its pid: never the script's, never sent. A life
+# killed mid-restore leaves one (bench_chaos seed 743 found it sent into the store as a torn file).
+PULLING = re.compile(r"\..+\.(\d+)\.pulling")
 
 
 class DirectorySync:
@@ -79,7 +83,7 @@ class DirectorySync:
         check_cap(listing, self.cap_gb, self.what)
         ready, unsettled = [], False
         for found in listing.files:
-            if "_temp" in found.rel:
+            if "_temp" in found.rel or PULLING.fullmatch(posixpath.basename(found.rel)):
                 continue  # TensorFlow's half-written shards live under *_temp/ until renamed
             now = (found.size, found.mtime_ns)
             settled = final or self.seen.get(found.rel) == now
@@ -153,6 +157,7 @@ class DirectorySync:
         the state files and the checkpoints they name as newest, and every file of no checkpoint.
         Each file is written whole under its name, through a temporary name of this process's own, so a
         reader never sees half a file and two nodes restoring into one directory never meet."""
+        self._sweep_pulls()
         keys = self.store.synced(self.prefix)
         if self.sole_sender:  # all of it sent by this node's earlier lives, kept or not
             self.mine.update(keys)
@@ -172,6 +177,13 @@ class DirectorySync:
             if self._pull_one(rel, path):
                 got += 1
         return got
+
+    def _sweep_pulls(self) -> None:
+        """The files of restores killed part way (an earlier life's), not those of one under way."""
+        for folder, _, names in os.walk(self.local):  # links not followed: a folder linked out is not ours
+            for name in names:
+                if (match := PULLING.fullmatch(name)) and not pid_alive(int(match[1])):
+                    Path(folder, name).unlink(missing_ok=True)
 
     def _pull_one(self, rel: str, path: Path) -> bool:
         own = f".{os.getpid()}.pulling"

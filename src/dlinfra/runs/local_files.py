@@ -196,3 +196,14 @@ class Bounded(io.RawIOBase):
 
     def tell(self) -> int:
         return self.size - self.left
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid exists (a writer whose part may still be in progress)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from dlinfra.errors import StoreError
+from dlinfra.runs.local_files import pid_alive
 
 
 def checked_key(key: str) -> str:
@@ -153,7 +154,8 @@ class FileStore(Store):
             pid = part.name.partition("-")[0]
             # gone meanwhile (renamed into its key), or not this user's to remove: left as it is
             with contextlib.suppress(OSError):
-                if time.time() - part.stat().st_mtime > LEFT_FOR and pid.isdigit() and not _alive(int(pid)):
+                untouched = time.time() - part.stat().st_mtime > LEFT_FOR
+                if untouched and pid.isdigit() and not pid_alive(int(pid)):
                     part.unlink()
 
     def _write(self, dest: Path, fill: Callable[[BinaryIO], object]) -> None:
@@ -239,13 +241,3 @@ class FileStore(Store):
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, path)
         return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
