@@ -179,7 +179,7 @@ def prepare(
         run.publish_manifest()
     field = "training.command" if spec.training.command else "training.entrypoint"
     warnings = tuple(code.warnings(field)) if code else ()
-    notes = (data_note,) if data_note else ()
+    notes = ((data_note,) if data_note else ()) + env.notes()
     return Prepared(spec, run, plan, configs, user_data, upload, warnings, notes)
 
 
@@ -228,6 +228,11 @@ class Environment:
         if root := code_root(spec.training, base):
             packed = [path for path in code_files(root, home()) if path.suffix == ".py"]
             imports.check(root, self.locks.values(), packed)
+
+    def notes(self) -> tuple[str, ...]:
+        """How a lock came to be when the index did not answer: the run's log says so."""
+        locks = sorted(self.locks.items())
+        return tuple(f"environment ({flavor}): {lock.offline}" for flavor, lock in locks if lock.offline)
 
     def locked(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
         """Each node's config naming the lock it must run."""

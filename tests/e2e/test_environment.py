@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,43 @@ def test_a_node_off_its_lock_fails_the_run_naming_it_and_the_package(
     marker = json.loads((drifted.store / "FAILED").read_text())
     assert marker["verdict"] == "environment" and marker["node"] in ("chief-0", "ps-0", "worker-0")
     assert not (drifted.store / "metrics.json").exists(), "no training on an environment off its lock"
+
+
+def test_with_no_network_validate_and_render_answer_and_deploy_runs_the_lock_cached_and_says_so(
+    first: Deployed, index: PackageIndex, project: Path, tmp_path: Path
+) -> None:
+    """A laptop on a train: no network at all (`unshare -rn`: a namespace with no link, not even to
+    PyPI or the private index). validate and render answer from the lock this machine resolved for
+    the same inputs; deploy cannot ask the index and uv's cache is empty, so it runs that lock, says
+    so, and every node runs exactly it."""
+    cache = first.home.parent / "cache"  # where `first` left its lock and its environment
+    env = {
+        **os.environ, **_env(index, cache), "DLINFRA_HOME": str(first.home),
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_HTTP_RETRIES": "0",
+    }  # fmt: skip
+    spec = str(project / "experiment.yaml")
+
+    def offline(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["unshare", "-rn", sys.executable, "-m", "dlinfra", *args], capture_output=True, text=True,
+            env=env, cwd=tmp_path, timeout=600, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    checked = offline("validate", spec)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rendered = offline("render", spec, "--workers", "2", "--out", str(tmp_path / "rendered"))
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    names = sorted(p.name for p in (tmp_path / "rendered").iterdir())
+    assert names == sorted(f"{n}.{kind}" for n in ("chief-0", "ps-0", "worker-0", "worker-1")
+                           for kind in ("json", "user-data.yaml"))  # fmt: skip
+    deployed = offline("deploy", spec, "--workers", "1")
+    said = deployed.stdout + deployed.stderr
+    assert "environment (cpu): the package index did not answer" in said, said[-3000:]
+    assert "the lock this machine resolved for the same inputs on" in said
+    runs = sorted((first.home / "runs").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    run = Deployed(deployed, first.home, runs[-1].parent)
+    _runs_exactly_its_lock(run, "1.0")
+    assert run.manifest["environment"]["cpu"]["sha256"] == first.manifest["environment"]["cpu"]["sha256"]
 
 
 @pytest.mark.parametrize(

@@ -110,6 +110,8 @@ class Lock:
     text: str
     flavor: Flavor = "cpu"
     platform: Platform = field(default_factory=Platform.here)
+    # how it was made when not from the index's answer (offline): the run's log says so
+    offline: str = field(default="", compare=False)
 
     @property
     def sha256(self) -> str:
@@ -213,14 +215,20 @@ def resolve(
             "--python-version", target.python, "--python-platform", target.uv,
             "-o", str(scratch / "lock.txt"), *index.uv_args(),
         ]  # fmt: skip
-        result = _compile(command, index, scratch)
+        result, offline = _compile(command, index, scratch), ""
         if result.returncode != 0 and _unreachable(result.stderr):
             # offline: what uv cached from the index resolves it alike (validate on a train, say)
-            result = _compile([*command, "--offline"], index, scratch)
+            first, result = result, _compile([*command, "--offline"], index, scratch)
+            if result.returncode != 0:  # not a conflict: uv's cache lacks what the index would say
+                raise _unreached(first.stderr, index)
+            offline = (
+                f"the package index did not answer ({index.shown()}): locked offline from uv's cache "
+                "of it, which may lack releases published since it was filled"
+            )
         if result.returncode != 0:
             raise _failure(result.stderr, requirements, flavor, target, index)
         text = (scratch / "lock.txt").read_text(encoding="utf-8")
-    return Lock(_without_local_files(text), flavor, target)
+    return Lock(_without_local_files(text), flavor, target, offline)
 
 
 def _compile(command: list[str], index: Index, scratch: Path) -> subprocess.CompletedProcess[str]:
@@ -252,18 +260,29 @@ def _without_local_files(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
+class IndexUnreachable(DlinfraError):
+    """The package index did not answer, and uv's cache of it could not lock the environment."""
+
+
+def _unreached(stderr: str, index: Index) -> IndexUnreachable:
+    return IndexUnreachable(
+        f"could not reach the package index to lock the run's environment ({index.shown()}), and uv's "
+        f"cache of it holds too little to lock it offline: {_whole_lines(_quoted(stderr)[-3:], 600)}. "
+        "Fix: check the network, or point PIP_INDEX_URL / aws.pip_index_url at a mirror this machine "
+        "reaches"
+    )
+
+
+def _quoted(stderr: str) -> list[str]:
+    """uv's message lines as plain text, secrets masked, its hints and warnings left out."""
+    lines = [GLYPHS.sub("", line).rstrip() for line in stderr.splitlines()]
+    return [mask(line) for line in lines if line and not line.startswith(("hint:", "warning:"))]
+
+
 def _failure(
     stderr: str, requirements: list[str], flavor: Flavor, target: Platform, index: Index
 ) -> DlinfraError:
-    lines = [GLYPHS.sub("", line).rstrip() for line in stderr.splitlines()]
-    lines = [mask(line) for line in lines if line and not line.startswith(("hint:", "warning:"))]
-    if _unreachable(stderr):
-        return DlinfraError(
-            f"could not reach the package index to lock the run's environment ({index.shown()}): "
-            f"{_whole_lines(lines[-3:], 600)}. Fix: check the network, or point PIP_INDEX_URL / "
-            "aws.pip_index_url at a mirror this machine reaches"
-        )
-    why = _whole_lines(lines, 1500)
+    why = _whole_lines(_quoted(stderr), 1500)
     where = FIELD if requirements else "dlinfra's own dependencies"
     return SpecError(
         [

@@ -1,16 +1,18 @@
 """Locks resolved before, by their inputs, for `validate` (and `render`): a check that answers from
 what this machine last resolved for the same requirements, dlinfra build, platform and index, in
 about a second less and without the network. `plan` and `deploy` always resolve anew (the newest
-releases the requirements allow) and leave their lock here for the next `validate`."""
+releases the requirements allow) and leave their lock here for the next `validate`; offline, when
+uv's own cache cannot lock it either, they take this one and say so."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
-from dlinfra.environment.lock import Flavor, Index, Lock, Platform, resolve
+from dlinfra.environment.lock import Flavor, Index, IndexUnreachable, Lock, Platform, resolve
 from dlinfra.environment.venvs import cache_home
 
 
@@ -23,11 +25,22 @@ def locked(
     script: bool,
     fresh: bool,
 ) -> Lock:
-    """resolve(...), from the cache unless `fresh`; a fresh lock is cached for the next validate."""
+    """resolve(...), from the cache unless `fresh` and the index answers; a fresh lock is cached for
+    the next validate."""
     path = cache_home() / "locks" / f"{_key(dlinfra, requirements, flavor, target, index, script)}.lock"
     if not fresh and path.is_file():
         return Lock(path.read_text(encoding="utf-8"), flavor, target)
-    lock = resolve(dlinfra, requirements, flavor, target, index, script)
+    try:
+        lock = resolve(dlinfra, requirements, flavor, target, index, script)
+    except IndexUnreachable:
+        if not path.is_file():
+            raise
+        when = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        note = (
+            f"the package index did not answer ({index.shown()}), nor could uv's cache lock it: the lock "
+            f"this machine resolved for the same inputs on {when:%Y-%m-%d %H:%M} UTC, as it was"
+        )
+        return Lock(path.read_text(encoding="utf-8"), flavor, target, note)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
     scratch.write_text(lock.text, encoding="utf-8")
