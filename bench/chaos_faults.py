@@ -213,4 +213,5 @@ class Injector:
                 fault.note += f", then its replacement {now}"
                 return
             time.sleep(0.2)
-        fault.note += ", no replacement within 600 s"
+        waited = "before the run ended" if self.ended.is_set() else "within 600 s"
+        fault.note += f", no replacement {waited}"
