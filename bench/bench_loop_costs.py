@@ -1,0 +1,180 @@
+"""Where the built-in MWMS loop's time goes (issue 59): the hand-written program of TensorFlow's
+multi-worker guide, then dlinfra's loop's differences added one at a time, in one process, each
+variant timed in turn within every repetition (so load on a shared machine falls on all alike).
+
+- hand: the guide's custom loop (bench_anchors.hand_mwms): no value read back between calls;
+- +fetch: the loss and the optimizer's step count read back after every call, as dlinfra's loop
+  reads them for its progress report;
+- +data: dlinfra's input pipeline (loop.batched: seeded shuffle, skip, prefetch AUTOTUNE) instead
+  of the guide's;
+- +loss: dlinfra's objective (objective.replica_loss, from the program's first batch check);
+- +clock: dlinfra's input clock (meter.InputClock): each step's `next()` timed inside the call,
+  after the previous step's loss. That is dlinfra's loop as it runs;
+- overlap-clock: the same, with a clock that lets `next()` run beside the previous step and counts
+  only the time the step waited past it (what a fix would run).
+
+One worker, no TF_CONFIG: the strategy's own overhead is the same in every variant, and what
+differs is the loop. Examples/s are mean ± sd over `--reps`; each variant's ratio is to `hand`.
+
+    python bench/bench_loop_costs.py [--model digits|resnet20] [--steps 600] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_anchors import BATCH, STEPS_PER_CALL, training
+
+VARIANTS = ["hand", "+fetch", "+data", "+loss", "+clock", "overlap-clock"]
+
+
+class OverlapClock:
+    """Input wait without ordering `next()` after the previous step: a step waited only for the
+    time its batch came later than the previous step's end."""
+
+    def start(self) -> tuple[Any, Any]:
+        import tensorflow as tf
+
+        began = tf.timestamp()
+        with tf.control_dependencies([began]):
+            return began, began * 0.0
+
+    def next(self, it: Any, waited: Any, after: Any) -> tuple[Any, Any]:
+        import tensorflow as tf
+
+        batch = next(it)
+        with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+            ready = tf.timestamp()
+        with tf.control_dependencies(tf.nest.flatten([waited, after], expand_composites=True)):
+            done = tf.timestamp()
+        return batch, waited + tf.maximum(ready - done, 0.0)
+
+    def since(self, began: Any, after: Any) -> Any:
+        import tensorflow as tf
+
+        with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
+            return tf.timestamp() - began
+
+
+def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]:
+    """The variant's model, optimizer, iterator and training call; returns `run(calls)`."""
+    import keras
+    import tensorflow as tf
+
+    from dlinfra.training import fit_check
+    from dlinfra.training.loop import batched
+    from dlinfra.training.meter import InputClock
+    from dlinfra.training.program import Shard, builtin_program
+
+    rank = VARIANTS.index(variant)
+    program = builtin_program(training(model_name), Path(tempfile.mkdtemp()))
+    goal = fit_check.first_batch(program, BATCH)
+    global_batch, replicas = BATCH * strategy.num_replicas_in_sync, strategy.num_replicas_in_sync
+    with strategy.scope():
+        net = program.build_model()
+        optimizer = keras.optimizers.Adam(0.001)
+        optimizer.build(net.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def dataset_fn(ctx: Any) -> Any:
+        shard = Shard(ctx.input_pipeline_id, ctx.num_input_pipelines)
+        per_replica = ctx.get_per_replica_batch_size(global_batch)
+        if rank >= VARIANTS.index("+data"):
+            return batched(program.train_data(shard), per_replica, shuffle_seed=shard.index)
+        ds = program.train_data(shard).shuffle(4096).repeat()
+        return ds.batch(per_replica, drop_remainder=True).prefetch(2)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    @tf.function
+    def gradients(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            if rank >= VARIANTS.index("+loss"):
+                loss = goal.replica_loss(net, y, net(x, training=True), global_batch, replicas)
+            else:
+                per_example = loss_fn(y, net(x, training=True))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+        return loss, tape.gradient(loss, net.trainable_variables)
+
+    def step(x: Any, y: Any) -> Any:
+        loss, grads = gradients(x, y)
+        optimizer.apply_gradients(zip(grads, net.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def plain(it: Any, n: Any) -> Any:
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            loss = strategy.reduce("SUM", strategy.run(step, args=next(it)), axis=None)
+        return loss
+
+    clock = OverlapClock() if variant == "overlap-clock" else InputClock()
+
+    @tf.function
+    def clocked(it: Any, n: Any) -> Any:
+        loss = tf.constant(0.0)
+        began, waited = clock.start()
+        for _ in tf.range(n):
+            batch, waited = clock.next(it, waited, loss)
+            loss = strategy.reduce("SUM", strategy.run(step, args=batch), axis=None)
+        return loss, waited, clock.since(began, (loss, waited))
+
+    fetch = rank >= VARIANTS.index("+fetch")
+    call = clocked if rank >= VARIANTS.index("+clock") else plain
+
+    def run(calls: int) -> None:
+        out = None
+        for _ in range(calls):
+            out = call(iterator, tf.constant(STEPS_PER_CALL))
+            if fetch:  # what the loop reads for its report, after every call
+                float(tf.nest.flatten(out)[0])
+                int(optimizer.iterations.numpy())
+        float(tf.nest.flatten(out)[0])
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="digits", choices=["digits", "resnet20"])
+    parser.add_argument("--steps", type=int, default=600, help="timed steps per variant and repetition")
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    variants = args.variants.split(",")
+    runs = {v: build(v, strategy, args.model) for v in variants}
+    for run in runs.values():
+        run(args.warmup // STEPS_PER_CALL)
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    calls = args.steps // STEPS_PER_CALL
+    for _ in range(args.reps):
+        for variant, run in runs.items():  # in turn: a slow moment of the machine falls on all alike
+            t0 = time.perf_counter()
+            run(calls)
+            rates[variant].append(calls * STEPS_PER_CALL * BATCH / (time.perf_counter() - t0))
+    base = statistics.mean(rates[variants[0]])
+    shape = f"batch {BATCH}, {STEPS_PER_CALL} steps per call, {args.steps} steps x {args.reps} reps"
+    print(f"{args.model}, 1 worker, {shape}")
+    print(f"{'variant':<15}{'examples/s':>20}{'x ' + variants[0]:>12}")
+    for variant, got in rates.items():
+        mean, sd = statistics.mean(got), statistics.stdev(got) if len(got) > 1 else 0.0
+        print(f"{variant:<15}{f'{mean:.0f} ± {sd:.0f}':>20}{mean / base:>12.3f}")
+
+
+if __name__ == "__main__":
+    main()
