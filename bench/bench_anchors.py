@@ -69,21 +69,31 @@ def keras_fit(model: str, warmup: int, steps: int, jit: bool) -> float:
     return steps * BATCH / (time.perf_counter() - t0)
 
 
+def mirrored_model(strategy: Any, model: str) -> tuple[Any, Any, Any]:
+    """(dlinfra's program of `model`, its Keras model and a built Adam, both in the strategy's scope)."""
+    import keras
+
+    from dlinfra.training.program import builtin_program
+
+    program = builtin_program(training(model), Path(tempfile.mkdtemp()))
+    with strategy.scope():
+        net = program.build_model()
+        optimizer = keras.optimizers.Adam(0.001)
+        optimizer.build(net.trainable_variables)
+    return program, net, optimizer
+
+
 def hand_mwms(model: str, warmup: int, steps: int, jit: bool = False) -> float:
     """The Keras-with-a-custom-loop program of TensorFlow's multi-worker tutorial (`jit`: the
     replica's forward and backward pass compiled with XLA, the all-reduce outside it)."""
     import keras
     import tensorflow as tf
 
-    from dlinfra.training.program import Shard, builtin_program
+    from dlinfra.training.program import Shard
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    program = builtin_program(training(model), Path(tempfile.mkdtemp()))
+    program, net, optimizer = mirrored_model(strategy, model)
     global_batch = BATCH * strategy.num_replicas_in_sync
-    with strategy.scope():
-        net = program.build_model()
-        optimizer = keras.optimizers.Adam(0.001)
-        optimizer.build(net.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
     def dataset_fn(ctx: Any) -> Any:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_anchors import BATCH, STEPS_PER_CALL, training
+from bench_anchors import BATCH, STEPS_PER_CALL, mirrored_model
 
 VARIANTS = ["hand", "+fetch", "+data", "+loss", "+clock", "overlap-clock"]
 
@@ -73,16 +72,12 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
     from dlinfra.training import fit_check
     from dlinfra.training.loop import batched
     from dlinfra.training.meter import InputClock
-    from dlinfra.training.program import Shard, builtin_program
+    from dlinfra.training.program import Shard
 
     rank = VARIANTS.index(variant)
-    program = builtin_program(training(model_name), Path(tempfile.mkdtemp()))
+    program, net, optimizer = mirrored_model(strategy, model_name)
     goal = fit_check.first_batch(program, BATCH)
     global_batch, replicas = BATCH * strategy.num_replicas_in_sync, strategy.num_replicas_in_sync
-    with strategy.scope():
-        net = program.build_model()
-        optimizer = keras.optimizers.Adam(0.001)
-        optimizer.build(net.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
     def dataset_fn(ctx: Any) -> Any:
