@@ -131,9 +131,10 @@ def _ended_soon(fault: Fault, restarts: list[Restart]) -> bool:
 
 
 def _during(incident: Incident, fault: Fault) -> bool:
-    """The incident began within the fault's span (a few seconds' slack for the looks' pace)."""
+    """The incident and the fault's span overlap (a few seconds' slack for the looks' pace): a freeze
+    begun while another held the node, or an outage begun while one lasted, is one incident."""
     began = fault.injected_at or 0.0
-    return began - 5 <= incident.at <= began + fault.seconds + 5
+    return incident.at - 5 <= began + fault.seconds and began - 5 <= incident.at + incident.seconds
 
 
 def left_behind(run_id: str, store: RunStore) -> list[str]:

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ class Beacon:
         self.stop_asked: float | None = None
         self.published: dict[str, Any] | None = None  # the NEWS_FIELDS of the last beat
         self.told_incidents = 0  # of survived.found, how many a beat carried
+        self.looking_at: int | None = None  # the pid _look watches: the trainer's, or its script's
 
     def ask_stop(self, trainer: subprocess.Popen[bytes], signum: int) -> None:
         """A stop request (the launcher's teardown, systemd's): passed on to the trainer, and timed."""
@@ -142,6 +144,22 @@ class Beacon:
         )
 
     def watch(self, trainer: subprocess.Popen[bytes]) -> int:
+        done = threading.Event()
+        threading.Thread(target=self._look, args=(done,), name="looks", daemon=True).start()
+        try:
+            return self._watch(trainer)
+        finally:
+            done.set()
+
+    def _look(self, done: threading.Event) -> None:
+        """The trainer's process state every NEWS_POLL, on a thread of its own: a beat blocked on the
+        store (an outage its retries outlast) must not blind the beacon to a stop, which it would miss,
+        or merge with the next into one pause too long (bench_chaos seeds 821 and 825)."""
+        while not done.wait(NEWS_POLL):
+            if (pid := self.looking_at) is not None:
+                self.survived.process(process_state(pid))
+
+    def _watch(self, trainer: subprocess.Popen[bytes]) -> int:
         beat_due = 0.0
         while True:
             code = trainer.poll()
@@ -153,8 +171,11 @@ class Beacon:
                 fields["error"] = f"killed by signal {-code}"  # no last word of its own: its restart's cause
             # the process that trains: the trainer, or in script mode the user's script it runs
             pid = int((fields or {}).get("pid") or trainer.pid)
-            if fields is not None:  # each look, not each beat: a pause of a few seconds is seen
-                self.survived.process("gone" if code is not None else process_state(pid))
+            if code is not None:
+                self.looking_at = None
+                self.survived.process("gone")
+            elif fields is not None:  # once it has a state file: each look from now on, not each beat
+                self.looking_at = pid
             beat = code is not None or time.monotonic() >= beat_due
             if beat or self._news(fields):
                 self.publish(pid, fields, gone=code is not None)
