@@ -85,6 +85,9 @@ fi
 quiet "$uv" pip sync --python .venv/bin/python --require-hashes --compile-bytecode "$lock"
 # this checkout, editable and without dependencies; its build backend is on the lock (no download)
 quiet "$uv" pip install --python .venv/bin/python --no-deps --no-build-isolation --offline -e .
+# and its modules compiled too, for the same reason: an editable install compiles none, and every CLI
+# call compiled its ~120 again (0.21 s of a 1,000-worker render's CPU)
+.venv/bin/python -m compileall -q -j 0 src/dlinfra >/dev/null
 quiet "$uv" pip check --python .venv/bin/python  # the lock is whole: every package's requirements met
 [ -z "$checkov" ] || wait "$checkov"
 if [ "$profile" = dev ]; then

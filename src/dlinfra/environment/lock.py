@@ -9,6 +9,7 @@ a baked image, a cached local venv and a node compare locks by that digest.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import platform
@@ -113,8 +114,8 @@ class Lock:
     # how it was made when not from the index's answer (offline): the run's log says so
     offline: str = field(default="", compare=False)
 
-    @property
-    def sha256(self) -> str:
+    @functools.cached_property
+    def sha256(self) -> str:  # once: every node's config names it (a 1,000-worker render asked 2,006 times)
         return hashlib.sha256(self.text.encode()).hexdigest()
 
     @property
