@@ -53,6 +53,12 @@ POLL_SECONDS = 0.5
 MARKER_SECONDS = 1.0  # how often a node looks for the run's end in the store
 SYNC_SECONDS = 10.0
 STOP_GRACE = 30.0  # after the run ended elsewhere: SIGTERM, then this long before SIGKILL
+# Told to stop (a spot notice), the script has this long to exit on its own (TensorFlow's
+# PreemptionCheckpointHandler saves at its next step and exits), then it is killed and its checkpoint
+# directory sent. Under TF_CONFIG, MultiWorkerMirroredStrategy takes SIGTERM for its preemption
+# notifier, so a script that does not handle it trains on until the machine is gone (a CI run of the
+# MWMS guide left 33 s after its notice, its script having finished on its own meanwhile).
+TOLD_GRACE = 10.0
 # An owner whose script trains this long (from its first reported step, else from its start) without
 # serving on its TF_CONFIG address, while it has peers, ignores them: it is refused as `alone` then,
 # not after it trained its full length on every node.
@@ -83,8 +89,14 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
     elif holds_state(cfg) and not regular_files(dirs.checkpoint, CHECKPOINT_DIR).files:
         status.restored(from_scratch=f"${CHECKPOINT_DIR}")  # a restart that has nothing to resume from
     stopping: list[int] = []
+    told_at: list[float] = []
+
+    def told(signum: int, frame: object) -> None:
+        stopping.append(signum)
+        told_at.append(time.monotonic())
+
     for sig in CLEAN_STOP_SIGNALS:  # the beacon signals the whole group: the script gets it too
-        signal.signal(sig, lambda signum, frame: stopping.append(signum))
+        signal.signal(sig, told)
     variables = dirs.environ(cfg) | staged_files(cfg, work, code)
     argv = expand(command, variables)
     print(f"{RUNNING}{shlex.join(argv)} in {code}", flush=True)
@@ -123,6 +135,10 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
             break
         except subprocess.TimeoutExpired:
             pass
+        if told_at and time.monotonic() - told_at[0] > TOLD_GRACE and script.returncode is None:
+            print(f"the script did not exit within {TOLD_GRACE:.0f}s of SIGTERM: killed", flush=True)
+            script.kill()
+            told_at.clear()  # once
         reaper.reap_orphans(keep=script.pid)
         progress.read()
         progress.busy(script.pid)
