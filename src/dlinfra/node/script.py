@@ -56,8 +56,8 @@ STOP_GRACE = 30.0  # after the run ended elsewhere: SIGTERM, then this long befo
 # Told to stop (a spot notice), the script has this long to exit on its own (TensorFlow's
 # PreemptionCheckpointHandler saves at its next step and exits), then it is killed and its checkpoint
 # directory sent. Under TF_CONFIG, MultiWorkerMirroredStrategy takes SIGTERM for its preemption
-# notifier, so a script that does not handle it trains on until the machine is gone (a CI run of the
-# MWMS guide left 33 s after its notice, its script having finished on its own meanwhile).
+# notifier, so a script that does not handle it trains on until the machine is gone (a --full run of
+# the MWMS guide left 33 s after its notice, its script having finished on its own meanwhile).
 TOLD_GRACE = 10.0
 # An owner whose script trains this long (from its first reported step, else from its start) without
 # serving on its TF_CONFIG address, while it has peers, ignores them: it is refused as `alone` then,
@@ -136,7 +136,8 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
         except subprocess.TimeoutExpired:
             pass
         if told_at and time.monotonic() - told_at[0] > TOLD_GRACE and script.returncode is None:
-            print(f"the script did not exit within {TOLD_GRACE:.0f}s of SIGTERM: killed", flush=True)
+            name = signal.Signals(stopping[0]).name
+            print(f"the script did not exit within {TOLD_GRACE:.0f}s of {name}: killed", flush=True)
             script.kill()
             told_at.clear()  # once
         reaper.reap_orphans(keep=script.pid)
