@@ -9,7 +9,11 @@ variant timed in turn within every repetition (so load on a shared machine falls
   of the guide's;
 - +loss: dlinfra's objective (objective.replica_loss, from the program's first batch check);
 - +clock: dlinfra's input clock (meter.InputClock): each step's `next()` timed inside the call,
-  after the previous step's loss. That is dlinfra's loop as it runs;
+  after the previous step's loss. That is dlinfra's loop's graph as it runs;
+- +status: the node's report after every call (node.reporting.Progress): its status file and its
+  log line (to a file, as a node's stdout is);
+- +tensorboard: the chief's part of the report too: three TensorBoard scalars per report and the
+  event files copied to the store every 10 s. That is dlinfra's chief as it runs;
 - overlap-clock: the same, with a clock that lets `next()` run beside the previous step and counts
   only the time the step waited past it (what a fix would run).
 
@@ -33,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_anchors import BATCH, STEPS_PER_CALL, mirrored_model
 
-VARIANTS = ["hand", "+fetch", "+data", "+loss", "+clock", "overlap-clock"]
+VARIANTS = ["hand", "+fetch", "+data", "+loss", "+clock", "+status", "+tensorboard", "overlap-clock"]
 
 
 class OverlapClock:
@@ -71,7 +75,7 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
 
     from dlinfra.training import fit_check
     from dlinfra.training.loop import batched
-    from dlinfra.training.meter import InputClock
+    from dlinfra.training.meter import InputClock, Meter
     from dlinfra.training.program import Shard
 
     rank = VARIANTS.index(variant)
@@ -125,17 +129,60 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
 
     fetch = rank >= VARIANTS.index("+fetch")
     call = clocked if rank >= VARIANTS.index("+clock") else plain
+    report = reporter(variant) if rank >= VARIANTS.index("+status") else None
+    meter = Meter(0, global_batch)
 
     def run(calls: int) -> None:
         out = None
         for _ in range(calls):
             out = call(iterator, tf.constant(STEPS_PER_CALL))
             if fetch:  # what the loop reads for its report, after every call
-                float(tf.nest.flatten(out)[0])
-                int(optimizer.iterations.numpy())
+                loss = float(tf.nest.flatten(out)[0])
+                step = int(optimizer.iterations.numpy())
+                if report is not None:
+                    meter.input(float(out[1]), float(out[2]))
+                    report(step, loss, meter.tick(step), meter.interval_wait())
         float(tf.nest.flatten(out)[0])
 
     return run
+
+
+def reporter(variant: str) -> Callable[..., None]:
+    """A node's Progress.report, on a status and a file store in a directory of its own; its log
+    line goes to a file, line-buffered, as a node's stdout does. Under +status the node is a worker
+    (no TensorBoard), otherwise the chief."""
+    import contextlib
+    import tempfile
+
+    from dlinfra.contract import NodeConfig, StoreConfig
+    from dlinfra.node.reporting import Progress
+    from dlinfra.node.status import NodeStatus
+    from dlinfra.runs.layout import RunStore
+    from dlinfra.spec.training import TrainingSpec
+
+    home = Path(tempfile.mkdtemp(prefix=f"loop-costs-{variant.strip('+')}-"))
+    index = 1 if variant == "+status" else 0
+    cfg = NodeConfig(
+        run_id="bench",
+        role="worker",
+        index=index,
+        strategy="multi_worker_mirrored",
+        cluster={"worker": ["localhost:1", "localhost:2"]},
+        store=StoreConfig(url=f"file://{home / 'store'}"),
+        training=TrainingSpec(steps=10**9),
+        startup_timeout=60,
+        heartbeat_interval=1,
+        max_runtime=60,
+    )
+    store = RunStore.open(cfg.store)
+    progress = Progress(cfg, store, NodeStatus(store, cfg.name, cfg.role, cfg.index, home), home)
+    log = (home / "node.log").open("a", buffering=1)
+
+    def report(*args: Any) -> None:
+        with contextlib.redirect_stdout(log):
+            progress.report(*args)
+
+    return report
 
 
 def main() -> None:
