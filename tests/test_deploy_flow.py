@@ -58,6 +58,52 @@ def test_a_failed_teardown_rides_along_and_never_hides_the_original_error(prepar
     assert f"dlinfra destroy {prepared.run.id}" in note
 
 
+class InterruptedTeardownTarget(FailingTeardownTarget):
+    """Stands in for a teardown that a second Ctrl-C cuts short (a destroy against an endpoint that
+    went away retries for minutes: the user leaves)."""
+
+    def teardown(self, run: object) -> str:
+        self.teardowns += 1
+        raise KeyboardInterrupt
+
+
+def _ctrl_c() -> None:
+    raise KeyboardInterrupt
+
+
+def test_a_second_ctrl_c_leaves_the_teardown_and_says_what_may_still_bill_and_the_fix(prepared) -> None:
+    target = InterruptedTeardownTarget()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        _owner(target, prepared, False)(_ctrl_c, lambda s: None, None)
+    assert target.teardowns == 1
+    [note] = caught.value.__notes__
+    assert note.startswith("teardown interrupted: what it had not yet removed may still run and bill")
+    assert f"Fix: `dlinfra destroy {prepared.run.id}` finishes it" in note
+    owner, _ = prepared.store.owner()  # given up: `dlinfra destroy` may act at once
+    assert owner is not None and owner.kind == "none"
+
+
+def test_an_interrupt_whose_teardown_did_not_finish_never_says_the_nodes_were_torn_down() -> None:
+    code = (
+        "import typer\n"
+        "from dlinfra.cli.running import report\n"
+        "def follow(options, progress):\n"
+        "    exc = KeyboardInterrupt()\n"
+        "    exc.add_note('teardown interrupted: what it had not yet removed may still run and bill.')\n"
+        "    raise exc\n"
+        "try:\n"
+        "    report(follow, None)\n"
+        "except typer.Exit as left:\n"  # as the typer app turns it into the exit code
+        "    raise SystemExit(left.exit_code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines() == [
+        "interrupted: the run is marked STOPPED",
+        "error: teardown interrupted: what it had not yet removed may still run and bill.",
+    ]
+
+
 def test_keep_means_no_teardown_at_all(prepared) -> None:
     target = FailingTeardownTarget()
     with pytest.raises(DlinfraError) as caught:

@@ -325,5 +325,10 @@ def _teardown_after(original: BaseException, target: Target, run: Run, options: 
     teardown's failure rides along as a note (with how to retry it)."""
     try:
         options.log(target.teardown(run))
+    except KeyboardInterrupt:  # a second Ctrl-C: leave now, and say what may still be billing
+        original.add_note(
+            f"teardown interrupted: what it had not yet removed may still run and bill.\n"
+            f"Fix: `dlinfra destroy {run.id}` finishes it"
+        )
     except Exception as exc:
         original.add_note(f"teardown failed too: {exc}\nFix: retry it with `dlinfra destroy {run.id}`")

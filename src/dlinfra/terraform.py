@@ -160,6 +160,8 @@ class Terraform:
         timed_out = threading.Event()
         with open(self.workdir / "terraform.log", "a", encoding="utf-8") as logfile:
             logfile.write(f"$ terraform {' '.join(args)}\n")
+            # A group of its own: a terminal's Ctrl-C reaches only the CLI, which hands terraform exactly
+            # one (a second makes terraform exit at once, without saving its state).
             proc = subprocess.Popen(
                 [self.binary, *args],
                 cwd=self.workdir,
@@ -168,6 +170,7 @@ class Terraform:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                process_group=0,
             )
             assert proc.stdout is not None
             timers = [
@@ -177,15 +180,20 @@ class Terraform:
             for timer in timers:
                 timer.daemon = True
                 timer.start()
-            for line in proc.stdout:
-                lines.append(line)
-                if not quiet:
-                    logfile.write(line)
-                if json_events:
-                    self._event(line, errors)
-            code = proc.wait()
-            for timer in timers:
-                timer.cancel()
+            try:
+                for line in proc.stdout:
+                    lines.append(line)
+                    if not quiet:
+                        logfile.write(line)
+                    if json_events:
+                        self._event(line, errors)
+                code = proc.wait()
+            except KeyboardInterrupt:
+                self._stop(proc, args[0])
+                raise
+            finally:
+                for timer in timers:
+                    timer.cancel()
         if timed_out.is_set():
             raise TerraformError(
                 f"terraform {args[0]} did not finish in {timeout:.0f}s (interrupted) in {self.workdir}. "
@@ -196,6 +204,21 @@ class Terraform:
             detail = "\n".join(errors) or "".join(lines[-20:]).strip()
             raise TerraformError(f"terraform {args[0]} failed in {self.workdir}:\n{detail}")
         return "".join(lines)
+
+    def _stop(self, proc: subprocess.Popen[str], command: str) -> None:
+        """The CLI was interrupted (Ctrl-C, SIGTERM): terraform stops as on its own Ctrl-C, finishing
+        the calls in flight and saving its state, so that the teardown that follows finds the state
+        whole and unlocked. Interrupted again meanwhile: killed at once."""
+        if proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGINT)
+        self.log(f"stopping terraform {command} (it saves its state); Ctrl-C again to kill it now")
+        try:
+            proc.wait(INTERRUPT_GRACE)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.kill()
+            proc.wait()
+            raise KeyboardInterrupt from None
 
     def _event(self, line: str, errors: list[str]) -> None:
         try:

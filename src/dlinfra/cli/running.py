@@ -29,8 +29,9 @@ def report(follow: Any, emulate: str | None) -> None:
         outcome = follow(TargetOptions(log=out.print, emulate_instances=emulate), progress)
     except KeyboardInterrupt as exc:
         progress.close()
-        err.print("interrupted: the run is marked STOPPED and its nodes were torn down")
-        for note in getattr(exc, "__notes__", []):
+        notes = getattr(exc, "__notes__", [])  # a teardown that failed or was interrupted
+        err.print(f"interrupted: the run is marked STOPPED{'' if notes else ' and its nodes were torn down'}")
+        for note in notes:
             _error(note)
         raise typer.Exit(130) from None
     progress.close()
