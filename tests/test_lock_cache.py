@@ -1,7 +1,7 @@
-"""Locks cached by their inputs (environment/lock_cache.py): validate answers from them; plan and
-deploy resolve anew while the index answers, and take them, saying so, only when it does not. The
-index is a closed port (nothing answers) or an empty one of our own (it answers: no such package):
-any resolution here fails, so what succeeds was cached."""
+"""Locks cached by their inputs (environment/lock_cache.py): every command takes them and says when
+they were resolved; a refresh (--refresh-lock) resolves anew while the index answers, and takes
+them, saying so, only when it does not. The index is a closed port (nothing answers) or an empty one
+of our own (it answers: no such package): any resolution here fails, so what succeeds was cached."""
 
 from __future__ import annotations
 
@@ -49,17 +49,20 @@ def leave(cache: Path, *args: object) -> None:
     (cache / "locks" / f"{lock_cache._key(*args)}.lock").write_text(TEXT)  # type: ignore[arg-type]
 
 
-def test_validate_answers_from_the_lock_resolved_before(caches: Path) -> None:
+def test_the_lock_resolved_before_for_the_same_inputs_answers_and_says_when(caches: Path) -> None:
     args = ("==0.1.0", ["numpy"], "cpu", TARGET, CLOSED, True)
-    with pytest.raises(DlinfraError):  # nothing cached: validate resolves too
+    with pytest.raises(DlinfraError):  # nothing cached: it resolves
         lock_cache.locked(*args, fresh=False)  # type: ignore[arg-type]
     leave(caches, *args)
-    assert lock_cache.locked(*args, fresh=False).text == TEXT  # type: ignore[arg-type]
+    lock = lock_cache.locked(*args, fresh=False)  # type: ignore[arg-type]
+    assert lock.text == TEXT
+    assert lock.note.startswith("the lock this machine resolved for the same inputs on 20")
+    assert lock.note.endswith("UTC (--refresh-lock resolves anew)")
     other = ("==0.1.0", ["numpy<2"], "cpu", TARGET, CLOSED, True)
     assert lock_cache._key(*other) != lock_cache._key(*args)  # type: ignore[arg-type]
 
 
-def test_deploy_resolves_anew_while_the_index_answers_even_with_a_lock_cached(
+def test_a_refresh_resolves_anew_while_the_index_answers_even_with_a_lock_cached(
     caches: Path, empty_index: Index
 ) -> None:
     args = ("==0.1.0", ["numpy"], "cpu", TARGET, empty_index, True)
@@ -68,7 +71,7 @@ def test_deploy_resolves_anew_while_the_index_answers_even_with_a_lock_cached(
         lock_cache.locked(*args, fresh=True)  # type: ignore[arg-type]
 
 
-def test_offline_deploy_takes_the_cached_lock_for_the_same_inputs_and_says_so(caches: Path) -> None:
+def test_an_offline_refresh_takes_the_cached_lock_for_the_same_inputs_and_says_so(caches: Path) -> None:
     args = ("==0.1.0", ["numpy"], "cpu", TARGET, CLOSED, True)
     # nothing cached, uv's cache cold: the index is named, not the requirements (they may be fine)
     with pytest.raises(IndexUnreachable, match="could not reach the package index") as raised:
@@ -78,8 +81,8 @@ def test_offline_deploy_takes_the_cached_lock_for_the_same_inputs_and_says_so(ca
     leave(caches, *args)
     lock = lock_cache.locked(*args, fresh=True)  # type: ignore[arg-type]
     assert lock.text == TEXT
-    assert "did not answer (http://127.0.0.1:9/simple)" in lock.offline
-    assert "the lock this machine resolved for the same inputs on 20" in lock.offline
+    assert "did not answer (http://127.0.0.1:9/simple)" in lock.note
+    assert "the lock this machine resolved for the same inputs on 20" in lock.note
     other = ("==0.1.0", ["numpy<2"], "cpu", TARGET, CLOSED, True)  # another input: not that lock
     with pytest.raises(IndexUnreachable):
         lock_cache.locked(*other, fresh=True)  # type: ignore[arg-type]

@@ -50,6 +50,7 @@ class Request:
     detach: bool = False  # return once the nodes are up; `dlinfra watch` follows the run later
     origin: Origin | None = None  # a rerun: the original's code bundle, pins and wheel
     upload: bool = True  # False: write nothing to the results store (`dlinfra plan --no-upload`)
+    refresh_lock: bool = False  # resolve the environment anew, not from this machine's lock cache
 
 
 def preview(
@@ -86,7 +87,8 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
     target.preflight(spec)
     addresses = target.addresses(spec)  # before the run exists: a bad subnet creates nothing
     install = target.node_install(spec, origin.wheel if origin else None)
-    spec, locks, settled = _settle(spec, target, addresses, install, origin.locks if origin else None)
+    locks = origin.locks if origin else None
+    spec, locks, settled = _settle(spec, target, addresses, install, locks, request.refresh_lock)
     # the run's spec (and so a rerun's, on whatever machines) says what its nodes checked
     spec = settle_preflight(spec, target.uses_instance_types, target.own_machines)
     if settled:
@@ -105,6 +107,7 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
         usd_per_hour=checked_rate(spec, target.hourly_cost(spec), target.name),
         upload=request.upload,
         user_data_limit=target.user_data_limit,
+        fresh_lock=request.refresh_lock,
     )
     for line in prepared.notes:
         target.options.log(line)
@@ -121,7 +124,12 @@ def plan(request: Request, target: Target) -> tuple[Prepared, Review]:
 
 
 def _settle(
-    spec: Spec, target: Target, addresses: AddressPlan, install: NodeInstall, locks: dict[Flavor, Lock] | None
+    spec: Spec,
+    target: Target,
+    addresses: AddressPlan,
+    install: NodeInstall,
+    locks: dict[Flavor, Lock] | None,
+    fresh: bool,
 ) -> tuple[Spec, dict[Flavor, Lock] | None, str | None]:
     """Target.settle, with the run's environment resolved only if the target asks for it (then once:
     prepare takes the locks as they are)."""
@@ -137,7 +145,7 @@ def _settle(
 
     def digests() -> dict[str, str]:
         if not resolved:
-            resolved.append(Environment.of(spec, probe, install, None).locks)
+            resolved.append(Environment.of(spec, probe, install, None, fresh).locks)
         return {flavor: lock.sha256 for flavor, lock in resolved[0].items()}
 
     settled, line = target.settle(spec, probe, digests)

@@ -94,6 +94,7 @@ def prepare(
     usd_per_hour: float = 0.0,
     upload: bool = True,
     user_data_limit: int | None = None,
+    fresh_lock: bool = False,
 ) -> Prepared:
     """Create the run record, store the code bundle, render every node's user-data into the run dir.
     `code` (a rerun's pinned bundle) replaces packing the entrypoint's directory; `pins` are extra
@@ -101,7 +102,8 @@ def prepare(
     `typed`: the target runs nodes on their instance types; `own_machines`: each on its own machine.
     `upload=False` (a plan for review by a read-only role) writes the run dir alone: the user-data
     names the wheel's store URI, but nothing goes to the store. A spec whose user-data would exceed
-    `user_data_limit` leaves nothing behind: it is rendered before anything is stored."""
+    `user_data_limit` leaves nothing behind: it is rendered before anything is stored. `fresh_lock`:
+    resolve the environment anew rather than take this machine's lock for the same inputs."""
     base = spec_path.absolute().parent if spec_path else Path.cwd()
     packed_here = code is None  # else a rerun's pinned bundle, whose imports its original ran
     if code is None:
@@ -113,7 +115,7 @@ def prepare(
     probe = build_node_configs(
         spec, "RUN_ID", StoreConfig(url="file:///RUN_ID"), plan, typed=typed, own_machines=own_machines
     )
-    env = Environment.of(spec, probe, install, locks)
+    env = Environment.of(spec, probe, install, locks, fresh_lock)
     if packed_here:
         env.check_imports(spec, base)
     run = Run.create(spec, spec_path, argv)
@@ -206,10 +208,11 @@ class Environment:
         configs: dict[str, NodeConfig],
         install: NodeInstall,
         locks: dict[Flavor, Lock] | None,
-        fresh: bool = True,
+        fresh: bool,
     ) -> Environment:
-        """`locks` (a rerun's) are taken as they are; else each flavor is resolved now (`fresh`) or
-        taken from what this machine resolved last for the same inputs (validate: lock_cache)."""
+        """`locks` (a rerun's) are taken as they are; else each flavor is taken from what this
+        machine resolved last for the same inputs (lock_cache), or resolved now (`fresh`, or none
+        cached)."""
         index = node_index(spec, install)
         if locks is None:
             dlinfra = str(install.wheel) if install.wheel else (install.requirement or "").partition("==")[2]
@@ -230,9 +233,9 @@ class Environment:
             imports.check(root, self.locks.values(), packed)
 
     def notes(self) -> tuple[str, ...]:
-        """How a lock came to be when the index did not answer: the run's log says so."""
+        """How a lock came to be when not from the index's answer just now: the run's log says so."""
         locks = sorted(self.locks.items())
-        return tuple(f"environment ({flavor}): {lock.offline}" for flavor, lock in locks if lock.offline)
+        return tuple(f"environment ({flavor}): {lock.note}" for flavor, lock in locks if lock.note)
 
     def locked(self, configs: dict[str, NodeConfig]) -> dict[str, NodeConfig]:
         """Each node's config naming the lock it must run."""

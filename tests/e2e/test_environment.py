@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -125,6 +126,44 @@ def _rerun(original: Deployed, tmp: Path, env: dict[str, str], *flags: str) -> D
     return Deployed(result, original.home, runs[-1].parent)
 
 
+def test_a_deploy_keeps_the_lock_of_the_same_inputs_and_a_refresh_takes_the_newest_release(
+    first: Deployed, index: PackageIndex, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """greeting 1.1 is published after `first` resolved 1.0: a deploy of the same experiment keeps
+    1.0 (the lock this machine resolved for the same inputs, as a lock file would) and says so; with
+    --refresh-lock it resolves anew and takes 1.1. Each is planned as a deploy plans it (the run
+    created, its lock pinned), with real uv against the real private index; nothing is started."""
+    from dlinfra.deploy import Request, plan
+    from dlinfra.spec.loading import Overrides, load_spec
+    from dlinfra.targets import target_for
+    from dlinfra.targets.base import TargetOptions
+
+    cache = tmp_path / "cache"  # a copy of `first`'s locks (and its wheel): the refresh must not change them
+    for kept_here in ("locks", "wheels"):
+        shutil.copytree(first.home.parent / "cache" / kept_here, cache / kept_here)
+    for name, value in {**_env(index, cache), "DLINFRA_HOME": str(tmp_path / "home")}.items():
+        monkeypatch.setenv(name, value)
+    path = project / "experiment.yaml"
+    spec = load_spec(path, Overrides(workers=1))
+    index.publish("greeting", "1.1", _greeting("1.1"))
+    try:
+        said: list[str] = []
+        kept, _ = plan(Request(spec, path), target_for("local", TargetOptions(log=said.append)))
+        refreshed, _ = plan(Request(spec, path, refresh_lock=True), target_for("local", TargetOptions()))
+    finally:
+        index.unpublish("greeting", "1.1")
+    pinned = lambda prepared: prepared.run.manifest().environment["cpu"]  # noqa: E731
+    assert pinned(kept).sha256 == first.manifest["environment"]["cpu"]["sha256"]
+    assert pinned(kept).packages["greeting"] == "1.0"
+    assert any(
+        line.startswith("environment (cpu): the lock this machine resolved for the same inputs on 20")
+        and line.endswith("(--refresh-lock resolves anew)")
+        for line in said
+    ), said
+    assert pinned(refreshed).packages["greeting"] == "1.1"
+    assert not refreshed.notes, "a lock the index gave just now needs no word"
+
+
 def test_a_node_off_its_lock_fails_the_run_naming_it_and_the_package(
     first: Deployed, index: PackageIndex, tmp_path: Path
 ) -> None:
@@ -164,8 +203,8 @@ def test_with_no_network_validate_and_render_answer_and_deploy_runs_the_lock_cac
 ) -> None:
     """A laptop on a train: no network at all (`unshare -rn`: a namespace with no link, not even to
     PyPI or the private index). validate and render answer from the lock this machine resolved for
-    the same inputs; deploy cannot ask the index and uv's cache is empty, so it runs that lock, says
-    so, and every node runs exactly it."""
+    the same inputs; a deploy that asks for a fresh lock cannot ask the index and uv's cache is
+    empty, so it runs that lock, says so, and every node runs exactly it."""
     cache = first.home.parent / "cache"  # where `first` left its lock and its environment
     env = {
         **os.environ, **_env(index, cache), "DLINFRA_HOME": str(first.home),
@@ -186,7 +225,8 @@ def test_with_no_network_validate_and_render_answer_and_deploy_runs_the_lock_cac
     names = sorted(p.name for p in (tmp_path / "rendered").iterdir())
     assert names == sorted(f"{n}.{kind}" for n in ("chief-0", "ps-0", "worker-0", "worker-1")
                            for kind in ("json", "user-data.yaml"))  # fmt: skip
-    deployed = offline("deploy", spec, "--workers", "1")
+    # --refresh-lock: it asks the index, which does not answer, then uv's cache, which is empty
+    deployed = offline("deploy", spec, "--workers", "1", "--refresh-lock")
     said = deployed.stdout + deployed.stderr
     assert "environment (cpu): the package index did not answer" in said, said[-3000:]
     assert "the lock this machine resolved for the same inputs on" in said

@@ -26,6 +26,7 @@ from dlinfra.cli.options import (
     EmulateOpt,
     JsonOpt,
     KeepOpt,
+    RefreshLockOpt,
     RunArg,
     SpecArg,
     YesOpt,
@@ -208,6 +209,7 @@ def deploy(
     detach: Annotated[
         bool, typer.Option("--detach", help="Return once the nodes are up; follow with `dlinfra watch RUN`.")
     ] = False,
+    refresh_lock: RefreshLockOpt = False,
     *,
     overrides: Overrides,
 ) -> None:
@@ -218,7 +220,9 @@ def deploy(
     started = time.time()
     if detach and emulate_instances == "vm":
         raise SpecError(["--detach: VMs live only while this deploy watches them. Fix: drop --detach"])
-    request = Request(load_checked(spec, overrides), spec, sys.argv, keep, detach=detach)
+    request = Request(
+        load_checked(spec, overrides), spec, sys.argv, keep, detach=detach, refresh_lock=refresh_lock
+    )
     report(
         lambda options, progress: run_deploy(request, options, approver(yes), progress, started),
         emulate_instances,
@@ -260,7 +264,7 @@ def rerun(
     for problem in origin.pins["unpinned"]:
         err.print(f"warning (--allow-unpinned): {problem}", markup=False)
     out.print(f"rerun of {run_id}" + (f", code bundle {origin.code.sha256[:12]}" if origin.code else ""))
-    request = Request(origin.spec, None, sys.argv, keep, origin=origin)
+    request = Request(origin.spec, None, sys.argv, keep, origin=origin, refresh_lock=refresh_lock)
     report(
         lambda options, progress: run_deploy(request, options, approver(yes), progress, started),
         emulate_instances,

@@ -27,6 +27,14 @@ RunArg = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="aws: apply without asking.")]
+RefreshLockOpt = Annotated[
+    bool,
+    typer.Option(
+        "--refresh-lock",
+        help="Resolve the environment anew (the newest releases the requirements allow) instead of the "
+        "lock this machine resolved for the same requirements, dlinfra, platform and index.",
+    ),
+]
 KeepOpt = Annotated[bool, typer.Option("--keep", help="aws: keep the stack after the run.")]
 EmulateOpt = Annotated[
     str | None,

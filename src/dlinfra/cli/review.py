@@ -15,7 +15,7 @@ import typer
 
 from dlinfra.cli.advise import print_summary
 from dlinfra.cli.console import err, out
-from dlinfra.cli.options import ALL_OVERRIDES, SpecArg, with_overrides
+from dlinfra.cli.options import ALL_OVERRIDES, RefreshLockOpt, SpecArg, with_overrides
 from dlinfra.errors import SpecError
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ def plan(
             "used, nothing written to AWS (implies --no-upload; needs dlinfra[emulator]).",
         ),
     ] = False,
+    refresh_lock: RefreshLockOpt = False,
     *,
     overrides: Overrides,
 ) -> None:
@@ -76,7 +77,8 @@ def plan(
     resolved = load_checked(spec, overrides)
     before = _base(spec, base, overrides) if base else None  # a bad ref exits 2 before anything runs
     target = target_for("aws", TargetOptions(log=lambda line: err.print(line, markup=False)))
-    prepared, review = make_plan(Request(resolved, spec, sys.argv, upload=not no_upload), target)
+    request = Request(resolved, spec, sys.argv, upload=not no_upload, refresh_lock=refresh_lock)
+    prepared, review = make_plan(request, target)
     text, summary, written = review.text, review.markdown, prepared.run.dir / "plan.md"
     if before is not None:
         from dlinfra.targets.aws.review_diff import ReviewDiff

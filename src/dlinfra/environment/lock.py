@@ -111,8 +111,8 @@ class Lock:
     text: str
     flavor: Flavor = "cpu"
     platform: Platform = field(default_factory=Platform.here)
-    # how it was made when not from the index's answer (offline): the run's log says so
-    offline: str = field(default="", compare=False)
+    # how it was made when not from the index's answer just now (cached, offline): the run's log says so
+    note: str = field(default="", compare=False)
 
     @functools.cached_property
     def sha256(self) -> str:  # once: every node's config names it (a 1,000-worker render asked 2,006 times)

@@ -1,8 +1,8 @@
-"""Locks resolved before, by their inputs, for `validate` (and `render`): a check that answers from
-what this machine last resolved for the same requirements, dlinfra build, platform and index, in
-about a second less and without the network. `plan` and `deploy` always resolve anew (the newest
-releases the requirements allow) and leave their lock here for the next `validate`; offline, when
-uv's own cache cannot lock it either, they take this one and say so."""
+"""Locks resolved before, by their inputs: what this machine last resolved for the same requirements,
+dlinfra build, platform and index. `validate`, `render`, `plan` and `deploy` take it, about a second
+sooner and without the network, as a lock file keeps an environment until its inputs change;
+`--refresh-lock` resolves anew (the newest releases the requirements allow) and leaves its lock here.
+Offline, when uv's own cache cannot lock it either, a refresh takes this one and says so."""
 
 from __future__ import annotations
 
@@ -26,19 +26,19 @@ def locked(
     fresh: bool,
 ) -> Lock:
     """resolve(...), from the cache unless `fresh` and the index answers; a fresh lock is cached for
-    the next validate."""
+    the next call. A lock from the cache says when it was resolved (Lock.note)."""
     path = cache_home() / "locks" / f"{_key(dlinfra, requirements, flavor, target, index, script)}.lock"
     if not fresh and path.is_file():
-        return Lock(path.read_text(encoding="utf-8"), flavor, target)
+        note = f"{_resolved_on(path)} (--refresh-lock resolves anew)"
+        return Lock(path.read_text(encoding="utf-8"), flavor, target, note)
     try:
         lock = resolve(dlinfra, requirements, flavor, target, index, script)
     except IndexUnreachable:
         if not path.is_file():
             raise
-        when = datetime.fromtimestamp(path.stat().st_mtime, UTC)
         note = (
-            f"the package index did not answer ({index.shown()}), nor could uv's cache lock it: the lock "
-            f"this machine resolved for the same inputs on {when:%Y-%m-%d %H:%M} UTC, as it was"
+            f"the package index did not answer ({index.shown()}), nor could uv's cache lock it: "
+            f"{_resolved_on(path)}, as it was"
         )
         return Lock(path.read_text(encoding="utf-8"), flavor, target, note)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,6 +46,11 @@ def locked(
     scratch.write_text(lock.text, encoding="utf-8")
     scratch.replace(path)  # whole or absent: two deploys at once each write their own first
     return lock
+
+
+def _resolved_on(path: Path) -> str:
+    when = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+    return f"the lock this machine resolved for the same inputs on {when:%Y-%m-%d %H:%M} UTC"
 
 
 def _key(
