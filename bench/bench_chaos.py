@@ -200,7 +200,8 @@ def one_run(plan: RunPlan, scratch: Path, moto: Moto, base: Outcome | None) -> O
                     steps = (int(state(run_dir, n).get("step") or 0) for n in plan.nodes())
                     fault.step = max(steps, default=0)
                     injector.inject(fault)
-                    print(f"  {fault.label()}: injected at step {fault.step}", flush=True)
+                    at = time.strftime("%H:%M:%S", time.localtime(fault.injected_at or time.time()))
+                    print(f"  {fault.label()}: injected at step {fault.step}, {at}", flush=True)
                 time.sleep(0.05)
         except KeyboardInterrupt:  # the soak stopped: its run torn down first, while moto still answers
             os.killpg(proc.pid, signal.SIGINT)
@@ -219,6 +220,9 @@ def one_run(plan: RunPlan, scratch: Path, moto: Moto, base: Outcome | None) -> O
                     # new session, which the stand-in answers as a new instance): no notice to record
                     fault.note = "never seen by its node"
                 print(f"  {fault.label()}: {fault.note or 'as planned'}", flush=True)
+                if fault.note == "never seen by its node" and fault.injected_at is not None:
+                    for line in imds.story(fault.node or "", fault.injected_at):  # what explains it
+                        print(f"    metadata: {line}", flush=True)
         out.wall = time.monotonic() - started
     run_dir = run_dir or new_run_dir(home, before)
     if run_dir is None:

@@ -23,6 +23,9 @@ class MetadataStandIn:
         self.rebalanced: dict[str, float] = {}  # token → the recommendation's time
         self.requests: list[tuple[str, str, str]] = []  # (method, node, path) in order
         self.answered: list[tuple[str, str]] = []  # (node, path) answered with a notice
+        # (wall clock, node, what): every token, every look at a notice, every notice given; a notice
+        # never seen is explained from this (bench_chaos prints it)
+        self.trace: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -63,7 +66,14 @@ class MetadataStandIn:
         now = time.time()
         with self._lock:
             self.interrupted[token] = now + NOTICE_SECONDS
+            self.trace.append((now, node, f"notice given to token …{token[-6:]} (life since {since:.3f})"))
         return now
+
+    def story(self, node: str, around: float, seconds: float = 20.0) -> list[str]:
+        """What `node` asked and was given within `seconds` of `around`, one line each."""
+        near = [(t, what) for t, n, what in list(self.trace) if n == node and abs(t - around) <= seconds]
+        clock = lambda t: f"{time.strftime('%H:%M:%S', time.localtime(t))}.{int(t % 1 * 1000):03d}"  # noqa: E731
+        return [f"{clock(t)} {what}" for t, what in near]
 
     def recommend_rebalance(self, node: str) -> float:
         token = self._session(node)
@@ -96,6 +106,7 @@ class MetadataStandIn:
                     owner.tokens[token] = node
                     owner.latest[node] = token
                     owner.issued[token] = time.time()
+                    owner.trace.append((owner.issued[token], node, f"token …{token[-6:]} issued"))
                 self._answer(200, token)
 
             def do_GET(self) -> None:
@@ -105,6 +116,9 @@ class MetadataStandIn:
                 if owner.tokens.get(token) != node:  # IMDSv2: no valid token, no answer
                     return self._answer(401)
                 stamp = "%Y-%m-%dT%H:%M:%SZ"
+                if path == "latest/meta-data/spot/instance-action":
+                    told = "the notice" if token in owner.interrupted else "none"
+                    owner.trace.append((time.time(), node, f"asked with token …{token[-6:]}: {told}"))
                 if path == "latest/meta-data/spot/instance-action" and token in owner.interrupted:
                     owner.answered.append((node, path))
                     when = time.strftime(stamp, time.gmtime(owner.interrupted[token]))
