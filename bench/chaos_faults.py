@@ -55,7 +55,10 @@ class Injector:
 
     def inject(self, fault: Fault) -> None:
         """On a thread of its own: a fault that waits for its moment (a save, a new life, a heal's
-        replacement) holds up neither the run's watch nor a fault due at the same time."""
+        replacement) holds up neither the run's watch nor a fault due at the same time. A fault on a
+        node's life restamps `injected_at` as it lands: a new life may take seconds to be up (its
+        beacon's start waits out a store outage), and the checks time what follows from the landing
+        (seed 1113: a notice stamped 5 s before it reached a life that was killed 60 ms after)."""
         fault.injected_at = time.time()
         thread = threading.Thread(target=getattr(self, f"_{fault.kind}"), args=(fault,), daemon=True)
         thread.start()
@@ -94,6 +97,7 @@ class Injector:
             fault.note += "not up within 60 s: nothing killed"
             fault.injected_at = None
             return
+        fault.injected_at = time.time()
         _signal(pid, signal.SIGKILL)
         fault.note = f"pid {pid}"
 
@@ -102,6 +106,7 @@ class Injector:
         if pid is None:
             fault.injected_at, fault.note = None, "not up: nothing to freeze"
             return
+        fault.injected_at = time.time()
         _signal(pid, signal.SIGSTOP)
         self._later(fault.seconds, lambda: _signal(pid, signal.SIGCONT))
         fault.note = f"pid {pid}"
@@ -153,7 +158,7 @@ class Injector:
         now = state(self.run_dir, fault.node or "")
         life = float((now.get("phases") or {}).get("spawned") or now.get("started") or 0.0)
         try:
-            self.imds.interrupt(fault.node, since=life, timeout=LIVE_WAIT)
+            fault.injected_at = self.imds.interrupt(fault.node, since=life, timeout=LIVE_WAIT)
         except AssertionError:
             fault.injected_at, fault.note = None, "its life asked for no metadata token"
 
@@ -185,6 +190,7 @@ class Injector:
             link("up")
             os.close(namespace)
 
+        fault.injected_at = time.time()
         link("down")
         self._later(fault.seconds, up)
 
