@@ -119,6 +119,7 @@ class Outcome:
     lost_seconds: list[float] = field(default_factory=list)
     lost_steps: list[int] = field(default_factory=list)
     lived: int = 0  # incidents in the record: faults lived through without a restart
+    verdict: str = ""  # a FAILED or STOPPED run's: its node and cause, as the marker says
 
 
 def deploy_args(plan: RunPlan, scratch: Path, moto: Moto) -> tuple[list[str], dict[str, str], Path]:
@@ -241,6 +242,8 @@ def judge(out: Outcome, run_dir: Path, moto: Moto, base: Outcome | None) -> None
     store = RunStore.open(StoreConfig.model_validate(manifest["store"]))
     marker, metrics = store.marker(), store.metrics()
     out.state = marker.marker if marker else "NONE"
+    if marker is not None and marker.marker != "DONE":  # kept in the output: the scratch goes at the end
+        out.verdict = f" ({marker.node}: {(marker.error or marker.reason or '')[:200]})"
     out.broken += checks.outcome(plan, marker, metrics, out.wall, out.bound)
     torn, pointer_step = checks.store_consistent(store)
     out.broken += torn
@@ -353,10 +356,8 @@ def main() -> None:
         out = one_run(plan, scratch, moto, bases[key])
         outcomes.append(out)
         verdict = "ok" if not out.broken else "WRONG: " + " | ".join(out.broken)
-        print(
-            f"  -> {out.run_id} {out.state} in {out.wall:.0f} s (bound {out.bound:.0f}): {verdict}",
-            flush=True,
-        )
+        ended = f"{out.run_id} {out.state}{out.verdict} in {out.wall:.0f} s"
+        print(f"  -> {ended} (bound {out.bound:.0f}): {verdict}", flush=True)
     table(outcomes)
     wrong = [o for o in outcomes if o.broken]
     print(f"\nseeds {args.seed}..{args.seed + args.runs - 1}; wrong outcomes: {len(wrong)}")
