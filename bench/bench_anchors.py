@@ -152,6 +152,22 @@ def hand_ps(model: str, warmup: int, steps: int) -> float:
         return ds.batch(BATCH, drop_remainder=True).prefetch(2)
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    train_steps = guide_ps_steps(strategy, net, optimizer, loss_fn)
+
+    def run(count: int) -> None:
+        for _ in range(count // STEPS_PER_CALL):
+            coordinator.schedule(train_steps, args=(iterator, tf.constant(STEPS_PER_CALL)))
+        coordinator.join()
+
+    run(warmup)
+    t0 = time.perf_counter()
+    run(steps)
+    return steps * BATCH / (time.perf_counter() - t0)
+
+
+def guide_ps_steps(strategy: Any, net: Any, optimizer: Any, loss_fn: Any) -> Any:
+    """The parameter-server guide's remote call: `n` steps from iterator `it`, the last loss back."""
+    import tensorflow as tf
 
     @tf.function
     def train_steps(it: Any, n: Any) -> Any:
@@ -167,15 +183,7 @@ def hand_ps(model: str, warmup: int, steps: int) -> float:
             loss = strategy.run(step, args=next(it))
         return loss
 
-    def run(count: int) -> None:
-        for _ in range(count // STEPS_PER_CALL):
-            coordinator.schedule(train_steps, args=(iterator, tf.constant(STEPS_PER_CALL)))
-        coordinator.join()
-
-    run(warmup)
-    t0 = time.perf_counter()
-    run(steps)
-    return steps * BATCH / (time.perf_counter() - t0)
+    return train_steps
 
 
 def serve(role: str, index: int) -> None:

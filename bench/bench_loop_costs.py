@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_anchors import BATCH, STEPS_PER_CALL, mirrored_model
+from node_report import node_reporter
 
 VARIANTS = ["hand", "+fetch", "+data", "+loss", "+clock", "+status", "+tensorboard", "overlap-clock"]
 
@@ -129,7 +131,11 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
 
     fetch = rank >= VARIANTS.index("+fetch")
     call = clocked if rank >= VARIANTS.index("+clock") else plain
-    report = reporter(variant) if rank >= VARIANTS.index("+status") else None
+    report = None
+    if rank >= VARIANTS.index("+status"):  # a worker's report (no TensorBoard), then the chief's
+        work = Path(tempfile.mkdtemp(prefix=f"loop-costs-{variant.strip('+')}-"))
+        index = 1 if variant == "+status" else 0
+        report = node_reporter(work, "worker", index, "multi_worker_mirrored")
     meter = Meter(0, global_batch)
 
     def run(calls: int) -> None:
@@ -145,44 +151,6 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
         float(tf.nest.flatten(out)[0])
 
     return run
-
-
-def reporter(variant: str) -> Callable[..., None]:
-    """A node's Progress.report, on a status and a file store in a directory of its own; its log
-    line goes to a file, line-buffered, as a node's stdout does. Under +status the node is a worker
-    (no TensorBoard), otherwise the chief."""
-    import contextlib
-    import tempfile
-
-    from dlinfra.contract import NodeConfig, StoreConfig
-    from dlinfra.node.reporting import Progress
-    from dlinfra.node.status import NodeStatus
-    from dlinfra.runs.layout import RunStore
-    from dlinfra.spec.training import TrainingSpec
-
-    home = Path(tempfile.mkdtemp(prefix=f"loop-costs-{variant.strip('+')}-"))
-    index = 1 if variant == "+status" else 0
-    cfg = NodeConfig(
-        run_id="bench",
-        role="worker",
-        index=index,
-        strategy="multi_worker_mirrored",
-        cluster={"worker": ["localhost:1", "localhost:2"]},
-        store=StoreConfig(url=f"file://{home / 'store'}"),
-        training=TrainingSpec(steps=10**9),
-        startup_timeout=60,
-        heartbeat_interval=1,
-        max_runtime=60,
-    )
-    store = RunStore.open(cfg.store)
-    progress = Progress(cfg, store, NodeStatus(store, cfg.name, cfg.role, cfg.index, home), home)
-    log = (home / "node.log").open("a", buffering=1)
-
-    def report(*args: Any) -> None:
-        with contextlib.redirect_stdout(log):
-            progress.report(*args)
-
-    return report
 
 
 def main() -> None:

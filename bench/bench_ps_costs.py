@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import math
 import os
@@ -37,7 +36,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_anchors import BATCH, STEPS_PER_CALL, training
+from bench_anchors import BATCH, STEPS_PER_CALL, guide_ps_steps, training
+from node_report import node_reporter
 
 VARIANTS = ["hand", "+graph", "+pacing", "+report"]
 LOG_EVERY = STEPS_PER_CALL  # one call per chunk, as bench_anchors' dlinfra-ps rows run
@@ -104,19 +104,7 @@ def build(variant: str, strategy: Any, coordinator: Any, workers: int, home: Pat
             ds = program.train_data(Shard(0, 1)).shuffle(4096).repeat()
             return ds.batch(BATCH, drop_remainder=True).prefetch(2)
 
-        @tf.function
-        def train_steps(it: Any, n: Any) -> Any:
-            def step(x: Any, y: Any) -> Any:
-                with tf.GradientTape() as tape:
-                    loss = loss_fn(y, net(x, training=True))
-                grads = tape.gradient(loss, net.trainable_variables)
-                optimizer.apply_gradients(zip(grads, net.trainable_variables, strict=True))
-                return loss
-
-            loss = tf.constant(0.0)
-            for _ in tf.range(n):
-                loss = strategy.run(step, args=next(it))
-            return loss
+        train_steps = guide_ps_steps(strategy, net, optimizer, loss_fn)
 
     else:
 
@@ -136,7 +124,8 @@ def build(variant: str, strategy: Any, coordinator: Any, workers: int, home: Pat
     if rank < VARIANTS.index("+pacing"):
         return scheduled_all
 
-    report = reporter(home) if rank >= VARIANTS.index("+report") else None
+    reports = rank >= VARIANTS.index("+report")
+    report = node_reporter(home / "chief-report", "chief", 0, "parameter_server") if reports else None
     meter = Meter(0, BATCH)
 
     def paced(steps: int) -> None:
@@ -158,40 +147,6 @@ def build(variant: str, strategy: Any, coordinator: Any, workers: int, home: Pat
         coordinator.join()
 
     return paced
-
-
-def reporter(home: Path) -> Callable[..., None]:
-    """The chief's Progress.report, on a status and a file store of its own; its log line to a file,
-    line-buffered, as a node's stdout is."""
-    from dlinfra.contract import NodeConfig, StoreConfig
-    from dlinfra.node.reporting import Progress
-    from dlinfra.node.status import NodeStatus
-    from dlinfra.runs.layout import RunStore
-    from dlinfra.spec.training import TrainingSpec
-
-    work = home / "chief-report"
-    work.mkdir()
-    cfg = NodeConfig(
-        run_id="bench",
-        role="chief",
-        index=0,
-        strategy="parameter_server",
-        cluster={"chief": ["localhost:1"], "worker": ["localhost:2"], "ps": ["localhost:3"]},
-        store=StoreConfig(url=f"file://{work / 'store'}"),
-        training=TrainingSpec(steps=10**9),
-        startup_timeout=60,
-        heartbeat_interval=1,
-        max_runtime=60,
-    )
-    store = RunStore.open(cfg.store)
-    progress = Progress(cfg, store, NodeStatus(store, cfg.name, cfg.role, cfg.index, work), work)
-    log = (work / "node.log").open("a", buffering=1)
-
-    def report(*args: Any) -> None:
-        with contextlib.redirect_stdout(log):
-            progress.report(*args)
-
-    return report
 
 
 def main() -> None:
