@@ -58,8 +58,10 @@ def steps(plan: RunPlan, metrics: Metrics | None, pointer_step: int | None, tota
     slack = PER_CALL if plan.cell.strategy == "ps" else 0
     if not total <= done <= total + slack:
         broken.append(f"steps {done}, scheduled {total}" + (f" (+{slack} allowed)" if slack else ""))
-    if pointer_step is not None and pointer_step != total:
-        broken.append(f"the last checkpoint is at step {pointer_step}, not the last step {total}")
+    # the final model is the last step's, whatever count that is (under parameter servers the
+    # coordinator reruns a lost call whose updates may have landed: seed 300 ended at 1210 of 1200)
+    if pointer_step is not None and pointer_step != done:
+        broken.append(f"the last checkpoint is at step {pointer_step}, not the last step {done}")
     return broken
 
 

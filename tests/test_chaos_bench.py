@@ -1,7 +1,10 @@
-"""The chaos soak's own clock (bench/chaos_faults.py): a fault on a node's life is timed from when it
-lands, not from when it was due. A new life can take seconds to come up (its beacon's start waits out
-a store outage); bench_chaos seed 1113 stamped a spot notice 5 s before it reached such a life, which
-was killed 60 ms after it, and the check called the notice missed by a life that went on."""
+"""The chaos soak's own judgement. Its clock (bench/chaos_faults.py): a fault on a node's life is
+timed from when it lands, not from when it was due. A new life can take seconds to come up (its
+beacon's start waits out a store outage); bench_chaos seed 1113 stamped a spot notice 5 s before it
+reached such a life, which was killed 60 ms after it, and the check called the notice missed by a
+life that went on. Its step check (bench/chaos_checks.py): the final checkpoint is the last step's,
+which under parameter servers may be a rerun call past the steps asked for (seed 300 of the slow
+tier's soak: 1210 of 1200)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,9 +25,9 @@ from metadata_stand_in import MetadataStandIn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-from chaos_checks import _ended_soon
+from chaos_checks import PER_CALL, _ended_soon, steps
 from chaos_faults import Injector
-from chaos_plan import Fault
+from chaos_plan import Cell, Fault, RunPlan
 
 from dlinfra.runs.records import Restart
 
@@ -93,3 +97,15 @@ def test_a_kill_waiting_for_a_life_is_timed_from_the_kill(
     injector.settle()
     assert victim.wait(timeout=30) == -9
     assert due is not None and fault.injected_at is not None and fault.injected_at >= up > due
+
+
+def test_the_last_checkpoint_is_the_last_steps_even_past_the_steps_asked_under_parameter_servers() -> None:
+    ps = RunPlan(300, Cell("local", "ps", "program"))
+    ended = SimpleNamespace(steps=1210)  # the metrics' count: a lost call rerun, its updates landed twice
+    assert steps(ps, ended, 1210, 1200) == []  # type: ignore[arg-type]
+    assert steps(ps, ended, 1200, 1200) == ["the last checkpoint is at step 1200, not the last step 1210"]  # type: ignore[arg-type]
+    past = SimpleNamespace(steps=1200 + PER_CALL + 10)
+    assert steps(ps, past, past.steps, 1200) == [f"steps {past.steps}, scheduled 1200 (+{PER_CALL} allowed)"]  # type: ignore[arg-type]
+    mwms = RunPlan(302, Cell("local", "mwms", "program"))
+    assert steps(mwms, SimpleNamespace(steps=600), 600, 600) == []  # type: ignore[arg-type]
+    assert steps(mwms, SimpleNamespace(steps=610), 610, 600) == ["steps 610, scheduled 600"]  # type: ignore[arg-type]
