@@ -3,8 +3,8 @@ multi-worker guide, then dlinfra's loop's differences added one at a time, in on
 variant timed in turn within every repetition (so load on a shared machine falls on all alike).
 
 - hand: the guide's custom loop (bench_anchors.hand_mwms): no value read back between calls;
-- +fetch: the loss and the optimizer's step count read back after every call, as dlinfra's loop
-  reads them for its progress report;
+- +fetch: the loss and the optimizer's step count (returned by the call) read back after every
+  call, as dlinfra's loop reads them for its progress report;
 - +data: dlinfra's input pipeline (loop.batched: seeded shuffle, skip, prefetch AUTOTUNE) instead
   of the guide's;
 - +loss: dlinfra's objective (objective.replica_loss, from the program's first batch check);
@@ -116,7 +116,7 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
         loss = tf.constant(0.0)
         for _ in tf.range(n):
             loss = strategy.reduce("SUM", strategy.run(step, args=next(it)), axis=None)
-        return loss
+        return loss, optimizer.iterations
 
     clock = OverlapClock() if variant == "overlap-clock" else InputClock()
 
@@ -127,7 +127,7 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
         for _ in tf.range(n):
             batch, waited = clock.next(it, waited, loss)
             loss = strategy.reduce("SUM", strategy.run(step, args=batch), axis=None)
-        return loss, waited, clock.since(began, (loss, waited))
+        return loss, waited, clock.since(began, (loss, waited)), optimizer.iterations
 
     fetch = rank >= VARIANTS.index("+fetch")
     call = clocked if rank >= VARIANTS.index("+clock") else plain
@@ -143,12 +143,11 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
         for _ in range(calls):
             out = call(iterator, tf.constant(STEPS_PER_CALL))
             if fetch:  # what the loop reads for its report, after every call
-                loss = float(tf.nest.flatten(out)[0])
-                step = int(optimizer.iterations.numpy())
+                loss, step = float(out[0]), int(out[-1])
                 if report is not None:
                     meter.input(float(out[1]), float(out[2]))
                     report(step, loss, meter.tick(step), meter.interval_wait())
-        float(tf.nest.flatten(out)[0])
+        float(out[0])
 
     return run
 

@@ -4,10 +4,8 @@ stdout is. Only the chief writes TensorBoard scalars (and syncs them to the stor
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 
 def node_reporter(work: Path, role: str, index: int, strategy: str) -> Callable[..., None]:
@@ -35,11 +33,6 @@ def node_reporter(work: Path, role: str, index: int, strategy: str) -> Callable[
         max_runtime=60,
     )
     store = RunStore.open(cfg.store)
-    progress = Progress(cfg, store, NodeStatus(store, cfg.name, cfg.role, cfg.index, work), work)
     log = (work / "node.log").open("a", buffering=1)
-
-    def report(*args: Any) -> None:
-        with contextlib.redirect_stdout(log):
-            progress.report(*args)
-
-    return report
+    status = NodeStatus(store, cfg.name, cfg.role, cfg.index, work)
+    return Progress(cfg, store, status, work, log=log).report

@@ -220,3 +220,43 @@ def test_a_pause_while_the_beacons_beat_waits_out_a_store_outage_is_seen_as_it_w
             watching.join(timeout=60)
         moto.stop()
     assert ended == [0]
+
+
+def test_a_directory_upload_outlasts_an_outage_that_outlasts_botocores_own_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """boto's transfer closes the file of an upload that failed; the store's retry then met a closed
+    file and the upload ended at once (the chief's TensorBoard sync, the model upload: any outage
+    longer than botocore's retries, ~10-20 s). botocore here makes one attempt, standing in for an
+    outage that outlasts its eight: the store's own retries carry the upload through."""
+    import boto3
+    from botocore.config import Config
+
+    from dlinfra.runs.layout import RunStore
+    from dlinfra.runs.s3_store import S3Store
+    from stoppable_moto import StoppableMoto
+    from support import FAKE_CREDS, s3_client
+
+    for key, value in FAKE_CREDS.items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events.out.tfevents.1").write_bytes(b"event" * 100)
+    moto = StoppableMoto()
+    try:
+        s3_client(moto.endpoint).create_bucket(Bucket="uploads")
+        s3 = S3Store("s3://uploads/run", moto.endpoint, retry_for=60)
+        s3._client = boto3.client(
+            "s3",
+            endpoint_url=moto.endpoint,
+            region_name="us-east-1",
+            config=Config(retries={"max_attempts": 1}),
+        )
+        moto.down()
+        threading.Timer(2.5, moto.up).start()
+        RunStore(s3).put_tensorboard(tmp_path / "tb")  # blocks through the outage
+        got = s3_client(moto.endpoint).get_object(
+            Bucket="uploads", Key="run/tensorboard/events.out.tfevents.1"
+        )
+        assert got["Body"].read() == b"event" * 100
+    finally:
+        moto.stop()

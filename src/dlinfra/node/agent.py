@@ -213,10 +213,13 @@ def _train(
     )
     status.update(state="training")
     started = time.time()
-    if strategy is None:
-        outcome = parameter_servers.train_parameter_server(cfg, program, hooks, handout)
-    else:
-        outcome = loop.train_mirrored(cfg, program, hooks, strategy)
+    try:
+        if strategy is None:
+            outcome = parameter_servers.train_parameter_server(cfg, program, hooks, handout)
+        else:
+            outcome = loop.train_mirrored(cfg, program, hooks, strategy)
+    finally:
+        progress.close()  # every report published before anything this life says after training
     train_seconds = time.time() - started
     if not cfg.is_chief:
         return stay_until_the_run_ends(cfg, store, status, step=outcome.step)

@@ -1,84 +1,175 @@
 """A trainer's progress as the rest of the system sees it: status fields, log lines, TensorBoard
-scalars (synced to the store), and the throughput figure the metrics keep."""
+scalars (synced to the store), and the throughput figure the metrics keep.
+
+The training thread only records a report (a few list appends) and hands it over: between two
+training calls the devices wait for the Python in between (bench/bench_loop_costs.py, +status and
++tensorboard), and under parameter servers the coordinator's own Python threads dispatch the calls.
+A publisher thread writes the log line and the scalars of every report while the next call runs, and
+the status file with the newest fields at most once a second; the event files go to the store from a
+thread of their own, so a store outage delays neither training nor the status file the beacon judges
+stalls by."""
 
 from __future__ import annotations
 
 import math
+import queue
+import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from dlinfra.contract import NodeConfig
 from dlinfra.node.checkpoints import log_clock
+from dlinfra.node.events import ScalarWriter
 from dlinfra.node.status import NodeStatus
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import MeanSd
 
 TENSORBOARD_SYNC_SECONDS = 10.0
+# The status file at most once a second: the beacon reads it every heartbeat, and a report every few
+# milliseconds would rewrite it hundreds of times between two reads.
+STATUS_EVERY = 1.0
+
+
+@dataclass(frozen=True)
+class Report:
+    at: float
+    step: int
+    loss: float
+    examples_per_sec: float
+    input_wait: float | None
+    first: bool  # this life's first step
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        """What the node's status says of it."""
+        waits = {"examples_per_sec": self.examples_per_sec, "input_wait": self.input_wait}
+        return {"step": self.step, "loss": self.loss, **waits, **self.figures}
 
 
 class Progress:
-    """Turns loop progress into status fields, log lines and TensorBoard scalars."""
+    """Turns loop progress into status fields, log lines and TensorBoard scalars, off the training
+    thread. `close()` publishes what is still pending; the loop's end calls it before the node's last
+    word, so nothing a report said lands after it."""
 
-    def __init__(self, cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path):
+    def __init__(
+        self, cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log: TextIO | None = None
+    ):
         self.cfg, self.store, self.status = cfg, store, status
+        self.log = log  # None: the process's stdout, the node's log
         self.first_step_at: float | None = None
         self.last_loss: float | None = None
         self.series: list[tuple[float, int, float]] = []  # (time, step, examples/s)
         self.losses: list[tuple[int, float]] = []  # (step, loss): what a deterministic rerun must repeat
         self.tb_dir = work / "tensorboard"
-        self._writer: Any = None
-        self._synced = 0.0
+        self._writer: ScalarWriter | None = None
+        self._synced = 0.0  # the first report syncs: TensorBoard shows a run from its start
+        self._pending: queue.SimpleQueue[Report | None] = queue.SimpleQueue()
+        self._publisher: threading.Thread | None = None
+        self._sync_due = threading.Event()
+        self._syncer: threading.Thread | None = None
+        self._syncing = threading.Lock()  # the syncer's uploads and the final one never overlap
 
     @property
-    def writer(self) -> Any:
+    def writer(self) -> ScalarWriter | None:
         if self._writer is None and self.cfg.is_chief:
-            import tensorflow as tf
-
-            self._writer = tf.summary.create_file_writer(str(self.tb_dir))
+            self._writer = ScalarWriter(self.tb_dir)
         return self._writer
 
     def report(
         self, step: int, loss: float, examples_per_sec: float, input_wait: float | None, **figures: Any
     ) -> None:
+        """On the training thread: what the metrics keep is recorded here, the rest is handed over."""
         now = time.time()
-        if self.first_step_at is None:
+        first = self.first_step_at is None
+        if first:
             self.first_step_at = now
-            self.status.mark("first step", at=now)  # one clock for the metrics and the breakdown
         self.last_loss = loss
         self.series.append((now, step, examples_per_sec))
         self.losses.append((step, loss))
-        self.status.update(
-            step=step, loss=loss, examples_per_sec=examples_per_sec, input_wait=input_wait, **figures
-        )
-        waited = "" if input_wait is None else f", {input_wait:.0%} waiting on input"
-        print(
-            f"{log_clock(now)} step {step}/{self.cfg.training.steps} loss {loss:.4f} "
-            f"{examples_per_sec:.0f} examples/s{waited}",
-            flush=True,
-        )
-        if self.writer is not None:
-            waits = {} if input_wait is None else {"input_wait": input_wait}
-            self._scalars(step, loss=loss, examples_per_sec=examples_per_sec, **waits)
-            if now - self._synced > TENSORBOARD_SYNC_SECONDS:
-                self.sync()
+        if self._publisher is None:
+            self._publisher = threading.Thread(target=self._publish_all, name="progress", daemon=True)
+            self._publisher.start()
+        self._pending.put(Report(now, step, loss, examples_per_sec, input_wait, first, figures))
+
+    def close(self) -> None:
+        """Publishes every report handed over so far (idempotent)."""
+        if self._publisher is not None:
+            self._pending.put(None)
+            self._publisher.join()
+            self._publisher = None
 
     def final(self, results: dict[str, float], step: int) -> None:
+        self.close()
         if self.writer is not None:
-            self._scalars(step, **{f"eval_{name}": value for name, value in results.items()})
+            self.writer.write(step, time.time(), {f"eval_{name}": value for name, value in results.items()})
             self.sync()
 
-    def _scalars(self, step: int, **values: float) -> None:
-        import tensorflow as tf
+    def _publish_all(self) -> None:
+        unwritten: dict[str, Any] = {}  # status fields of reports the file does not hold yet
+        due = 0.0  # when the status file may be written again
+        while True:
+            wait = None if not unwritten else max(0.0, due - time.monotonic())
+            try:
+                if (report := self._pending.get(timeout=wait)) is None:
+                    break
+                unwritten |= report.fields()
+                self._guarded(self._publish, report)
+            except queue.Empty:  # a second since the last write: the newest fields go in now
+                pass
+            if unwritten and time.monotonic() >= due:
+                self._guarded(self.status.update, **unwritten)
+                unwritten, due = {}, time.monotonic() + STATUS_EVERY
+        if unwritten:
+            self._guarded(self.status.update, **unwritten)
 
-        with self.writer.as_default(step=step):
-            for name, value in values.items():
-                tf.summary.scalar(name, value)
+    def _guarded(self, publish: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        try:
+            publish(*args, **kwargs)
+        except Exception as exc:  # a full disk must not end training: the metrics keep the figures
+            self._say(f"could not publish progress: {exc}")
+
+    def _publish(self, r: Report) -> None:
+        """The report's log line and scalars."""
+        if r.first:
+            self.status.mark("first step", at=r.at)  # one clock for the metrics and the breakdown
+        waited = "" if r.input_wait is None else f", {r.input_wait:.0%} waiting on input"
+        self._say(
+            f"{log_clock(r.at)} step {r.step}/{self.cfg.training.steps} loss {r.loss:.4f} "
+            f"{r.examples_per_sec:.0f} examples/s{waited}"
+        )
+        if self.writer is not None:
+            waits = {} if r.input_wait is None else {"input_wait": r.input_wait}
+            self.writer.write(r.step, r.at, {"loss": r.loss, "examples_per_sec": r.examples_per_sec} | waits)
+            if r.at - self._synced > TENSORBOARD_SYNC_SECONDS:
+                self._synced = r.at
+                self._sync_soon()
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.log or sys.stdout, flush=True)
+
+    def _sync_soon(self) -> None:
+        if self._syncer is None:
+            self._syncer = threading.Thread(target=self._sync_when_due, name="tensorboard-sync", daemon=True)
+            self._syncer.start()
+        self._sync_due.set()
+
+    def _sync_when_due(self) -> None:
+        while self._sync_due.wait():
+            self._sync_due.clear()
+            try:
+                self.sync()
+            except Exception as exc:  # TensorBoard is a view: the next sync, or the final one, catches up
+                self._say(f"could not copy TensorBoard's event files to the store: {exc}")
 
     def sync(self) -> None:
-        self.writer.flush()
-        self.store.put_tensorboard(self.tb_dir)
-        self._synced = time.time()
+        with self._syncing:
+            if self.writer is not None:
+                self.writer.flush()
+                self.store.put_tensorboard(self.tb_dir)
 
 
 def mean_sd(rates: list[float], seconds: list[float]) -> MeanSd | None:

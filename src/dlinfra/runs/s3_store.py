@@ -199,6 +199,27 @@ class S3Store(Store):
 
         def put() -> None:
             fh.seek(0)  # a retry sends the file again from its start
-            self.client.upload_fileobj(fh, self.bucket, self._key(key), ExtraArgs=extra)
+            self.client.upload_fileobj(KeptOpen(fh), self.bucket, self._key(key), ExtraArgs=extra)
 
         self._retrying(put, "upload")
+
+
+class KeptOpen:
+    """A file object as boto's transfer may have it: s3transfer closes the file of an upload that
+    failed, and the retry after an outage longer than botocore's own retries then met a closed file
+    (ValueError: seek of closed file), which ended the upload at once. The caller closes it."""
+
+    def __init__(self, fh: BinaryIO):
+        self._fh = fh
+
+    def read(self, size: int = -1) -> bytes:
+        return self._fh.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def close(self) -> None:
+        pass

@@ -211,7 +211,9 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
         for _ in tf.range(n):
             batch, waited = clock.next(it, waited, loss)  # (x, y) or (x, y, sample_weight)
             loss = strategy.reduce("SUM", strategy.run(replica_fn, args=batch), axis=None)
-        return loss, waited, clock.since(began, (loss, waited))
+        # the step count read in the call (ordered after its updates): an eager read of the mirrored
+        # variable after it costs ~0.15 ms of the training thread at every report
+        return loss, waited, clock.since(began, (loss, waited)), optimizer.iterations
 
     own_pass = OwnPass(model, goal, checked[0], cfg, global_batch, replicas)
 
@@ -220,10 +222,10 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     last_ckpt = step
     while step < t.steps:
         n = min(t.log_every, t.steps - step, last_ckpt + t.checkpoint_every - step)
-        fetched, waited, busy = train_steps(iterator, tf.constant(n))
+        fetched, waited, busy, count = train_steps(iterator, tf.constant(n))
         loss = float(fetched)
         meter.input(float(waited), float(busy))  # the chief's own pipeline: each worker reads its own
-        step = int(optimizer.iterations.numpy())
+        step = int(count)
         hooks.on_progress(step, loss, meter.tick(step), meter.interval_wait(), **own_pass.figures())
         urgent = hooks.checkpoint_now is not None and _any_worker(strategy, hooks.checkpoint_now())
         if urgent or step - last_ckpt >= t.checkpoint_every or step >= t.steps:
