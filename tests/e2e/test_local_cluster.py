@@ -85,6 +85,18 @@ def test_async_updates_are_counted_exactly(ps_run: Deployed, mirrored_run: Deplo
     assert mirrored_run.metrics["steps_per_call"] == {}, "mirrored calls are log_every steps"
 
 
+@pytest.mark.parametrize("run_name", ["ps_run", "mirrored_run"])
+def test_every_progress_report_is_of_steps_done_since_the_last(
+    run_name: str, request: pytest.FixtureRequest
+) -> None:
+    """A chunk's last call under parameter servers can end before calls fetched earlier: its count then
+    says nothing new, and a report of it put a step twice in the log and 0 examples/s in the series."""
+    series = request.getfixturevalue(run_name).metrics["examples_per_sec_series"]
+    steps = [step for _, step, _ in series]
+    assert steps == sorted(set(steps)) and steps[-1] == 600, steps
+    assert all(rate > 0 for _, _, rate in series), series
+
+
 def test_every_node_records_the_devices_it_trained_on(ps_run: Deployed) -> None:
     devices = ps_run.manifest["devices"]
     assert sorted(devices) == NODES

@@ -177,9 +177,11 @@ def train_parameter_server(
             chunk_seconds, step_seconds = clock.fetched(time.monotonic(), chunk)
             spe = steps_per_call(t.steps_per_execution, step_seconds, t.log_every)
             depth = queue_depth(chunk_seconds, cfg.num_workers, math.ceil(t.log_every / spe))
-            step, loss = max(step, int(count)), float(fetched)  # counted when that call ended
             meter.input(waited, busy)  # a sample: the chunk's last call stands for its chunk
-            hooks.on_progress(step, loss, meter.tick(step), meter.interval_wait())
+            loss = float(fetched)
+            if int(count) > step:  # counted when that call ended: one that ended earlier says nothing new
+                step = int(count)
+                hooks.on_progress(step, loss, meter.tick(step), meter.interval_wait())
             continue
         coordinator.join()
         exact = global_step()
