@@ -4,7 +4,6 @@ down) under the chief's TensorBoard sync."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -64,7 +63,6 @@ def test_every_report_reaches_the_log_and_tensorboard_and_the_status_holds_the_n
     before = state_file(tmp_path / "work").read_text()
     time.sleep(1.2)  # a publisher still running would write the status again within a second
     assert state_file(tmp_path / "work").read_text() == before
-    assert not [t for t in threading.enumerate() if t.name == "progress"]
 
 
 def test_a_chiefs_reports_and_status_go_on_while_its_tensorboard_sync_waits_out_a_store_outage(
@@ -96,7 +94,6 @@ def test_a_chiefs_reports_and_status_go_on_while_its_tensorboard_sync_waits_out_
         while (read_state(state) or {}).get("step") != 50 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert (read_state(state) or {}).get("step") == 50, "the status file waited for the store"
-        assert [t for t in threading.enumerate() if t.name == "tensorboard-sync"], "the sync is under way"
         assert took < 5, f"a report waited {took:.1f} s on the store"
         moto.up()
         progress.final({"accuracy": 0.9}, 50)
