@@ -411,22 +411,3 @@ def test_straggler_replace_asks_for_a_new_machine_only_where_nodes_have_their_ow
     found = Straggler(node="worker-1", ratio=4.0, seconds=0.4, median=0.1, since=0.0)
     watching._replace(LocalCluster(run_dir=tmp_path), [found])
     assert found.replaced is False and found.says().endswith("; not replaced: the nodes share one machine")
-
-
-def test_a_mirrored_worker_times_its_own_pass_in_its_turn_and_never_when_alone() -> None:
-    """Each worker's own pass (what names a mirrored straggler) costs the cluster a step's time; a
-    worker alone has no peers to be slow against, so it never pays it (issue 59)."""
-    from dlinfra.training.loop import OwnPass
-
-    def cadence(index: int, workers: int, reports: int) -> list[int]:
-        passes: list[int] = []
-        own = OwnPass.__new__(OwnPass)  # the cadence alone: no model, no TensorFlow
-        own.reports, own.index, own.workers, own.batch = 0, index, workers, ()
-        own.own = lambda *batch: passes.append(own.reports) or 0.0
-        for _ in range(reports):
-            own.figures()
-        return sorted(set(passes))
-
-    assert cadence(0, 1, 40) == []
-    turns = {index: cadence(index, 3, 24) for index in range(3)}
-    assert turns == {0: [6, 12, 18, 24], 1: [2, 8, 14, 20], 2: [4, 10, 16, 22]}, turns

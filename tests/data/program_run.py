@@ -24,7 +24,15 @@ ps = sys.argv[3:] == ["parameter_server"]
 cfg = in_process_chief(training, work) if ps else lone_worker(training, work)
 program = load_entrypoint(f"{Path(__file__).parent / 'contract_programs.py'}:{sys.argv[1]}", training)
 losses: list[float] = []
-hooks = loop.Hooks(work_dir=work, on_progress=lambda step, loss, eps, wait, **figures: losses.append(loss))
+reports: list[dict[str, float]] = []  # each report's step seconds and the figures it gave
+
+
+def on_progress(step: int, loss: float, eps: float, wait: float | None, **figures: float) -> None:
+    losses.append(loss)
+    reports.append({"step_seconds": training.batch_size / eps, **figures})
+
+
+hooks = loop.Hooks(work_dir=work, on_progress=on_progress)
 try:
     if ps:
         outcome = parameter_servers.train_parameter_server(cfg, program, hooks)
@@ -46,6 +54,7 @@ json.dump(
         "learning_rate": outcome.scale.learning_rate,
         "lr_scaling": outcome.scale.lr_scaling,
         "losses": losses,
+        "reports": reports,
         "kernel_norm": float(sum(np.square(k).sum() for k in kernels)),
         "served_matches_keras": bool(np.allclose(predicted, plain(features, training=False), atol=1e-4)),
         "predictions": np.asarray(predicted)[:, 0].tolist(),

@@ -185,6 +185,14 @@ def test_dict_features_train_and_export_with_metrics_under_their_keras_names(tmp
         >= result["results"]["sparse_categorical_accuracy"]
     )
     assert result["served_matches_keras"], "the SavedModel takes the named inputs"
+    _own_compute_timed_in_every_report(result)
+
+
+def _own_compute_timed_in_every_report(result: dict[str, Any]) -> None:
+    """A mirrored worker's own forward and backward pass, timed inside its steps (what names a
+    straggler): some of each step's time, never more than all of it."""
+    reports = result["reports"]
+    assert reports and all(0 < r["compute_seconds"] <= r["step_seconds"] for r in reports), reports
 
 
 @pytest.mark.slow
@@ -270,6 +278,8 @@ def test_sample_weights_train_as_keras_trains_them(strategy: str, tmp_path: Path
     assert (classes[labels == 0] == 0).mean() < 0.1
     assert (classes[labels != 0] == labels[labels != 0]).mean() > 0.7
     assert result["results"]["sparse_categorical_accuracy"] > 0.6, "a metric object under its Keras name"
+    if strategy == "multi_worker_mirrored":  # a batch of three: features, label, weight
+        _own_compute_timed_in_every_report(result)
 
 
 def test_unused_compile_settings_go_into_the_nodes_status(tmp_path: Path) -> None:

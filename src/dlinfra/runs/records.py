@@ -80,7 +80,8 @@ class NodeState(Record):
     examples_per_sec: float | None = None
     input_wait: float | None = None  # the share of step time waiting on input since the last report
     # What the watcher names stragglers by (runs.stragglers): under multi_worker_mirrored each worker's
-    # seconds per step in its own pass (the all-reduce left out); under parameter servers the chief's
+    # seconds per step in its own pass, timed in its steps (the all-reduce left out; None under
+    # training.deterministic); under parameter servers the chief's
     # worker → [seconds per step of its sampled calls, steps sampled]
     compute_seconds: float | None = None
     workers: dict[str, list[float]] | None = None

@@ -12,6 +12,7 @@ from dlinfra.runs.layout import RunStore
 from dlinfra.sizing.advisor import device_key, history_of, model_key, sizing_advice
 from dlinfra.sizing.model_size import FLOAT32
 from dlinfra.spec.model import Spec
+from dlinfra.targets import uses_instance_types
 
 
 def predict_run(spec: Spec, store: RunStore, home: Path) -> None:
@@ -54,10 +55,11 @@ def record_run(spec: Spec, store: RunStore, run_id: str, home: Path) -> None:
     }
     history = history_of(spec, home)
     history.add_run(predicted["model"], entry)
-    if (seconds := _compute_seconds(store, predicted)) is not None and predicted.get("gradient_bytes"):
-        # a mirrored worker times its own forward and backward pass (runs.stragglers): the step time
-        # of this model on this device, which the next plan of it on the same type then uses
-        # (a profile's own figures of the model, its variables and sparse gradient, are kept)
+    seconds = _compute_seconds(store, predicted, shared=not uses_instance_types(spec.target))
+    if seconds is not None and predicted.get("gradient_bytes"):
+        # a mirrored worker times its own forward and backward pass in its steps (runs.stragglers):
+        # the step time of this model on this device, which the next plan of it on the same type
+        # then uses (a profile's own figures of the model, its variables and sparse gradient, are kept)
         earlier = history.profile(predicted["model"], predicted["device"]) or {
             "parameters": predicted["parameter_bytes"] // FLOAT32,
             "trainable": predicted["gradient_bytes"] // FLOAT32,
@@ -75,9 +77,12 @@ def record_run(spec: Spec, store: RunStore, run_id: str, home: Path) -> None:
         )
 
 
-def _compute_seconds(store: RunStore, predicted: dict[str, Any]) -> float | None:
-    """The median over the workers of the pass each last timed alone (mirrored runs only)."""
-    if predicted["strategy"] != "multi_worker_mirrored":
+def _compute_seconds(store: RunStore, predicted: dict[str, Any], shared: bool) -> float | None:
+    """The median over the workers of the compute each last timed in its steps (mirrored runs only).
+    None where several workers `shared` one machine: each timed its pass beside the others', not
+    what this machine does for one (which a plan of this machine assumes, as `dlinfra profile`
+    measures it)."""
+    if predicted["strategy"] != "multi_worker_mirrored" or (shared and predicted["workers"] > 1):
         return None
     states = store.statuses([f"worker-{i}" for i in range(predicted["workers"])]).values()
     timed = [s.compute_seconds for s in states if s is not None and s.compute_seconds]

@@ -15,11 +15,8 @@ ONE_HOT = "Program.loss=keras.losses.CategoricalCrossentropy(from_logits=True)"
 BINARY = "Program.loss=keras.losses.BinaryCrossentropy(from_logits=True) for a yes/no classifier"
 
 
-def first_batch(
-    program: Program, batch_size: int, shard: Shard = Shard(0, 1), checked: list[Any] | None = None
-) -> Objective:
-    """The program's objective, once its first batch (of `shard`) has been seen to fit it; that
-    batch is appended to `checked`."""
+def first_batch(program: Program, batch_size: int, shard: Shard = Shard(0, 1)) -> Objective:
+    """The program's objective, once its first batch (of `shard`) has been seen to fit it."""
     import tensorflow as tf
 
     model = program.build_model()
@@ -33,8 +30,6 @@ def first_batch(
             "sample_weight) triples: return dataset.map(lambda example: (features, label))"
         )
     for batch in data.batch(min(batch_size, CHECKED_EXAMPLES)).take(1):
-        if checked is not None:
-            checked.append(batch)
         features, labels, *weights = batch
         outputs = model(features, training=False)
         if objective.default_loss:

@@ -15,7 +15,6 @@ calls would drift.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlinfra.contract import NodeConfig
 from dlinfra.training import fit_check, objective, sharding, staging
-from dlinfra.training.meter import InputClock, Meter
+from dlinfra.training.meter import Computed, InputClock, Meter
 from dlinfra.training.objective import Objective
 from dlinfra.training.program import Program, Shard
 
@@ -166,8 +165,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     t = cfg.training
     if program.variable_partitioner is not None:
         print("Program.variable_partitioner: unused under multi_worker_mirrored (no ps to split over)")
-    checked: list[Any] = []  # the batch the program's first batch check read: OwnPass's
-    goal = set_up(program, strategy, cfg, hooks, checked)
+    goal = set_up(program, strategy, cfg, hooks)
     with strategy.scope():
         model = program.build_model()
         # every GPU of every worker
@@ -190,6 +188,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     clock = InputClock(on=not t.deterministic)
+    done = Computed(host=bool(tf.config.list_logical_devices("GPU")))
 
     # The replica's forward and backward pass, XLA-compiled when asked; the all-reduce and the update
     # stay outside it (XLA does not compile the collectives).
@@ -202,31 +201,48 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     @tf.function
     def train_steps(it: Any, n: Any) -> Any:
         def replica_fn(*batch: Any) -> Any:
+            # Its own forward and backward pass, timed from its batch (and the previous update) to
+            # its gradients, before the all-reduce where every worker waits for the slowest: so a
+            # straggler is named by its own figure (runs.stragglers), at no extra step.
+            began = clock.after(done(batch, optimizer.iterations))
+            with tf.control_dependencies([began]):  # the pass reads its batch only after `began`
+                batch = tf.nest.map_structure(tf.identity, batch, expand_composites=True)
             loss, grads = gradients(*batch)
+            seconds = clock.since(began, done(loss, grads))
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss
+            return loss, seconds
 
         loss = tf.constant(0.0)
+        own = tf.constant(0.0, tf.float64)  # this worker's compute seconds over the call's steps
         began, waited = clock.start()
         for _ in tf.range(n):
             batch, waited = clock.next(it, waited, loss)  # (x, y) or (x, y, sample_weight)
-            loss = strategy.reduce("SUM", strategy.run(replica_fn, args=batch), axis=None)
+            losses, seconds = strategy.run(replica_fn, args=batch)
+            loss = strategy.reduce("SUM", losses, axis=None)
+            # this worker's slowest device: no collective (a figure of its own, not the cluster's)
+            own += tf.reduce_max(tf.stack(strategy.experimental_local_results(seconds)))
         # the step count read in the call (ordered after its updates): an eager read of the mirrored
         # variable after it costs ~0.15 ms of the training thread at every report
-        return loss, waited, clock.since(began, (loss, waited)), optimizer.iterations
-
-    own_pass = OwnPass(model, goal, checked[0], cfg, global_batch, replicas)
+        return (
+            loss,
+            waited,
+            clock.since(began, (loss, waited)),
+            optimizer.iterations,
+            own / tf.cast(n, own.dtype),
+        )
 
     step = int(optimizer.iterations.numpy())
     meter = Meter(step, global_batch)
     last_ckpt = step
     while step < t.steps:
         n = min(t.log_every, t.steps - step, last_ckpt + t.checkpoint_every - step)
-        fetched, waited, busy, count = train_steps(iterator, tf.constant(n))
+        fetched, waited, busy, count, own = train_steps(iterator, tf.constant(n))
         loss = float(fetched)
         meter.input(float(waited), float(busy))  # the chief's own pipeline: each worker reads its own
         step = int(count)
-        hooks.on_progress(step, loss, meter.tick(step), meter.interval_wait(), **own_pass.figures())
+        # None under training.deterministic, where no timestamp runs
+        computed = {"compute_seconds": round(float(own), 6)} if float(own) > 0 else {}
+        hooks.on_progress(step, loss, meter.tick(step), meter.interval_wait(), **computed)
         urgent = hooks.checkpoint_now is not None and _any_worker(strategy, hooks.checkpoint_now())
         if urgent or step - last_ckpt >= t.checkpoint_every or step >= t.steps:
             manager.save(checkpoint_number=step)
@@ -236,55 +252,14 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     return Outcome(model, step, scale, goal, described, meter)
 
 
-class OwnPass:
-    """Under multi_worker_mirrored every step waits for the slowest worker in the all-reduce, so a
-    step's time names nobody. In turn, one worker every EVERY reports times its own forward and
-    backward pass on one batch of its own, outside the step (no collective): what names a straggler
-    (runs.stragglers). The others meanwhile wait for it in the next step, so on a shared machine it
-    has the machine to itself. It costs about one step's time in EVERY x log_every."""
-
-    EVERY = 2
-
-    def __init__(self, model: Any, goal: Objective, sample: Any, cfg: NodeConfig, batch: int, replicas: int):
-        import tensorflow as tf
-
-        self.batch = sample  # read once already, by the first batch check: no example is read twice
-        self.reports, self.index, self.workers = 0, cfg.index, cfg.num_workers
-
-        @tf.function
-        def own(x: Any, y: Any, *weights: Any) -> Any:
-            with tf.GradientTape() as tape:  # inference mode: no batch-norm update, no collective
-                loss = goal.replica_loss(model, y, model(x, training=False), batch, replicas, *weights)
-            grads = [g for g in tape.gradient(loss, model.trainable_variables) if g is not None]
-            return tf.add_n([tf.reduce_sum(tf.convert_to_tensor(g)) for g in grads])
-
-        self.own = own
-
-    def figures(self) -> dict[str, float]:
-        self.reports += 1
-        # A worker alone has no peers' median to be slow against (runs.stragglers): its passes would
-        # only cost it (issue 59: MWMS with one worker at 0.85 of the hand-written program; two passes
-        # every EVERY reports of log_every steps is about 1 / log_every of its time).
-        if self.workers < 2 or self.reports % (self.EVERY * self.workers) != self.EVERY * self.index:
-            return {}
-        best = float("inf")
-        for _ in range(2):  # the better of two: a preempted pass is noise
-            start = time.perf_counter()
-            float(self.own(*self.batch))
-            best = min(best, time.perf_counter() - start)
-        return {"compute_seconds": round(best, 6)}
-
-
-def set_up(
-    program: Program, strategy: Any, cfg: NodeConfig, hooks: Hooks, checked: list[Any] | None = None
-) -> Objective:
+def set_up(program: Program, strategy: Any, cfg: NodeConfig, hooks: Hooks) -> Objective:
     """The program's own set-up in the strategy's scope, then its first batch checked against its
-    objective (on a plain copy of the model), before any step runs; `checked` gets that batch. What
+    objective (on a plain copy of the model), before any step runs. What
     the program says that the loop does not do goes into the node's status (the CLI prints it)."""
     if program.setup is not None:
         with strategy.scope():
             program.setup()
-    goal = fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1), checked)
+    goal = fit_check.first_batch(program, cfg.training.batch_size, input_shard(cfg, 0, 1))
     if goal.warnings:
         hooks.on_figures(warnings=list(goal.warnings))
     return goal
