@@ -83,6 +83,37 @@ def test_a_second_ctrl_c_leaves_the_teardown_and_says_what_may_still_bill_and_th
     assert owner is not None and owner.kind == "none"
 
 
+def test_a_deploy_that_ends_before_its_nodes_are_up_ends_its_run_stopped_or_failed(prepared, home) -> None:
+    """Ctrl-C while terraform applies, or an apply that fails: the run ends there (marker and
+    manifest), torn down, not left CREATED or APPLIED in `dlinfra runs` for ever."""
+    from dlinfra.runs.run import Run
+
+    with pytest.raises(KeyboardInterrupt):
+        _owner(FailingTeardownTarget(), prepared, False)(_ctrl_c, lambda s: None, None)
+    marker = prepared.store.marker()
+    assert marker is not None and marker.marker == "STOPPED", marker
+    assert marker.reason == "interrupted (Ctrl-C) before the nodes were up"
+    manifest = Run.open(prepared.run.id).manifest()
+    assert manifest.status == "STOPPED" and manifest.finished
+
+    failed = prepare(Spec(), loopback_plan(Spec()), NodeInstall(), locks=fixed_locks(), typed=False)
+    with pytest.raises(DlinfraError):
+        _owner(FailingTeardownTarget(), failed, False)(_failing_start, lambda s: None, None)
+    marker = failed.store.marker()
+    assert marker is not None and marker.marker == "FAILED", marker
+    assert marker.error == "the cluster did not start: apply failed: InsufficientInstanceCapacity"
+    assert Run.open(failed.run.id).manifest().status == "FAILED"
+
+
+def test_a_watch_that_cannot_attach_leaves_the_run_as_it_was(prepared) -> None:
+    """`dlinfra watch` (attached): its Ctrl-C, or its failure to reach the cluster, says nothing of
+    the run, which goes on without it."""
+    with pytest.raises(KeyboardInterrupt):
+        _owner(FailingTeardownTarget(), prepared, True)(_ctrl_c, lambda s: None, None, attached=True)
+    assert prepared.store.marker() is None
+    assert prepared.run.manifest().status == "CREATED"
+
+
 def test_an_interrupt_whose_teardown_did_not_finish_never_says_the_nodes_were_torn_down() -> None:
     code = (
         "import typer\n"

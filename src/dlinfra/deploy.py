@@ -253,7 +253,12 @@ class _Follow:
         target, run, lease = self.target, self.prepared.run, self.lease
         tears_down = target.leaves_resources and not self.keep
         try:
-            cluster = get_cluster()
+            try:
+                cluster = get_cluster()
+            except BaseException as exc:
+                if not attached:  # `dlinfra watch` failing to attach says nothing of the run itself
+                    _never_started(self.prepared, exc)
+                raise
             # a run handed to the account's controller outlives this CLI (attached: already an owner)
             controller = None if attached else target.controller(self.prepared.spec)
             if detach or controller is not None:
@@ -311,6 +316,23 @@ class _Follow:
             note := controller_note(controller)
         ):
             self.options.log(note)
+
+
+def _never_started(prepared: Prepared, exc: BaseException) -> None:
+    """A deploy that ended while it provisioned or started the nodes: the run ends there, as the
+    watcher would have ended it (its marker, then its manifest), or `dlinfra runs` would show it
+    CREATED or APPLIED forever."""
+    store, run = prepared.store, prepared.run
+    try:
+        if store.marker() is None:
+            if isinstance(exc, KeyboardInterrupt):
+                store.write_marker("STOPPED", reason="interrupted (Ctrl-C) before the nodes were up")
+            else:
+                store.write_marker("FAILED", error=f"the cluster did not start: {exc}"[:2000])
+        marker = store.marker()
+        run.update_manifest(status=marker.marker if marker else "STOPPED", finished=utc_now())
+    except Exception as unrecorded:  # the store may be why it failed: the original error comes first
+        exc.add_note(f"the run's end was not recorded: {unrecorded}")
 
 
 def _holder(store: RunStore) -> str:
