@@ -9,7 +9,9 @@ variant timed in turn within every repetition (so load on a shared machine falls
   of the guide's;
 - +loss: dlinfra's objective (objective.replica_loss, from the program's first batch check);
 - +clock: dlinfra's input clock (meter.InputClock): each step's `next()` timed inside the call,
-  after the previous step's loss. That is dlinfra's loop's graph as it runs;
+  after the previous step's loss;
+- +compute: each replica's forward and backward pass timed inside its step too (loop's
+  timed_replica_step: what names a mirrored straggler). That is dlinfra's loop's graph as it runs;
 - +status: the node's report after every call (node.reporting.Progress): its status file and its
   log line (to a file, as a node's stdout is);
 - +tensorboard: the chief's part of the report too: three TensorBoard scalars per report and the
@@ -39,7 +41,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_anchors import BATCH, STEPS_PER_CALL, mirrored_model
 from node_report import node_reporter
 
-VARIANTS = ["hand", "+fetch", "+data", "+loss", "+clock", "+status", "+tensorboard", "overlap-clock"]
+VARIANTS = [
+    "hand",
+    "+fetch",
+    "+data",
+    "+loss",
+    "+clock",
+    "+compute",
+    "+status",
+    "+tensorboard",
+    "overlap-clock",
+]
 
 
 class OverlapClock:
@@ -76,8 +88,8 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
     import tensorflow as tf
 
     from dlinfra.training import fit_check
-    from dlinfra.training.loop import batched
-    from dlinfra.training.meter import InputClock, Meter
+    from dlinfra.training.loop import batched, timed_replica_step
+    from dlinfra.training.meter import Computed, InputClock, Meter
     from dlinfra.training.program import Shard
 
     rank = VARIANTS.index(variant)
@@ -119,15 +131,23 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
         return loss, optimizer.iterations
 
     clock = OverlapClock() if variant == "overlap-clock" else InputClock()
+    timed = timed_replica_step(net, optimizer, gradients, InputClock(), Computed())
+    compute = rank >= VARIANTS.index("+compute")
 
     @tf.function
     def clocked(it: Any, n: Any) -> Any:
         loss = tf.constant(0.0)
+        own = tf.constant(0.0, tf.float64)
         began, waited = clock.start()
         for _ in tf.range(n):
             batch, waited = clock.next(it, waited, loss)
-            loss = strategy.reduce("SUM", strategy.run(step, args=batch), axis=None)
-        return loss, waited, clock.since(began, (loss, waited)), optimizer.iterations
+            if compute:
+                losses, seconds = strategy.run(timed, args=batch)
+                own += tf.reduce_max(tf.stack(strategy.experimental_local_results(seconds)))
+            else:
+                losses = strategy.run(step, args=batch)
+            loss = strategy.reduce("SUM", losses, axis=None)
+        return loss, waited, clock.since(began, (loss, waited)), own, optimizer.iterations
 
     fetch = rank >= VARIANTS.index("+fetch")
     call = clocked if rank >= VARIANTS.index("+clock") else plain
@@ -146,7 +166,8 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
                 loss, step = float(out[0]), int(out[-1])
                 if report is not None:
                     meter.input(float(out[1]), float(out[2]))
-                    report(step, loss, meter.tick(step), meter.interval_wait())
+                    computed = {"compute_seconds": round(float(out[3]), 6)} if compute else {}
+                    report(step, loss, meter.tick(step), meter.interval_wait(), **computed)
         float(out[0])
 
     return run

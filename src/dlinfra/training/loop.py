@@ -198,20 +198,10 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
             loss = goal.replica_loss(model, y, model(x, training=True), global_batch, replicas, *weights)
         return loss, tape.gradient(loss, model.trainable_variables)
 
+    replica_fn = timed_replica_step(model, optimizer, gradients, clock, done)
+
     @tf.function
     def train_steps(it: Any, n: Any) -> Any:
-        def replica_fn(*batch: Any) -> Any:
-            # Its own forward and backward pass, timed from its batch (and the previous update) to
-            # its gradients, before the all-reduce where every worker waits for the slowest: so a
-            # straggler is named by its own figure (runs.stragglers), at no extra step.
-            began = clock.after(done(batch, optimizer.iterations))
-            with tf.control_dependencies([began]):  # the pass reads its batch only after `began`
-                batch = tf.nest.map_structure(tf.identity, batch, expand_composites=True)
-            loss, grads = gradients(*batch)
-            seconds = clock.since(began, done(loss, grads))
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss, seconds
-
         loss = tf.constant(0.0)
         own = tf.constant(0.0, tf.float64)  # this worker's compute seconds over the call's steps
         began, waited = clock.start()
@@ -250,6 +240,27 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
                 hooks.on_checkpoint(step, ckpt_dir)
             last_ckpt = step
     return Outcome(model, step, scale, goal, described, meter)
+
+
+def timed_replica_step(
+    model: Any, optimizer: Any, gradients: Callable[..., Any], clock: InputClock, done: Computed
+) -> Callable[..., Any]:
+    """A mirrored replica's step: its gradients, then the update (whose all-reduce every worker
+    waits in for the slowest). It returns its loss and its own forward and backward pass's seconds,
+    timed from its batch (and the previous update) to its gradients, before that all-reduce: so a
+    straggler is named by its own figure (runs.stragglers), at no extra step."""
+    import tensorflow as tf
+
+    def replica_fn(*batch: Any) -> Any:
+        began = clock.after(done(batch, optimizer.iterations))
+        with tf.control_dependencies([began]):  # the pass reads its batch only after `began`
+            batch = tf.nest.map_structure(tf.identity, batch, expand_composites=True)
+        loss, grads = gradients(*batch)
+        seconds = clock.since(began, done(loss, grads))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss, seconds
+
+    return replica_fn
 
 
 def set_up(program: Program, strategy: Any, cfg: NodeConfig, hooks: Hooks) -> Objective:
