@@ -8,6 +8,8 @@
 - dlinfra-ps / dlinfra-mwms: `dlinfra deploy`, the same model, data, batch and steps per call;
   dlinfra-ps-auto: dlinfra's defaults (steps_per_execution auto, a report every 20 steps).
 - hand-mwms-jit / dlinfra-mwms-jit (by name in --configs): each replica's step compiled with XLA.
+- dlinfra-ps-host / dlinfra-mwms-host (by name in --configs): the nodes on the host's loopback
+  (cluster.local_network: host), as the hand-written programs are, instead of a private network.
 
 Same model and data for all (dlinfra's model builders: the digits CNN, and ResNet-20 on synthetic
 CIFAR-shaped data), batch 64 per worker, `--steps` timed after `--warmup` steps. Examples/s is mean
@@ -256,7 +258,8 @@ def run_dlinfra(
     strategy: str, model: str, workers: int, warmup: int, steps: int, suffix: str
 ) -> tuple[float, float]:
     """`suffix` jit: XLA; auto: steps_per_execution auto with the default log_every (20), which caps
-    its calls; otherwise 10 steps per call and per report, as the hand-written programs."""
+    its calls; otherwise 10 steps per call and per report, as the hand-written programs; host: the
+    nodes on the host's network."""
     home = tempfile.mkdtemp()
     spec = Path(home) / "exp.yaml"
     body = {"name": "anchor", "strategy": strategy, "training": {**MODELS[model], "batch_size": BATCH}}
@@ -265,6 +268,8 @@ def run_dlinfra(
     body["training"] |= {"jit_compile": suffix == "jit"}
     if suffix == "auto":
         body["training"] |= {"steps_per_execution": "auto", "log_every": 20}
+    if suffix == "host":  # the nodes on the host's loopback, as the hand-written programs are
+        body["cluster"] = {"local_network": "host"}
     spec.write_text(json.dumps(body))
     argv = [sys.executable, "-m", "dlinfra", "deploy", str(spec), "--workers", str(workers)]
     proc, t0 = measured(argv, dict(os.environ, DLINFRA_HOME=home))
