@@ -99,10 +99,7 @@ class InputClock:
 
     def since(self, began: Any, after: Any) -> Any:
         """Seconds from `began` to when every tensor of `after` is computed."""
-        import tensorflow as tf
-
-        with tf.control_dependencies(tf.nest.flatten(after, expand_composites=True)):
-            return self.now() - began
+        return self.after(after) - began
 
 
 @dataclass(frozen=True)
