@@ -86,3 +86,25 @@ def test_an_offline_refresh_takes_the_cached_lock_for_the_same_inputs_and_says_s
     other = ("==0.1.0", ["numpy<2"], "cpu", TARGET, CLOSED, True)  # another input: not that lock
     with pytest.raises(IndexUnreachable):
         lock_cache.locked(*other, fresh=True)  # type: ignore[arg-type]
+
+
+def _wheel(path: Path, module: str, requires: list[str]) -> str:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zipped:
+        zipped.writestr("pkg/__init__.py", module)
+        headers = ["Metadata-Version: 2.3", "Name: dlinfra", "Version: 0.1.0"]
+        headers += [f"Requires-Dist: {r}" for r in requires]
+        zipped.writestr("dlinfra-0.1.0.dist-info/METADATA", "\n".join(headers) + "\n\nthe README\n")
+    return str(path)
+
+
+def test_a_checkouts_wheel_keys_its_lock_by_its_dependencies_not_its_code(tmp_path: Path) -> None:
+    """An edit of a checkout's code makes a new wheel: its lock is the one before. A changed dependency
+    in pyproject.toml is a new lock."""
+    rest = (["numpy"], "cpu", TARGET, CLOSED, False)
+    first = lock_cache._key(_wheel(tmp_path / "a.whl", "A = 1", ["tensorflow==2.21"]), *rest)  # type: ignore[arg-type]
+    edited = lock_cache._key(_wheel(tmp_path / "b.whl", "A = 2", ["tensorflow==2.21"]), *rest)  # type: ignore[arg-type]
+    bumped = lock_cache._key(_wheel(tmp_path / "c.whl", "A = 1", ["tensorflow==2.22"]), *rest)  # type: ignore[arg-type]
+    assert first == edited
+    assert bumped != first

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,8 +178,16 @@ def test_a_node_off_its_lock_fails_the_run_naming_it_and_the_package(
     assert pinned.result.returncode == 0, pinned.result.stderr[-3000:]
     (venv,) = [p.parent for p in (cache / "envs").glob("*/dlinfra-env.json")]
     # made with its bytecode: where PYTHONDONTWRITEBYTECODE is set, no node would ever write it
-    assert list(venv.glob("lib/python*/site-packages/tensorflow/__pycache__/__init__.*.pyc"))
+    (tensorflow,) = venv.glob("lib/python*/site-packages/tensorflow/__pycache__/__init__.*.pyc")
     assert list(venv.glob("lib/python*/site-packages/greeting/__pycache__/*.pyc"))
+    # TensorFlow's the CLI environment's own (uv hard-links one file into both); greeting's compiled
+    cli = Path(sysconfig.get_paths()["purelib"], "tensorflow", "__pycache__", tensorflow.name)
+    assert tensorflow.samefile(cli)
+    # the run's dlinfra is beside the environment, which runs of any dlinfra wheel share
+    assert not list(venv.glob("lib/python*/site-packages/dlinfra"))
+    (code,) = [p.parent for p in (cache / "code").glob("*/dlinfra-env.json")]
+    assert code.name == pinned.manifest["wheel"]["sha256"][:20]
+    assert list(code.glob("dlinfra/__pycache__/__init__.*.pyc"))
     index.publish("greeting", "1.1", _greeting("1.1"))
     try:
         tamper = [uv(), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python")]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -26,14 +25,3 @@ def node_run(node_json: ConfigArg, log_file: LogOpt = None, work_dir: WorkOpt = 
     from dlinfra.node.beacon import run
 
     sys.exit(run(node_json, log_file, work_dir))
-
-
-@node_app.command("train", hidden=True)
-def node_train(node_json: ConfigArg, log_file: LogOpt = None, work_dir: WorkOpt = None) -> None:
-    """The trainer itself (started by `node run`)."""
-    from dlinfra.node.agent import run
-
-    code = run(node_json, log_file, work_dir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # TF server threads never join; leave without waiting for them

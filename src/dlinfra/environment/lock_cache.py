@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -56,7 +57,17 @@ def _resolved_on(path: Path) -> str:
 def _key(
     dlinfra: str, requirements: list[str], flavor: Flavor, target: Platform, index: Index, script: bool
 ) -> str:
-    # a wheel by its content (its dependencies are in it), a release by its pin
-    build = hashlib.sha256(Path(dlinfra).read_bytes()).hexdigest() if dlinfra.endswith(".whl") else dlinfra
+    build = _dependencies(Path(dlinfra)) if dlinfra.endswith(".whl") else dlinfra  # a release by its pin
     inputs = [build, requirements, flavor, repr(target), index.url, list(index.extra), index.extra_ca, script]
     return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:32]
+
+
+def _dependencies(wheel: Path) -> str:
+    """What of a wheel its lock depends on: its name, version and dependency metadata. A checkout's
+    wheel changes with every edit; its lock only when pyproject.toml's dependencies do."""
+    with zipfile.ZipFile(wheel) as zipped:
+        (name,) = [n for n in zipped.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
+        text = zipped.read(name).decode("utf-8")
+    fields = ("Name:", "Version:", "Requires-Python:", "Requires-Dist:", "Provides-Extra:")
+    head = text.split("\n\n", 1)[0]  # the headers; the body is the README
+    return "\n".join(line for line in head.splitlines() if line.startswith(fields))

@@ -2,27 +2,50 @@
 run and a cloud run of one experiment run the same versions, and a user's requirement never lands
 in the CLI's environment.
 
-Environments are content-addressed (the lock's sha256 and the dlinfra wheel's) in a cache shared by
-every run of this machine, and made from uv's cache: a cached one costs nothing; a new one costs
-about a second of uv plus its bytecode, compiled once (about 40 s on two cores: BENCHMARKS.md).
+An environment is keyed by its lock (and the interpreter that made it) and shared by every run of
+this machine with that lock. The run's own dlinfra is not in it: a checkout's wheel changes with
+every edit, and a new environment per wheel cost a new compile of TensorFlow each time. The wheel
+is unpacked beside it instead, once per wheel (`code/<sha256>`), and put first on the nodes'
+PYTHONPATH: what `pip install` of it into the environment would give, for a third of a second.
+
+Both are made from uv's cache, whose files uv hard-links into every environment, the CLI's own
+included. Bytecode is what costs (TensorFlow's lock: 8.5 s of compiling on two cores): a file that
+is the very file the CLI's environment holds gets that environment's bytecode of it, checked
+against its source; only the rest is compiled (BENCHMARKS.md, "A run's environment").
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from dlinfra.environment.lock import Index, Lock, uv, uv_environ
 from dlinfra.errors import DlinfraError
 
 DONE = "dlinfra-env.json"  # written last: an environment without it is half made and made again
+# Compiles the files named on stdin, one per line, across the cores; a file that does not compile
+# is left to the interpreter to refuse at import, as uv's --compile-bytecode leaves it.
+COMPILE = """
+import compileall, functools, sys
+from concurrent.futures import ProcessPoolExecutor
+files = sys.stdin.read().splitlines()
+one = functools.partial(compileall.compile_file, quiet=2)
+if len(files) < 200:
+    list(map(one, files))
+else:
+    with ProcessPoolExecutor() as pool:
+        list(pool.map(one, files, chunksize=64))
+"""
 
 
 def cache_home() -> Path:
@@ -31,57 +54,130 @@ def cache_home() -> Path:
     return Path(os.environ.get("DLINFRA_CACHE") or Path(base) / "dlinfra").absolute()
 
 
-def key(lock: Lock, wheel_sha256: str | None) -> str:
-    return hashlib.sha256(f"{lock.sha256}\0{wheel_sha256 or ''}".encode()).hexdigest()[:20]
+def key(lock: Lock) -> str:
+    interpreter = f"{os.path.realpath(sys.executable)}\0{sys.version}"
+    return hashlib.sha256(f"{lock.sha256}\0{interpreter}".encode()).hexdigest()[:20]
 
 
 def python_of(env: Path) -> Path:
     return env / "bin" / "python"
 
 
-def ensure(lock: Lock, wheel: Path | None, wheel_sha256: str | None, index: Index) -> Path:
-    """The environment of `lock` plus this `wheel` (None: dlinfra is in the lock), made once."""
-    root = cache_home() / "envs"
-    root.mkdir(parents=True, exist_ok=True)
-    env = root / key(lock, wheel_sha256)
-    if (env / DONE).is_file():
-        return env
-    with open(root / f"{env.name}.lock", "w") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)  # two deploys of one lock make it once
-        if (env / DONE).is_file():
-            return env
-        shutil.rmtree(env, ignore_errors=True)
-        _make(env, lock, wheel, index)
+def ensure(lock: Lock, index: Index) -> Path:
+    """The environment of `lock`, made once per machine."""
+    env = cache_home() / "envs" / key(lock)
+    _once(env, lambda: _make(env, lock, index), {"lock_sha256": lock.sha256, "packages": lock.pins()})
     return env
 
 
-def _make(env: Path, lock: Lock, wheel: Path | None, index: Index) -> None:
+def code(wheel: Path, sha256: str, env: Path) -> Path:
+    """The run's dlinfra `wheel` unpacked (and compiled by `env`'s interpreter) for the PYTHONPATH."""
+    out = cache_home() / "code" / sha256[:20]
+
+    def unpack() -> None:
+        step = [uv(), "pip", "install", "--quiet", "--no-deps", "--python", str(python_of(env)),
+                "--target", str(out), str(wheel)]  # fmt: skip
+        _run(step, dict(os.environ, NO_COLOR="1"), out, f"Fix: the wheel {wheel} must install")
+        _compile(python_of(env), [str(p) for p in out.rglob("*.py")])
+
+    _once(out, unpack, {"wheel_sha256": sha256})
+    return out
+
+
+def _once(path: Path, make: Callable[[], None], record: dict[str, object]) -> None:
+    """`make` `path` unless a whole one is there; two deploys at once make it once."""
+    if (path / DONE).is_file():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f"{path.name}.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        if (path / DONE).is_file():
+            return
+        shutil.rmtree(path, ignore_errors=True)
+        make()
+        (path / DONE).write_text(json.dumps(record, indent=1), encoding="utf-8")
+
+
+def _make(env: Path, lock: Lock, index: Index) -> None:
     with tempfile.TemporaryDirectory(prefix="dlinfra-env-") as tmp:
         scratch = Path(tmp)
         (scratch / "env.lock").write_text(lock.text, encoding="utf-8")
         environ = uv_environ(index, scratch)
         python = str(python_of(env))
-        # Compiled once, here: uv writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set no node
-        # ever would, so every trainer compiled TensorFlow's ~2000 modules again (measured: its import
-        # 15.4 CPU-s against 5.8; a 5-node local run 52 -> 38 CPU-s, for about 50 CPU-s once here).
-        steps = [
-            [uv(), "venv", "--quiet", "--python", sys.executable, str(env)],
-            [uv(), "pip", "sync", "--quiet", "--python", python, "--require-hashes", "--compile-bytecode",
-             *index.uv_args(), str(scratch / "env.lock")],
-        ]  # fmt: skip
-        if wheel is not None:
-            steps.append(
-                [uv(), "pip", "install", "--quiet", "--python", python, "--no-deps", "--compile-bytecode",
-                 str(wheel)]
-            )  # fmt: skip
-        for step in steps:
-            result = subprocess.run(step, capture_output=True, text=True, env=environ)
-            if result.returncode != 0:
-                raise DlinfraError(
-                    f"could not make the run's environment in {env} ({' '.join(step[1:3])}): "
-                    f"{result.stderr.strip()[-1500:]}\nFix: check that the package index "
-                    f"({index.shown()}) is reachable and holds every locked file"
-                )
-    (env / DONE).write_text(
-        json.dumps({"lock_sha256": lock.sha256, "packages": lock.pins()}, indent=1), encoding="utf-8"
-    )
+        fix = f"Fix: check that the package index ({index.shown()}) is reachable and holds every locked file"
+        _run([uv(), "venv", "--quiet", "--python", sys.executable, str(env)], environ, env, fix)
+        _run([uv(), "pip", "sync", "--quiet", "--python", python, "--require-hashes", *index.uv_args(),
+              str(scratch / "env.lock")], environ, env, fix)  # fmt: skip
+    # Compiled once, here: uv writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set no node
+    # ever would, so every trainer compiled TensorFlow's ~2000 modules again (measured: its import
+    # 15.4 CPU-s against 5.8; a 5-node local run 52 -> 38 CPU-s, for about 50 CPU-s once here).
+    site = _site_packages(env)
+    _compile(python_of(env), _seed_bytecode(site, Path(sysconfig.get_paths()["purelib"])))
+
+
+def _run(step: list[str], environ: dict[str, str], made: Path, fix: str) -> None:
+    result = subprocess.run(step, capture_output=True, text=True, env=environ)
+    if result.returncode != 0:
+        raise DlinfraError(
+            f"could not make the run's environment in {made} ({' '.join(step[1:3])}): "
+            f"{result.stderr.strip()[-1500:]}\n{fix}"
+        )
+
+
+def _site_packages(env: Path) -> Path:
+    return env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+
+
+def _seed_bytecode(site: Path, donor: Path) -> list[str]:
+    """Link into `site` the donor's bytecode of every source that is the donor's own file (one inode:
+    the same bytes) and whose bytecode was compiled from it; the sources left are returned."""
+    left = []
+    for folder, _, files in os.walk(site):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            source = os.path.join(folder, name)
+            cached = importlib.util.cache_from_source(source)
+            theirs = os.path.join(donor, os.path.relpath(cached, site))
+            try:
+                if _compiled_from(source, os.path.join(donor, os.path.relpath(source, site)), theirs):
+                    os.makedirs(os.path.dirname(cached), exist_ok=True)
+                    _link_or_copy(theirs, cached)
+                    continue
+            except OSError:
+                pass  # no such file there, or unreadable: compiled here
+            left.append(source)
+    return left
+
+
+def _compiled_from(source: str, twin: str, bytecode: str) -> bool:
+    """Whether `bytecode` is valid for `source`: `twin` is `source` itself, and the bytecode's
+    header (PEP 552: magic, timestamp-checked, the source's mtime and size) names it."""
+    mine, theirs = os.stat(source), os.stat(twin)
+    if (mine.st_ino, mine.st_dev) != (theirs.st_ino, theirs.st_dev):
+        return False
+    with open(bytecode, "rb") as f:
+        header = f.read(16)
+    stamp = (int(mine.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+    size = (mine.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    return header == importlib.util.MAGIC_NUMBER + bytes(4) + stamp + size
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        pass
+    except OSError:  # another file system: a copy, as good
+        shutil.copyfile(source, target)
+
+
+def _compile(python: Path, files: list[str]) -> None:
+    if not files:
+        return
+    result = subprocess.run([python, "-c", COMPILE], input="\n".join(files), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise DlinfraError(
+            f"could not compile the bytecode of {python.parent.parent}: {result.stderr.strip()[-1500:]}\n"
+            "Fix: remove that directory; the next deploy makes it again"
+        )

@@ -1,4 +1,4 @@
-"""The trainer of a node (`dlinfra node train`, started by its beacon): join the cluster, train or
+"""The trainer of a node (a fork of its beacon: node.trainer_process): join the cluster, train or
 serve, report, leave results, exit."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`dlinfra node run NODE_JSON`: a node's beacon. It starts the trainer (`dlinfra node train`) and,
+"""`dlinfra node run NODE_JSON`: a node's beacon. It starts the trainer (node.trainer_process) and,
 from outside it, publishes the node's liveness: the trainer's own state file, its process state from
 /proc, whether its TF port answers, and the heartbeat time. It never imports TensorFlow, so a trainer
 blocked in TensorFlow, stopped or spinning cannot silence it: the watcher can tell a frozen trainer
@@ -11,11 +11,9 @@ the way its trainer ended (same exit code, or the same signal), so the restart c
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,15 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from dlinfra.contract import EXIT_STOPPED, NodeConfig
-from dlinfra.node import reaper, spot, watchdog
+from dlinfra.node import reaper, spot, trainer_process, watchdog
 from dlinfra.node.masked_log import MaskedLog
+from dlinfra.node.peers import port_open
 from dlinfra.node.status import SPAWNED_AT, read_state, state_file
 from dlinfra.node.supervision import should_restart
 from dlinfra.node.survived import Survived
+from dlinfra.node.trainer_process import TrainerProcess
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
 
-PR_SET_PDEATHSIG = 1
 # /proc/<pid>/stat state letters → what the watcher reads
 PROCESS_STATES = {
     "R": "running",
@@ -61,7 +60,7 @@ def run(config_path: Path, log_file: Path | None = None, work_dir: Path | None =
     beacon.record_earlier_life(read_state(state_file(work)))
     state_file(work).unlink(missing_ok=True)  # an earlier life's state is not this one's
     reaper.become_subreaper()  # what the trainer leaves (its script's daemons) stays below, to be ended
-    trainer = beacon.start_trainer(config_path)
+    trainer = trainer_process.start(config_path, work, log_file, {SPAWNED_AT: f"{time.time():.3f}"})
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: beacon.ask_stop(trainer, signum))
     if cfg.spot:
@@ -86,7 +85,7 @@ class Beacon:
         self.told_incidents = 0  # of survived.found, how many a beat carried
         self.looking_at: int | None = None  # the pid _look watches: the trainer's, or its script's
 
-    def ask_stop(self, trainer: subprocess.Popen[bytes], signum: int) -> None:
+    def ask_stop(self, trainer: TrainerProcess, signum: int) -> None:
         """A stop request (the launcher's teardown, systemd's): passed on to the trainer, and timed."""
         self.stop_asked = self.stop_asked or time.monotonic()
         _forward(trainer, signum)
@@ -120,30 +119,7 @@ class Beacon:
         except Exception as exc:  # a store outage must not end the node before it starts
             print(f"beacon {self.cfg.name}: earlier life not recorded: {exc}", file=sys.stderr, flush=True)
 
-    def start_trainer(self, config_path: Path) -> subprocess.Popen[bytes]:
-        args = [
-            sys.executable,
-            "-m",
-            "dlinfra",
-            "node",
-            "train",
-            str(config_path),
-            "--work-dir",
-            str(self.work),
-        ]
-        if self.log_file is not None:
-            args += ["--log-file", str(self.log_file)]
-        return subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            env=dict(os.environ, **{SPAWNED_AT: f"{time.time():.3f}"}),
-            # Its own process group: a signal meant for the trainer (a debugger's SIGSTOP) leaves the
-            # beacon running to report it.
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-
-    def watch(self, trainer: subprocess.Popen[bytes]) -> int:
+    def watch(self, trainer: TrainerProcess) -> int:
         done = threading.Event()
         threading.Thread(target=self._look, args=(done,), name="looks", daemon=True).start()
         try:
@@ -159,7 +135,7 @@ class Beacon:
             if (pid := self.looking_at) is not None:
                 self.survived.process(process_state(pid))
 
-    def _watch(self, trainer: subprocess.Popen[bytes]) -> int:
+    def _watch(self, trainer: TrainerProcess) -> int:
         beat_due = 0.0
         while True:
             code = trainer.poll()
@@ -191,7 +167,7 @@ class Beacon:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 trainer.wait(min(NEWS_POLL, self._sweep_if_stopping(trainer.pid, pid)))
 
-    def _stop_unresponsive(self, trainer: subprocess.Popen[bytes]) -> int:
+    def _stop_unresponsive(self, trainer: TrainerProcess) -> int:
         limit = watchdog.binding_limit(self.cfg)
         self.store.write_marker(
             "STOPPED",
@@ -272,15 +248,6 @@ def process_state(pid: int) -> str:
     return PROCESS_STATES.get(letter, letter)
 
 
-def port_open(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 def dump_stacks(pid: int) -> str:
     """Every thread's Python stack of the trainer. py-spy pauses the process for a consistent read;
     a stopped process cannot be paused, so then it reads without pausing (and may need a retry)."""
@@ -307,7 +274,7 @@ def dump_stacks(pid: int) -> str:
     return f"py-spy could not read pid {pid}: " + "; ".join(failures) + "\n"
 
 
-def _forward(trainer: subprocess.Popen[bytes], signum: int) -> None:
+def _forward(trainer: TrainerProcess, signum: int) -> None:
     """Pass a stop request on to the trainer's group (and wake it, should it be stopped)."""
     for sig in (signum, signal.SIGCONT):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -323,10 +290,3 @@ def _end_like(code: int) -> int:
     sys.stdout.flush()
     os.kill(os.getpid(), -code)
     return 128 - code  # not reached for fatal signals
-
-
-def die_with_parent() -> Any:
-    """In a child, before exec: if its parent dies (the beacon killed at teardown, the agent by its
-    max_runtime watchdog), the child (the trainer, a script) dies too."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

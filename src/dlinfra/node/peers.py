@@ -3,19 +3,28 @@ so a missing node is named instead of hanging the trainer."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from dlinfra.errors import DlinfraError
-from dlinfra.node.beacon import port_open
 
 T = TypeVar("T")
 
 
 class PeersUnreachable(DlinfraError):
     pass
+
+
+def port_open(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def wait_for_peers(peers: list[str], timeout: float) -> None:

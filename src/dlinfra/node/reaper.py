@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
 TERM_GRACE = 3.0  # SIGTERM first (a daemon may flush what it holds), then SIGKILL
 POLL = 0.05
 
@@ -103,3 +104,10 @@ def end_descendants(
         if time.monotonic() - started > grace:
             sig = signal.SIGKILL
         time.sleep(POLL)  # a poll of /proc: a process's exit has no event to wait on here
+
+
+def die_with_parent() -> None:
+    """In a child: if its parent dies (the beacon killed at teardown, the agent by its max_runtime
+    watchdog), the child (the trainer, a script) dies too."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

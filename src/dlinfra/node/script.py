@@ -1,6 +1,6 @@
 """Script mode: a node runs the user's own training program (`training.command`) as it is.
 
-The node agent (`dlinfra node train`, started and watched by the beacon as always) restores the
+The node agent (a fork of the beacon, started and watched by the beacon as always) restores the
 run's checkpoint files, starts the command from the code bundle with TF_CONFIG and the DLINFRA_*
 variables, and stays beside it: it reads the script's progress reports (dlinfra.report), keeps the
 checkpoint and TensorBoard directories synced to the store, and ends the node the way the script
@@ -27,10 +27,10 @@ from pathlib import Path
 
 from dlinfra.contract import EXIT_DONE, NodeConfig
 from dlinfra.node import reaper
-from dlinfra.node.beacon import die_with_parent, port_open
 from dlinfra.node.directory_sync import DirectorySync
 from dlinfra.node.environ import without_aws
 from dlinfra.node.events import EventScalars
+from dlinfra.node.peers import port_open
 from dlinfra.node.script_dirs import (
     CHECKPOINT_DIR,
     EVAL_FILES,
@@ -107,7 +107,7 @@ def run(cfg: NodeConfig, store: RunStore, status: NodeStatus, work: Path, log_fi
             cwd=code,
             env=script_environ(variables, cfg.training.pass_env),
             stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,  # the max_runtime watchdog ends this agent: the script too
+            preexec_fn=reaper.die_with_parent,  # the max_runtime watchdog ends this agent: the script too
         )
     except OSError as exc:
         return give_up(

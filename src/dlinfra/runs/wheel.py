@@ -15,7 +15,6 @@ import base64
 import hashlib
 import os
 import subprocess
-import sys
 import tempfile
 import zipfile
 from importlib import metadata
@@ -23,6 +22,7 @@ from pathlib import Path, PurePosixPath
 
 import dlinfra
 from dlinfra import __version__
+from dlinfra.environment.lock import uv
 from dlinfra.environment.venvs import cache_home
 from dlinfra.errors import DlinfraError
 
@@ -60,14 +60,20 @@ def _built(root: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     # Built aside, then renamed in: another process never sees half a wheel.
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
-        pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check"]
-        result = subprocess.run([*pip, "-w", tmp, str(root)], capture_output=True, text=True)
+        # uv's build (0.5 s; pip's took 1.1 s): the same hatchling, the same bytes. Offline, the
+        # build backend uv cached answers.
+        build = [uv(), "build", "--wheel", "--quiet", "--out-dir", tmp, str(root)]
+        environ = dict(os.environ, NO_COLOR="1", UV_NO_PROGRESS="1")
+        result = subprocess.run(build, capture_output=True, text=True, env=environ)
+        if result.returncode != 0:
+            offline = subprocess.run([*build, "--offline"], capture_output=True, text=True, env=environ)
+            result = offline if offline.returncode == 0 else result
         built = sorted(Path(tmp).glob(f"dlinfra-{__version__}-*.whl"))
         if result.returncode != 0 or not built:
             raise DlinfraError(
                 f"could not build the dlinfra wheel for the nodes from {root}:\n"
-                f"{result.stderr[-2000:]}\nFix: `pip wheel --no-deps .` must work in the checkout "
-                "(it needs the hatchling build backend)"
+                f"{result.stderr[-2000:]}\nFix: `uv build --wheel` must work in the checkout "
+                "(it needs the hatchling build backend, from the package index or uv's cache)"
             )
         out.mkdir(exist_ok=True)
         os.replace(built[0], out / built[0].name)

@@ -162,17 +162,18 @@ def node_environments(prepared: Prepared, log: Callable[[str], None]) -> dict[st
     run, spec = prepared.run, prepared.spec
     manifest = run.manifest()
     index = Index.of(spec.aws.pip_index_url, spec.aws.pip_extra_ca, os.environ)
-    wheel = run.dir / "code" / manifest.wheel.name if manifest.wheel else None
     out = {}
     for flavor, pin in manifest.environment.items():
         lock_file = run.dir / "code" / pin.file
         lock = Lock(lock_file.read_text(encoding="utf-8"), flavor)  # type: ignore[arg-type]
         t0 = time.monotonic()
-        env = venvs.ensure(lock, wheel, manifest.wheel.sha256 if manifest.wheel else None, index)
+        env = venvs.ensure(lock, index)
+        wheel = manifest.wheel
+        own = venvs.code(run.dir / "code" / wheel.name, wheel.sha256, env) if wheel else None
         took = time.monotonic() - t0
         made = f"made in {took:.1f}s" if took > 0.5 else "cached"
         log(f"environment ({flavor}): lock {pin.sha256[:12]}, {len(pin.packages)} packages, {made}: {env}")
-        out[flavor] = NodeEnv(venvs.python_of(env), lock_file)
+        out[flavor] = NodeEnv(venvs.python_of(env), lock_file, own)
     return out
 
 

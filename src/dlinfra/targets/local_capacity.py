@@ -1,7 +1,7 @@
 """Whether this machine can hold a local cluster, known before anything starts.
 
 Every local node is two processes here, its beacon (`dlinfra node run`, no TensorFlow) and its
-trainer (`dlinfra node train`), and each takes memory, threads and file descriptors. Nothing used to
+trainer (a fork of the beacon), and each takes memory, threads and file descriptors. Nothing used to
 weigh them: `--workers 1000 --ps 100` validated, and a deploy forked 1101 TensorFlow processes into
 swap or the OOM killer. So the local target sizes the cluster against the machine first: one it
 cannot hold is refused (exit 2) with the largest one it can, one that only time-shares the CPUs is

@@ -19,6 +19,7 @@ from dlinfra.targets import private_network
 class NodeEnv:
     python: Path  # of the run's environment for a flavor
     lock_file: Path  # the lock it was made from (the node checks itself against it)
+    code: Path | None = None  # the run's dlinfra, unpacked (venvs.code): first on the PYTHONPATH
 
 
 def launch(
@@ -34,6 +35,8 @@ def launch(
     cfg = NodeConfig.model_validate_json(config.read_text(encoding="utf-8"))
     environ = node_environ(os.environ, cfg, work)
     environ |= {"PYTHONUNBUFFERED": "1"} | ({"DLINFRA_LOCK_FILE": str(env.lock_file)} if env else {})
+    if env and env.code:
+        environ["PYTHONPATH"] = str(env.code)
     argv = [
         str(env.python) if env else sys.executable,
         "-m",
