@@ -51,11 +51,14 @@ def _import_cpu(venv: Path, code: Path | None = None) -> float:
     """CPU seconds of a trainer's TensorFlow import in `venv` (dlinfra from `code`: PYTHONPATH), as a
     node imports it."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    code = "from dlinfra.node.tensorflow_import import import_tensorflow; import_tensorflow()"
+    program = "from dlinfra.node.tensorflow_import import import_tensorflow; import_tensorflow()"
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TF_CPP_MIN_LOG_LEVEL="3")
     if code is not None:
         env["PYTHONPATH"] = str(code)
-    subprocess.run([str(venv / "bin" / "python"), "-c", code], check=True, env=env, capture_output=True)
+    python = str(venv / "bin" / "python")
+    done = subprocess.run([python, "-c", program], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-2000:])
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
