@@ -74,9 +74,7 @@ def _local_rows(lock: Lock, wheel: Path, index: Index, root: Path, rows: Rows, r
         rows.setdefault("local run's environment, new", []).append(_timed(venvs.ensure, lock, index))
         made = venvs.ensure(lock, index)
         rows.setdefault("local run's environment, cached", []).append(_timed(venvs.ensure, lock, index))
-        rows.setdefault("the run's dlinfra beside it (new wheel)", []).append(
-            _timed(venvs.code, wheel, sha, made)
-        )
+        rows.setdefault("the run's dlinfra beside it (new wheel)", []).append(_timed(venvs.code, wheel, sha))
         every = [str(p) for p in made.glob("lib/python*/site-packages/**/*.py")]
         for cached in made.glob("lib/python*/site-packages/**/__pycache__"):
             shutil.rmtree(cached)
@@ -84,7 +82,7 @@ def _local_rows(lock: Lock, wheel: Path, index: Index, root: Path, rows: Rows, r
             _timed(venvs._compile, venvs.python_of(made), every)
         )
         rows.setdefault("trainer's TensorFlow import CPU-s, local run's env", []).append(
-            _import_cpu(made, venvs.code(wheel, sha, made))
+            _import_cpu(made, venvs.code(wheel, sha))
         )
 
 

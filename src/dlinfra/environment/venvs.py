@@ -70,15 +70,16 @@ def ensure(lock: Lock, index: Index) -> Path:
     return env
 
 
-def code(wheel: Path, sha256: str, env: Path) -> Path:
-    """The run's dlinfra `wheel` unpacked (and compiled by `env`'s interpreter) for the PYTHONPATH."""
+def code(wheel: Path, sha256: str) -> Path:
+    """The run's dlinfra `wheel` unpacked and compiled, for the PYTHONPATH: by this interpreter, the
+    one every environment is made from, so it needs none of them (it is made beside one)."""
     out = cache_home() / "code" / sha256[:20]
 
     def unpack() -> None:
-        step = [uv(), "pip", "install", "--quiet", "--no-deps", "--python", str(python_of(env)),
+        step = [uv(), "pip", "install", "--quiet", "--no-deps", "--python", sys.executable,
                 "--target", str(out), str(wheel)]  # fmt: skip
         _run(step, dict(os.environ, NO_COLOR="1"), out, f"Fix: the wheel {wheel} must install")
-        _compile(python_of(env), [str(p) for p in out.rglob("*.py")])
+        _compile(Path(sys.executable), [str(p) for p in out.rglob("*.py")])
 
     _once(out, unpack, {"wheel_sha256": sha256})
     return out

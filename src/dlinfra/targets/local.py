@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -162,19 +163,21 @@ def node_environments(prepared: Prepared, log: Callable[[str], None]) -> dict[st
     run, spec = prepared.run, prepared.spec
     manifest = run.manifest()
     index = Index.of(spec.aws.pip_index_url, spec.aws.pip_extra_ca, os.environ)
-    out = {}
-    for flavor, pin in manifest.environment.items():
-        lock_file = run.dir / "code" / pin.file
-        lock = Lock(lock_file.read_text(encoding="utf-8"), flavor)  # type: ignore[arg-type]
-        t0 = time.monotonic()
-        env = venvs.ensure(lock, index)
-        wheel = manifest.wheel
-        own = venvs.code(run.dir / "code" / wheel.name, wheel.sha256, env) if wheel else None
-        took = time.monotonic() - t0
-        made = f"made in {took:.1f}s" if took > 0.5 else "cached"
-        log(f"environment ({flavor}): lock {pin.sha256[:12]}, {len(pin.packages)} packages, {made}: {env}")
-        out[flavor] = NodeEnv(venvs.python_of(env), lock_file, own)
-    return out
+    made: dict[str, tuple[Path, Path]] = {}  # flavor → (its environment, its lock file)
+    wheel = manifest.wheel
+    with ThreadPoolExecutor(1) as beside:  # the run's dlinfra unpacked while the environment is made
+        own = beside.submit(venvs.code, run.dir / "code" / wheel.name, wheel.sha256) if wheel else None
+        for flavor, pin in manifest.environment.items():
+            lock_file = run.dir / "code" / pin.file
+            lock = Lock(lock_file.read_text(encoding="utf-8"), flavor)  # type: ignore[arg-type]
+            t0 = time.monotonic()
+            env = venvs.ensure(lock, index)
+            took = time.monotonic() - t0
+            how = f"made in {took:.1f}s" if took > 0.5 else "cached"
+            log(f"environment ({flavor}): lock {pin.sha256[:12]}, {len(pin.packages)} packages, {how}: {env}")
+            made[flavor] = (env, lock_file)
+        code = own.result() if own else None
+    return {flavor: NodeEnv(venvs.python_of(env), lock, code) for flavor, (env, lock) in made.items()}
 
 
 @dataclass
