@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dlinfra.node import reaper
 
-WAIT_STEP = 0.02  # a bounded wait looks this often, as Popen.wait(timeout) does
+WAIT_STEP = 0.05  # a bounded wait looks this often, as Popen.wait(timeout) does at most
 
 
 class TrainerProcess:
