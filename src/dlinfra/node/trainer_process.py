@@ -73,7 +73,7 @@ def start(config_path: Path, work: Path, log_file: Path | None, environ: dict[st
 
         code = run(config_path, log_file, work)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)  # as Python exits
     except BaseException:
         traceback.print_exc()
     finally:
