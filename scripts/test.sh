@@ -32,8 +32,8 @@ esac
 # --full. Beside the shared phase, a pytest of its own runs the controller's VM test: its host process
 # waits half an hour on one emulated VM (about half a core), and on a worker of three it left the
 # other tests two workers for that time (CI of f85d8f1: the shared phase 4444 s, against ~3550 without
-# it). That test gives its VM's autogroup the larger share of the CPU (a nice here would not: every
-# node is a session, and so an autogroup, of its own). The `exclusive` tests then run alone: three
+# it). That test gives its VM's autogroup the larger share of the CPU (a nice here would not: the
+# VM's qemu is a session, and so an autogroup, of its own). The `exclusive` tests then run alone: three
 # emulated VMs need every core. The beside pytest has its own base directory and no cache writes (two
 # pytest sessions share this checkout); its log is printed as soon as it ends, amid the workers'
 # progress, so a run cut off later still shows it.

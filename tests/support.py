@@ -316,8 +316,9 @@ def cgroup_cpu_limit(required: bool = True):
 
 def favour(pid: int | None, nice: int = -10) -> None:
     """Give process `pid`'s autogroup (its session's processes) `nice`: with the kernel's autogroups
-    on, CPU is shared between sessions first, whatever each process's own nice, and every node a
-    test starts is a session of its own. Without root or autogroups it changes nothing."""
+    on, CPU is shared between sessions first, whatever each process's own nice (a VM's qemu is a
+    session of its own; a run's nodes share their CLI's). Without root or autogroups it changes
+    nothing."""
     if pid is not None:
         with contextlib.suppress(OSError):
             Path(f"/proc/{pid}/autogroup").write_text(str(nice))

@@ -29,7 +29,7 @@ OWN_TRAIN_FILES = 16
 def _no_node_outlives_its_test(tmp_path: Path) -> Iterator[None]:
     """A test that fails half-way must not leave its nodes training beside the next tests: a Ctrl-C
     test that failed before its SIGINT once left four trainers at full CPU for the rest of a CI run
-    (its nodes run in their own sessions, so killing the CLI does not reach them)."""
+    (its nodes run in process groups of their own, so killing the CLI does not reach them)."""
     yield
     for pid in alive_node_pids(str(tmp_path)):
         with contextlib.suppress(ProcessLookupError):

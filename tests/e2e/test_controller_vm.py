@@ -57,8 +57,8 @@ def test_the_controller_vm_from_its_image_tears_a_handed_over_run_down_and_stops
     state = lambda: instance_state(moto_endpoint, instance_id)  # noqa: E731
     # the emulated instance's VM: its console, and its qemu's pid file (DLINFRA_HOME is the laptop's)
     console = aws["home"] / vm_dir(instance_id).relative_to(home()) / "console.log"
-    # This test runs beside the suite's workers (scripts/test.sh), whose every node is a session of
-    # its own, and so an autogroup: the kernel shares the cores between those first, and the VM's
+    # This test runs beside the suite's workers (scripts/test.sh). The kernel shares the cores
+    # between sessions (autogroups) first, and when every node was a session of its own the VM's
     # one emulating thread got half a core here and so little in CI (3026 s, 1475 s here) that its
     # waits ran out. Favoured, it ran 1162 s beside the workers; its work is the same, done sooner.
     favour(qemu_pid(console.parent))

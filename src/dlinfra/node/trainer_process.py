@@ -3,7 +3,7 @@ the trainer imports before TensorFlow (dlinfra's node modules, pydantic: 0.25 s 
 Five nodes starting on two cores spent that ten times over while the chief loaded TensorFlow, and
 the trainer's own copy stood between the chief's spawn and its TensorFlow import.
 
-The fork is taken before the beacon starts any thread, in its own session, dying with the beacon
+The fork is taken before the beacon starts any thread, in its own process group, dying with the beacon
 (reaper.die_with_parent), with stdin closed: what `subprocess.Popen` gave the `dlinfra node train`
 it used to run. `TrainerProcess` is the part of Popen's interface the beacon uses.
 """
@@ -63,7 +63,8 @@ def start(config_path: Path, work: Path, log_file: Path | None, environ: dict[st
         return TrainerProcess(pid)
     code = 1
     try:
-        os.setsid()  # its own session and group: a signal meant for it leaves the beacon to report
+        os.setpgid(0, 0)  # its own group: a signal meant for it leaves the beacon to report (not a
+        # session of its own: see local_launch on the scheduler's autogroups)
         reaper.die_with_parent()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
