@@ -13,9 +13,11 @@
 
 Same model and data for all (dlinfra's model builders: the digits CNN, and ResNet-20 on synthetic
 CIFAR-shaped data), batch 64 per worker, `--steps` timed after `--warmup` steps. Examples/s is mean
-± sd over `--reps` repetitions; CPU is the whole process tree's CPU time over its wall time and the
-machine's cores (start-up included); bytes/step is what a worker moves per step, from the variables'
-sizes (ps: reads every variable and sends every gradient; mwms: a ring all-reduce of the gradients).
+± sd over `--reps` repetitions, each of which runs every configuration of a cell (model, workers)
+once, in turn, so that the machine's drift falls on them alike; CPU is the whole process tree's CPU
+time over its wall time and the machine's cores (start-up included); bytes/step is what a worker
+moves per step, from the variables' sizes (ps: reads every variable and sends every gradient; mwms:
+a ring all-reduce of the gradients).
 
     python bench/bench_anchors.py [--models digits,resnet20] [--workers 1,2,3] [--reps 3]
 """
@@ -30,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -319,21 +323,31 @@ def main() -> None:
     print(f"{header} {'CPU %':>6} {'bytes/step':>11}", flush=True)
     for model in args.models:
         n, warmup = steps[model], max(STEPS_PER_CALL, steps[model] // 5)
-        keras_rows = [
-            (
-                f"keras-fit{'-jit' if jit else ''}",
-                [run_keras(model, warmup, n, jit) for _ in range(args.reps)],
-            )
-            for jit in (False, True)
-        ]
-        best = max(statistics.mean(eps for eps, _ in results) for _, results in keras_rows)
-        for name, results in keras_rows:
+        keras_runs = {f"keras-fit{'-jit' if jit else ''}": jit for jit in (False, True)}
+        keras_rows = interleaved(
+            {name: partial(run_keras, model, warmup, n, jit) for name, jit in keras_runs.items()},
+            args.reps,
+        )
+        best = max(statistics.mean(eps for eps, _ in results) for results in keras_rows.values())
+        for name, results in keras_rows.items():
             _print(model, name, 1, results, best, None)
         for workers in args.workers:
             moved = bytes_per_step(model, workers)
-            for name in args.configs:
-                results = [configuration(name, model, workers, warmup, n) for _ in range(args.reps)]
+            runs = {name: partial(configuration, name, model, workers, warmup, n) for name in args.configs}
+            for name, results in interleaved(runs, args.reps).items():
                 _print(model, name, workers, results, best, moved[name.split("-")[1]])
+
+
+def interleaved(
+    runs: dict[str, Callable[[], tuple[float, float]]], reps: int
+) -> dict[str, list[tuple[float, float]]]:
+    """Each rep runs every configuration once, in turn: the hour's drift (a slower machine, a
+    neighbour's job) falls on all configurations of a cell alike instead of between their rows."""
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for _ in range(reps):
+        for name, run in runs.items():
+            results[name].append(run())
+    return results
 
 
 def _print(

@@ -19,16 +19,22 @@ variant timed in turn within every repetition (so load on a shared machine falls
 - overlap-clock: the same, with a clock that lets `next()` run beside the previous step and counts
   only the time the step waited past it (what a fix would run).
 
-One worker, no TF_CONFIG: the strategy's own overhead is the same in every variant, and what
-differs is the loop. Examples/s are mean ± sd over `--reps`; each variant's ratio is to `hand`.
+One worker by default, no TF_CONFIG: the strategy's own overhead is the same in every variant, and
+what differs is the loop. `--workers N` runs N worker processes in one MWMS cluster (TF_CONFIG on
+the loopback, as the hand-written anchor), every variant in turn on all of them, timed on worker 0:
+what each difference costs once a step waits on its peers' all-reduce. Examples/s (the cluster's)
+are mean ± sd over `--reps`; each variant's ratio is to `hand`.
 
-    python bench/bench_loop_costs.py [--model digits|resnet20] [--steps 600] [--reps 3]
+    python bench/bench_loop_costs.py [--model digits|resnet20] [--steps 600] [--reps 3] [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,11 +74,11 @@ class OverlapClock:
     def next(self, it: Any, waited: Any, after: Any) -> tuple[Any, Any]:
         import tensorflow as tf
 
+        with tf.control_dependencies(tf.nest.flatten([waited, after], expand_composites=True)):
+            done = tf.timestamp()  # first: timestamps run in program order (automatic control deps)
         batch = next(it)
         with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
             ready = tf.timestamp()
-        with tf.control_dependencies(tf.nest.flatten([waited, after], expand_composites=True)):
-            done = tf.timestamp()
         return batch, waited + tf.maximum(ready - done, 0.0)
 
     def since(self, began: Any, after: Any) -> Any:
@@ -173,6 +179,23 @@ def build(variant: str, strategy: Any, model_name: str) -> Callable[[int], None]
     return run
 
 
+def start_peers(workers: int) -> list[subprocess.Popen[bytes]]:
+    """Workers 1..n-1: this script with the same arguments, each with its TF_CONFIG; this process
+    becomes worker 0. Every worker builds and runs the same variants in the same order, so their
+    collectives pair up, and the whole cluster runs one variant at a time."""
+    from dlinfra.render.addresses import free_ports
+
+    ports = free_ports(workers)
+    cluster = {"worker": [f"127.0.0.1:{next(ports)}" for _ in range(workers)]}
+    config = lambda i: json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})  # noqa: E731
+    peers = [
+        subprocess.Popen([sys.executable, *sys.argv], env=dict(os.environ, TF_CONFIG=config(i)))
+        for i in range(1, workers)
+    ]
+    os.environ["TF_CONFIG"] = config(0)
+    return peers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -182,7 +205,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--workers", type=int, default=1, help="MWMS workers, each a process")
     args = parser.parse_args()
+    peers = start_peers(args.workers) if args.workers > 1 and "TF_CONFIG" not in os.environ else []
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -196,10 +221,15 @@ def main() -> None:
         for variant, run in runs.items():  # in turn: a slow moment of the machine falls on all alike
             t0 = time.perf_counter()
             run(calls)
-            rates[variant].append(calls * STEPS_PER_CALL * BATCH / (time.perf_counter() - t0))
+            examples = calls * STEPS_PER_CALL * BATCH * args.workers
+            rates[variant].append(examples / (time.perf_counter() - t0))
+    for peer in peers:
+        peer.wait()
+    if strategy.cluster_resolver.task_id:
+        return  # a peer: worker 0 times the cluster
     base = statistics.mean(rates[variants[0]])
-    shape = f"batch {BATCH}, {STEPS_PER_CALL} steps per call, {args.steps} steps x {args.reps} reps"
-    print(f"{args.model}, 1 worker, {shape}")
+    shape = f"batch {BATCH} a worker, {STEPS_PER_CALL} steps a call, {args.steps} steps x {args.reps} reps"
+    print(f"{args.model}, {args.workers} worker(s), {shape}")
     print(f"{'variant':<15}{'examples/s':>20}{'x ' + variants[0]:>12}")
     for variant, got in rates.items():
         mean, sd = statistics.mean(got), statistics.stdev(got) if len(got) > 1 else 0.0
