@@ -14,10 +14,11 @@
 Same model and data for all (dlinfra's model builders: the digits CNN, and ResNet-20 on synthetic
 CIFAR-shaped data), batch 64 per worker, `--steps` timed after `--warmup` steps. Examples/s is mean
 ± sd over `--reps` repetitions, each of which runs every configuration of a cell (model, workers)
-once, in turn, so that the machine's drift falls on them alike; CPU is the whole process tree's CPU
-time over its wall time and the machine's cores (start-up included); bytes/step is what a worker
-moves per step, from the variables' sizes (ps: reads every variable and sends every gradient; mwms:
-a ring all-reduce of the gradients).
+once, in turn, so that the machine's drift falls on them alike (each dlinfra configuration's ratio
+to the hand-written program of its strategy is also given rep by rep, with its spread); CPU is the
+whole process tree's CPU time over its wall time and the machine's cores (start-up included);
+bytes/step is what a worker moves per step, from the variables' sizes (ps: reads every variable and
+sends every gradient; mwms: a ring all-reduce of the gradients).
 
     python bench/bench_anchors.py [--models digits,resnet20] [--workers 1,2,3] [--reps 3]
 """
@@ -334,8 +335,11 @@ def main() -> None:
         for workers in args.workers:
             moved = bytes_per_step(model, workers)
             runs = {name: partial(configuration, name, model, workers, warmup, n) for name in args.configs}
-            for name, results in interleaved(runs, args.reps).items():
+            cell = interleaved(runs, args.reps)
+            for name, results in cell.items():
                 _print(model, name, workers, results, best, moved[name.split("-")[1]])
+            for line in against_hand(cell):
+                print(f"{model:<9} {line}", flush=True)
 
 
 def interleaved(
@@ -348,6 +352,22 @@ def interleaved(
         for name, run in runs.items():
             results[name].append(run())
     return results
+
+
+def against_hand(cell: dict[str, list[tuple[float, float]]]) -> list[str]:
+    """Each dlinfra configuration over the hand-written program of its strategy, rep by rep: a rep's
+    two runs share its moment of the machine, so the spread of their ratio is the noise left in the
+    cell's ratio. A ratio within that spread of 1 does not tell the two apart."""
+    lines = []
+    for name, results in cell.items():
+        who, kind, *suffix = name.split("-")
+        hand = cell.get("-".join(["hand", kind, *(["jit"] if suffix == ["jit"] else [])]))
+        if who != "dlinfra" or hand is None:
+            continue
+        ratios = [ours[0] / theirs[0] for ours, theirs in zip(results, hand, strict=True)]
+        sd = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+        lines.append(f"{name} ÷ hand, paired by rep: {statistics.mean(ratios):.3f} ± {sd:.3f}")
+    return lines
 
 
 def _print(
