@@ -224,17 +224,30 @@ def run_keras(model: str, warmup: int, steps: int, jit: bool) -> tuple[float, fl
 def run_hand(kind: str, model: str, workers: int, warmup: int, steps: int, jit: bool) -> tuple[float, float]:
     """Workers (and for ps: one ps) as servers, the chief (ps) or every worker (mwms) training; all
     children of one launcher process, so one wait4 counts their CPU."""
-    from dlinfra.render.addresses import free_ports
-
-    ports = free_ports(workers + 2)
-    cluster = {"worker": [f"127.0.0.1:{next(ports)}" for _ in range(workers)]}
-    if kind == "ps":
-        cluster |= {"chief": [f"127.0.0.1:{next(ports)}"], "ps": [f"127.0.0.1:{next(ports)}"]}
+    cluster = loopback_cluster(workers, parameter_servers=kind == "ps")
     run = {"kind": kind, "model": model, "warmup": warmup, "steps": steps, "jit": jit}
     spec = json.dumps({"cluster": cluster, **run})
     proc, t0 = measured([sys.executable, __file__, "_launch", spec])
     out = proc.stdout.read() if proc.stdout else b""
     return float(out.split()[-1]), cpu_share(proc, t0)
+
+
+def loopback_cluster(workers: int, parameter_servers: bool = False) -> dict[str, list[str]]:
+    """A TF cluster of local processes on free loopback ports: `workers` workers, and with
+    `parameter_servers` a chief and one ps (the benches' clusters; dlinfra's own come from its
+    renderer)."""
+    from dlinfra.render.addresses import free_ports
+
+    ports = free_ports(workers + 2)
+    address = lambda: f"127.0.0.1:{next(ports)}"  # noqa: E731
+    cluster = {"worker": [address() for _ in range(workers)]}
+    if parameter_servers:
+        cluster |= {"chief": [address()], "ps": [address()]}
+    return cluster
+
+
+def tf_config(cluster: dict[str, list[str]], role: str, index: int) -> str:
+    return json.dumps({"cluster": cluster, "task": {"type": role, "index": index}})
 
 
 def launch(spec: dict[str, Any]) -> None:
@@ -243,8 +256,7 @@ def launch(spec: dict[str, Any]) -> None:
     trainer = ("chief", 0) if kind == "ps" else ("worker", 0)
     procs = {}
     for role, i in tasks:
-        task = {"cluster": cluster, "task": {"type": role, "index": i}}
-        env = dict(os.environ, TF_CONFIG=json.dumps(task))
+        env = dict(os.environ, TF_CONFIG=tf_config(cluster, role, i))
         serves = kind == "ps" and role != "chief"
         work = ["_" + kind, spec["model"], str(spec["warmup"]), str(spec["steps"]), str(int(spec["jit"]))]
         argv = ["_serve", role, str(i)] if serves else work

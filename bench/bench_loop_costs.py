@@ -22,8 +22,10 @@ variant timed in turn within every repetition (so load on a shared machine falls
 One worker by default, no TF_CONFIG: the strategy's own overhead is the same in every variant, and
 what differs is the loop. `--workers N` runs N worker processes in one MWMS cluster (TF_CONFIG on
 the loopback, as the hand-written anchor), every variant in turn on all of them, timed on worker 0:
-what each difference costs once a step waits on its peers' all-reduce. Examples/s (the cluster's)
-are mean ± sd over `--reps`; each variant's ratio is to `hand`.
+what each difference costs once a step waits on its peers' all-reduce (not trustworthy yet: at 2
+workers every variant ran at about half the rate of the same program alone, cause not found;
+BENCHMARKS.md). Examples/s (the cluster's) are mean ± sd over `--reps`; each variant's ratio is to
+`hand`.
 
     python bench/bench_loop_costs.py [--model digits|resnet20] [--steps 600] [--reps 3] [--workers N]
 """
@@ -31,7 +33,6 @@ are mean ± sd over `--reps`; each variant's ratio is to `hand`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -44,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_anchors import BATCH, STEPS_PER_CALL, mirrored_model
+from bench_anchors import BATCH, STEPS_PER_CALL, loopback_cluster, mirrored_model, tf_config
 from node_report import node_reporter
 
 VARIANTS = [
@@ -183,16 +184,10 @@ def start_peers(workers: int) -> list[subprocess.Popen[bytes]]:
     """Workers 1..n-1: this script with the same arguments, each with its TF_CONFIG; this process
     becomes worker 0. Every worker builds and runs the same variants in the same order, so their
     collectives pair up, and the whole cluster runs one variant at a time."""
-    from dlinfra.render.addresses import free_ports
-
-    ports = free_ports(workers)
-    cluster = {"worker": [f"127.0.0.1:{next(ports)}" for _ in range(workers)]}
-    config = lambda i: json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})  # noqa: E731
-    peers = [
-        subprocess.Popen([sys.executable, *sys.argv], env=dict(os.environ, TF_CONFIG=config(i)))
-        for i in range(1, workers)
-    ]
-    os.environ["TF_CONFIG"] = config(0)
+    cluster = loopback_cluster(workers)
+    environ = lambda i: dict(os.environ, TF_CONFIG=tf_config(cluster, "worker", i))  # noqa: E731
+    peers = [subprocess.Popen([sys.executable, *sys.argv], env=environ(i)) for i in range(1, workers)]
+    os.environ["TF_CONFIG"] = tf_config(cluster, "worker", 0)
     return peers
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_anchors import BATCH, STEPS_PER_CALL, guide_ps_steps, training
+from bench_anchors import BATCH, STEPS_PER_CALL, guide_ps_steps, loopback_cluster, tf_config, training
 from node_report import node_reporter
 
 VARIANTS = ["hand", "+graph", "+pacing", "+report"]
@@ -54,22 +54,14 @@ def servers(workers: int, home: Path) -> tuple[dict[str, list[str]], list[subpro
     """The ps and the workers, each in a directory of its own holding its worker index (what
     dlinfra's remote call reads where it runs, as a node's work dir does)."""
     from dlinfra.contract import WORKER_INDEX_FILE
-    from dlinfra.render.addresses import free_ports
 
-    ports = free_ports(workers + 2)
-    cluster = {
-        "chief": [f"127.0.0.1:{next(ports)}"],
-        "ps": [f"127.0.0.1:{next(ports)}"],
-        "worker": [f"127.0.0.1:{next(ports)}" for _ in range(workers)],
-    }
+    cluster = loopback_cluster(workers, parameter_servers=True)
     procs = []
     for role, index in [("ps", 0)] + [("worker", i) for i in range(workers)]:
         work = home / f"{role}-{index}"
         work.mkdir()
         (work / WORKER_INDEX_FILE).write_text(str(index))
-        env = dict(
-            os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}})
-        )
+        env = dict(os.environ, TF_CONFIG=tf_config(cluster, role, index))
         argv = [sys.executable, __file__, "_serve", role, str(index)]
         procs.append(subprocess.Popen(argv, env=env, cwd=work, stderr=subprocess.DEVNULL))
     return cluster, procs
@@ -161,7 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="ps-costs-"))
     cluster, procs = servers(args.workers, home)
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    os.environ["TF_CONFIG"] = tf_config(cluster, "chief", 0)
     try:
         import tensorflow as tf
 
