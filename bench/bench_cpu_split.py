@@ -1,8 +1,8 @@
 """Where the CPU goes while a `dlinfra deploy` trains: each process of the tree (the CLI, the private
 network helper, each node's beacon and trainer), as a share of one core, over a window of the
-training between two progress lines of worker 0 (start-up, export and evaluation left out, which the
-CPU column of bench_anchors.py includes). A harness that costs throughput shows here as CPU outside
-the trainers.
+training between two progress lines of worker 0 (parameter servers: of the chief), start-up, export
+and evaluation left out (the CPU column of bench_anchors.py includes them). A harness that costs
+throughput shows here as CPU outside the trainers.
 
     python bench/bench_cpu_split.py [--model resnet20|digits] [--strategy multi_worker_mirrored]
                                     [--workers 1] [--from-step 40] [--to-step 140] [--jit]
@@ -27,7 +27,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu(root: int) -> dict[int, tuple[float, str]]:
-    """pid → (CPU seconds so far, command line) for `root` and all its descendants."""
+    """pid → (CPU seconds so far, what it is) for `root` and all its descendants."""
     table: dict[int, tuple[int, float, str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -46,7 +46,18 @@ def tree_cpu(root: int) -> dict[int, tuple[float, str]]:
             if ppid in members and pid not in members:
                 members.add(pid)
                 grown = True
-    return {pid: table[pid][1:] for pid in members if pid in table}
+    return {pid: (table[pid][1], shown(pid, table)) for pid in members if pid in table}
+
+
+def shown(pid: int, table: dict[int, tuple[int, float, str]]) -> str:
+    """A node's process as its node and part (its beacon forks the trainer, whose command line is
+    the beacon's), any other by its command line."""
+    ppid, _, cmd = table[pid]
+    words = cmd.split()
+    if words[1:5] != ["-m", "dlinfra", "node", "run"]:
+        return cmd[:100]
+    part = "trainer" if table.get(ppid, (0, 0.0, ""))[2] == cmd else "beacon"
+    return f"{Path(words[5]).stem} {part}"
 
 
 def main() -> None:
@@ -74,8 +85,9 @@ def main() -> None:
     assert proc.stdout is not None
     threading.Thread(target=proc.stdout.read, daemon=True).start()  # never block the CLI on a full pipe
     marks, wanted = [], [args.from_step, args.to_step]
+    reporter = "chief-0" if args.strategy == "parameter_server" else "worker-0"  # who logs the steps
     while wanted and proc.poll() is None:
-        logs = list(home.glob("runs/*/logs/worker-0.log"))
+        logs = list(home.glob(f"runs/*/logs/{reporter}.log"))
         steps = re.findall(r" step (\d+)/", logs[0].read_text(errors="replace")) if logs else []
         if steps and int(steps[-1]) >= wanted[0]:
             marks.append((time.time(), int(steps[-1]), tree_cpu(proc.pid)))
@@ -90,7 +102,7 @@ def main() -> None:
     print(f"{'% of a core':>12}  process")
     for pid, (cpu, cmd) in sorted(after.items(), key=lambda kv: before.get(kv[0], (0.0, ""))[0] - kv[1][0]):
         used = cpu - before.get(pid, (0.0, ""))[0]
-        print(f"{100 * used / wall:>12.1f}  {cmd[:100]}")
+        print(f"{100 * used / wall:>12.1f}  {cmd}")
 
 
 if __name__ == "__main__":
