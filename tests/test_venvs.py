@@ -45,10 +45,13 @@ def test_the_donors_bytecode_of_the_same_file_is_linked_and_the_rest_compiled(tm
     with open(site / "pkg" / "stale.py", "a") as edited:  # after the donor compiled it
         edited.write("EDITED = True  # a longer file\n")
     os.link(donor / "pkg" / "uncompiled.py", site / "pkg" / "uncompiled.py")
+    (site / "pkg" / "tests").mkdir()  # the package's own test suite: neither linked nor compiled
+    (site / "pkg" / "tests" / "test_pkg.py").write_text("NAME = 'test'\n")
 
     left = venvs._seed_bytecode(site, donor)
 
     assert sorted(Path(p).name for p in left) == ["copied.py", "stale.py", "uncompiled.py"]
+    assert not (site / "pkg" / "tests" / "__pycache__").exists()
     taken = Path(importlib.util.cache_from_source(str(site / "pkg" / "same.py")))
     assert taken.samefile(importlib.util.cache_from_source(str(donor / "pkg" / "same.py")))
     assert loads_from_bytecode(site / "pkg" / "same.py")

@@ -32,6 +32,8 @@ from pathlib import Path
 from dlinfra.environment.lock import Index, Lock, uv, uv_environ
 from dlinfra.errors import DlinfraError
 
+# A package's own test suite: no training run imports it, and one that did compiles it in memory
+UNIMPORTED = frozenset({"tests"})  # not `test`: TensorFlow imports its tf.test API from such dirs
 DONE = "dlinfra-env.json"  # written last: an environment without it is half made and made again
 # Compiles the files named on stdin, one per line, across the cores; a file that does not compile
 # is left to the interpreter to refuse at import, as uv's --compile-bytecode leaves it.
@@ -131,9 +133,11 @@ def _site_packages(env: Path) -> Path:
 
 def _seed_bytecode(site: Path, donor: Path) -> list[str]:
     """Link into `site` the donor's bytecode of every source that is the donor's own file (one inode:
-    the same bytes) and whose bytecode was compiled from it; the sources left are returned."""
+    the same bytes) and whose bytecode was compiled from it; the sources left are returned. Packages'
+    own test suites are skipped (a third of what a fresh lock left to compile: numpy's tests)."""
     left = []
-    for folder, _, files in os.walk(site):
+    for folder, dirs, files in os.walk(site):
+        dirs[:] = [d for d in dirs if d not in UNIMPORTED]
         for name in files:
             if not name.endswith(".py"):
                 continue
