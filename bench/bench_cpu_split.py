@@ -1,8 +1,8 @@
 """Where the CPU goes while a `dlinfra deploy` trains: each process of the tree (the CLI, the private
 network helper, each node's beacon and trainer), as a share of one core, over a window of the
-training between two progress lines of worker 0 (parameter servers: of the chief), start-up, export
-and evaluation left out (the CPU column of bench_anchors.py includes them). A harness that costs
-throughput shows here as CPU outside the trainers.
+training between two progress lines of worker 0 (of the chief under parameter servers). Start-up,
+export and evaluation are left out (the CPU column of bench_anchors.py includes them). A harness that
+costs throughput shows here as CPU outside the trainers.
 
     python bench/bench_cpu_split.py [--model resnet20|digits] [--strategy multi_worker_mirrored]
                                     [--workers 1] [--from-step 40] [--to-step 140] [--jit]

@@ -199,7 +199,8 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
         return loss, tape.gradient(loss, model.trainable_variables)
 
     replica_fn = timed_replica_step(model, optimizer, gradients, clock, done)
-    local_replicas = len(strategy.extended.worker_devices)  # each brings the worker's sum once
+    # this worker's replicas: each brings 1/local_replicas of the worker's loss to the call's reduce
+    local_replicas = len(strategy.extended.worker_devices)
 
     @tf.function
     def train_steps(it: Any, n: Any) -> Any:
