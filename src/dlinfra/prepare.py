@@ -33,6 +33,7 @@ from dlinfra.runs.layout import RunStore
 from dlinfra.runs.layout.pins import bundle_key, data_listing_key
 from dlinfra.runs.manifest import EnvironmentPin, WheelPin
 from dlinfra.runs.run import Run, home, seconds_per_step
+from dlinfra.runs.wheel import BuildingWheel
 from dlinfra.spec.model import Spec
 from dlinfra.spec.pricing import FirstCheckpoint, HourlyCost, budget_problem
 
@@ -40,13 +41,27 @@ from dlinfra.spec.pricing import FirstCheckpoint, HourlyCost, budget_problem
 @dataclass(frozen=True)
 class NodeInstall:
     """What a node runs and where: this run's dlinfra wheel (None: the release `requirement` names,
-    from the index) on top of the run's lock, resolved for `platform`. `boots`: nodes install at
-    boot from their user-data (instances); else this machine makes their environment (processes)."""
+    from the index; a checkout's may still be building) on top of the run's lock, resolved for
+    `platform`. `boots`: nodes install at boot from their user-data (instances); else this machine
+    makes their environment (processes)."""
 
     requirement: str | None = None
-    wheel: Path | None = None
+    built: Path | BuildingWheel | None = None
     platform: Platform = field(default_factory=Platform.here)
     boots: bool = True
+
+    @property
+    def wheel(self) -> Path | None:
+        """The wheel, once its build is done."""
+        return self.built.result() if isinstance(self.built, BuildingWheel) else self.built
+
+    @property
+    def lock_source(self) -> str:
+        """What the lock resolves dlinfra from (environment/lock.resolve): a checkout's
+        pyproject.toml while its wheel builds, the wheel itself, or the release's version."""
+        if isinstance(self.built, BuildingWheel):
+            return str(self.built.pyproject)
+        return str(self.built) if self.built else (self.requirement or "").partition("==")[2]
 
 
 @dataclass
@@ -118,12 +133,12 @@ def prepare(
     env = Environment.of(spec, probe, install, locks, fresh_lock)
     if packed_here:
         env.check_imports(spec, base)
+    wheel = install.wheel  # built beside the lock; a failed build creates no run
     run = Run.create(spec, spec_path, argv)
     store = run.store()
     wheel_pin = None
-    if install.wheel is not None:  # nodes install exactly this wheel, from the run's store
-        uri = store.wheel_uri(install.wheel.name)
-        wheel_pin = WheelPin(name=install.wheel.name, sha256=file_sha256(install.wheel), uri=uri)
+    if wheel is not None:  # nodes install exactly this wheel, from the run's store
+        wheel_pin = WheelPin(name=wheel.name, sha256=file_sha256(wheel), uri=store.wheel_uri(wheel.name))
     configs = env.locked(
         build_node_configs(
             spec,
@@ -157,10 +172,10 @@ def prepare(
         if upload:
             store.put_data_listing(sha256, listing)
         (run.dir / data_listing_key(sha256)).write_bytes(listing)
-    if install.wheel is not None:
+    if wheel is not None:
         if upload:
-            store.put_wheel(install.wheel)
-        shutil.copy2(install.wheel, run.dir / "code" / install.wheel.name)
+            store.put_wheel(wheel)
+        shutil.copy2(wheel, run.dir / "code" / wheel.name)
     out = run.dir / "user-data"
     out.mkdir()
     for name, text in user_data.items():
@@ -215,12 +230,11 @@ class Environment:
         cached)."""
         index = node_index(spec, install)
         if locks is None:
-            dlinfra = str(install.wheel) if install.wheel else (install.requirement or "").partition("==")[2]
             flavors = sorted({cfg.flavor for cfg in configs.values()})
             script = spec.training.command is not None
             locks = {
                 f: lock_cache.locked(
-                    dlinfra, spec.training.requirements, f, install.platform, index, script, fresh
+                    install.lock_source, spec.training.requirements, f, install.platform, index, script, fresh
                 )
                 for f in flavors
             }

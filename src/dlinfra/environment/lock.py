@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from dlinfra import __version__
+from dlinfra.environment.declared import Declared
 from dlinfra.errors import DlinfraError, SpecError, mask
 
 # "controller": the account controller's image (dlinfra and boto3 to drive terraform; no TensorFlow)
@@ -199,17 +200,22 @@ def resolve(
     index: Index,
     script: bool = False,
 ) -> Lock:
-    """The lock of one flavor. `dlinfra` is the run's wheel (a path) or a release pin (`==X`).
-    `script`: the nodes run the user's command (see extras). A conflict, or a requirement no index
-    holds, is a SpecError (exit 2) naming the field."""
+    """The lock of one flavor. `dlinfra` is the run's wheel (a path), a source checkout's
+    pyproject.toml (its declared dependencies, the same as its wheel's: environment/declared.py) or a
+    release pin (`==X`). `script`: the nodes run the user's command (see extras). A conflict, or a
+    requirement no index holds, is a SpecError (exit 2) naming the field."""
     wanted = extras(flavor, requirements, script)
     if dlinfra.endswith(".whl"):
-        top = f"dlinfra[{wanted}] @ {Path(dlinfra).absolute().as_uri()}"
+        top = [f"dlinfra[{wanted}] @ {Path(dlinfra).absolute().as_uri()}"]
+    elif dlinfra.endswith("pyproject.toml"):
+        declared = Declared.read(Path(dlinfra))
+        declared.refuse_python(target.python)
+        top = declared.requirements(wanted)
     else:
-        top = f"dlinfra[{wanted}]=={dlinfra.removeprefix('==') or __version__}"
+        top = [f"dlinfra[{wanted}]=={dlinfra.removeprefix('==') or __version__}"]
     with tempfile.TemporaryDirectory(prefix="dlinfra-lock-") as tmp:
         scratch = Path(tmp)
-        (scratch / "requirements.in").write_text("\n".join([top, *requirements]) + "\n", encoding="utf-8")
+        (scratch / "requirements.in").write_text("\n".join([*top, *requirements]) + "\n", encoding="utf-8")
         command = [
             uv(), "pip", "compile", str(scratch / "requirements.in"),
             "--generate-hashes", "--no-header", "--no-annotate", "--quiet",

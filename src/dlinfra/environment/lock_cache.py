@@ -13,6 +13,7 @@ import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dlinfra.environment.declared import Declared
 from dlinfra.environment.lock import Flavor, Index, IndexUnreachable, Lock, Platform, resolve
 from dlinfra.environment.venvs import cache_home
 
@@ -57,7 +58,12 @@ def _resolved_on(path: Path) -> str:
 def _key(
     dlinfra: str, requirements: list[str], flavor: Flavor, target: Platform, index: Index, script: bool
 ) -> str:
-    build = _dependencies(Path(dlinfra)) if dlinfra.endswith(".whl") else dlinfra  # a release by its pin
+    if dlinfra.endswith(".whl"):
+        build = _dependencies(Path(dlinfra))
+    elif dlinfra.endswith("pyproject.toml"):
+        build = Declared.read(Path(dlinfra)).key()
+    else:
+        build = dlinfra  # a release, by its pin
     inputs = [build, requirements, flavor, repr(target), index.url, list(index.extra), index.extra_ca, script]
     return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:32]
 

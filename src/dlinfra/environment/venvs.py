@@ -16,6 +16,7 @@ against its source; only the rest is compiled (BENCHMARKS.md, "A run's environme
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from dlinfra.environment.lock import Index, Lock, uv, uv_environ
@@ -35,18 +36,19 @@ from dlinfra.errors import DlinfraError
 # A package's own test suite: no training run imports it, and one that did compiles it in memory
 UNIMPORTED = frozenset({"tests"})  # not `test`: TensorFlow imports its tf.test API from such dirs
 DONE = "dlinfra-env.json"  # written last: an environment without it is half made and made again
-# Compiles the files named on stdin, one per line, across the cores; a file that does not compile
-# is left to the interpreter to refuse at import, as uv's --compile-bytecode leaves it.
+# Compiles the files named on stdin, one per line, as they come: across the cores, or here alone
+# (`few`: a pool's start costs more than it saves). A file that does not compile is left to the
+# interpreter to refuse at import, as uv's --compile-bytecode leaves it.
 COMPILE = """
 import compileall, functools, sys
 from concurrent.futures import ProcessPoolExecutor
-files = sys.stdin.read().splitlines()
+files = (line.rstrip("\\n") for line in sys.stdin)
 one = functools.partial(compileall.compile_file, quiet=2)
-if len(files) < 200:
+if sys.argv[1:] == ["few"]:
     list(map(one, files))
 else:
     with ProcessPoolExecutor() as pool:
-        list(pool.map(one, files, chunksize=64))
+        list(pool.map(one, files, chunksize=16))
 """
 
 
@@ -81,7 +83,8 @@ def code(wheel: Path, sha256: str) -> Path:
         step = [uv(), "pip", "install", "--quiet", "--no-deps", "--python", sys.executable,
                 "--target", str(out), str(wheel)]  # fmt: skip
         _run(step, dict(os.environ, NO_COLOR="1"), out, f"Fix: the wheel {wheel} must install")
-        _compile(Path(sys.executable), [str(p) for p in out.rglob("*.py")])
+        files = [str(p) for p in out.rglob("*.py")]
+        _compile(Path(sys.executable), files, few=len(files) < 200)
 
     _once(out, unpack, {"wheel_sha256": sha256})
     return out
@@ -114,8 +117,9 @@ def _make(env: Path, lock: Lock, index: Index) -> None:
     # Compiled once, here: uv writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set no node
     # ever would, so every trainer compiled TensorFlow's ~2000 modules again (measured: its import
     # 15.4 CPU-s against 5.8; a 5-node local run 52 -> 38 CPU-s, for about 50 CPU-s once here).
+    # the compiler's workers start on the first file left while the walk looks for the rest
     site = _site_packages(env)
-    _compile(python_of(env), _seed_bytecode(site, Path(sysconfig.get_paths()["purelib"])))
+    _compile(python_of(env), _seed_bytecode(site, Path(sysconfig.get_paths()["purelib"])), few=False)
 
 
 def _run(step: list[str], environ: dict[str, str], made: Path, fix: str) -> None:
@@ -131,11 +135,10 @@ def _site_packages(env: Path) -> Path:
     return env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 
 
-def _seed_bytecode(site: Path, donor: Path) -> list[str]:
+def _seed_bytecode(site: Path, donor: Path) -> Iterator[str]:
     """Link into `site` the donor's bytecode of every source that is the donor's own file (one inode:
-    the same bytes) and whose bytecode was compiled from it; the sources left are returned. Packages'
+    the same bytes) and whose bytecode was compiled from it; the sources left are yielded. Packages'
     own test suites are skipped (a third of what a fresh lock left to compile: numpy's tests)."""
-    left = []
     for folder, dirs, files in os.walk(site):
         dirs[:] = [d for d in dirs if d not in UNIMPORTED]
         for name in files:
@@ -151,8 +154,7 @@ def _seed_bytecode(site: Path, donor: Path) -> list[str]:
                     continue
             except OSError:
                 pass  # no such file there, or unreadable: compiled here
-            left.append(source)
-    return left
+            yield source
 
 
 def _compiled_from(source: str, twin: str, bytecode: str) -> bool:
@@ -177,12 +179,26 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copyfile(source, target)
 
 
-def _compile(python: Path, files: list[str]) -> None:
-    if not files:
-        return
-    result = subprocess.run([python, "-c", COMPILE], input="\n".join(files), capture_output=True, text=True)
-    if result.returncode != 0:
-        raise DlinfraError(
-            f"could not compile the bytecode of {python.parent.parent}: {result.stderr.strip()[-1500:]}\n"
-            "Fix: remove that directory; the next deploy makes it again"
-        )
+def _compile(python: Path, files: Iterable[str], few: bool) -> None:
+    """Compile `files` with `python`, each handed over as soon as it is named."""
+    with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: nothing blocks on it
+        compiler = subprocess.Popen(
+            [python, "-c", COMPILE, *(["few"] if few else [])],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, text=True, bufsize=1,
+        )  # fmt: skip
+        assert compiler.stdin is not None
+        try:
+            for path in files:
+                compiler.stdin.write(f"{path}\n")
+        except BrokenPipeError:
+            pass  # it stopped: its exit status and message say why
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                compiler.stdin.close()
+            code = compiler.wait()
+        if code != 0:
+            errors.seek(0)
+            raise DlinfraError(
+                f"could not compile the bytecode of {python.parent.parent}: {errors.read().strip()[-1500:]}\n"
+                "Fix: remove that directory; the next deploy makes it again"
+            )

@@ -17,6 +17,7 @@ import os
 import subprocess
 import tempfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
@@ -47,9 +48,32 @@ def _source_digest(root: Path) -> str:
 def node_wheel() -> Path:
     """The running dlinfra as a wheel, cached by content: this source tree built, or the installed
     distribution repacked."""
-    if (SOURCE_ROOT / "pyproject.toml").is_file() and (SOURCE_ROOT / "src" / "dlinfra").is_dir():
-        return _built(SOURCE_ROOT)
-    return _repacked()
+    return _built(SOURCE_ROOT) if _checkout() else _repacked()
+
+
+class BuildingWheel:
+    """A checkout's wheel, building in a thread, and the pyproject.toml its lock resolves from
+    meanwhile (environment/declared.py): a fresh start waited for the build, then the lock. An
+    interpreter's exit waits for the build, so a refused run leaves no half-built wheel behind."""
+
+    def __init__(self, root: Path) -> None:
+        self.pyproject = root / "pyproject.toml"
+        pool = ThreadPoolExecutor(1, thread_name_prefix="dlinfra-wheel")
+        self._built = pool.submit(_built, root)
+        pool.shutdown(wait=False)  # its one thread ends with the build
+
+    def result(self) -> Path:
+        """The wheel, once built (its build's DlinfraError, if it failed)."""
+        return self._built.result()
+
+
+def node_wheel_started() -> Path | BuildingWheel:
+    """node_wheel(), started: a checkout's build goes on while its lock resolves."""
+    return BuildingWheel(SOURCE_ROOT) if _checkout() else _repacked()
+
+
+def _checkout() -> bool:
+    return (SOURCE_ROOT / "pyproject.toml").is_file() and (SOURCE_ROOT / "src" / "dlinfra").is_dir()
 
 
 def _built(root: Path) -> Path:

@@ -61,9 +61,10 @@ class LocalTarget:
 
     def node_install(self, spec: Spec, pinned_wheel: Path | None = None) -> NodeInstall:
         """The nodes run in a venv made here from the run's lock, for this machine's Python."""
-        from dlinfra.runs.wheel import node_wheel
+        from dlinfra.runs.wheel import node_wheel_started
 
-        return NodeInstall(release_requirement(), pinned_wheel or node_wheel(), Platform.here(), boots=False)
+        wheel = pinned_wheel or node_wheel_started()
+        return NodeInstall(release_requirement(), wheel, Platform.here(), boots=False)
 
     def capacity(self, spec: Spec) -> list[str]:
         """Every node is a process of this machine: it must hold them all (local_capacity)."""

@@ -55,9 +55,10 @@ class AwsTarget:
         return private_ip_plan(spec)
 
     def node_install(self, spec: Spec, pinned_wheel: Path | None = None) -> NodeInstall:
-        from dlinfra.runs.wheel import node_wheel
+        from dlinfra.runs.wheel import node_wheel_started
 
-        return NodeInstall(release_requirement(), pinned_wheel or node_wheel(), self.node_platform(spec))
+        wheel = pinned_wheel or node_wheel_started()
+        return NodeInstall(release_requirement(), wheel, self.node_platform(spec))
 
     def node_platform(self, spec: Spec) -> Platform:
         """What the lock is resolved for: the processes that stand in for instances run here; the
