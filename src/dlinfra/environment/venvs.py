@@ -117,7 +117,7 @@ def _make(env: Path, lock: Lock, index: Index) -> None:
     # Compiled once, here: uv writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set no node
     # ever would, so every trainer compiled TensorFlow's ~2000 modules again (measured: its import
     # 15.4 CPU-s against 5.8; a 5-node local run 52 -> 38 CPU-s, for about 50 CPU-s once here).
-    # the compiler's workers start on the first file left while the walk looks for the rest
+    # The compiler's workers start on the first file the walk leaves, not after the walk.
     site = _site_packages(env)
     _compile(python_of(env), _seed_bytecode(site, Path(sysconfig.get_paths()["purelib"])), few=False)
 
