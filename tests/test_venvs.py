@@ -62,3 +62,13 @@ def test_the_donors_bytecode_of_the_same_file_is_linked_and_the_rest_compiled(tm
     compiled: dict[str, object] = {}
     exec(ReadsRecorded("copied", str(site / "pkg" / "copied.py")).get_code("copied"), compiled)
     assert compiled["NAME"] == "copieD"  # its own source's, not the donor's file's
+
+
+def test_files_handed_over_one_by_one_are_compiled_by_the_pool(tmp_path: Path) -> None:
+    """The environment's path: the walk's files streamed to a compiler pool as they are found."""
+    sources = []
+    for i in range(40):
+        (source := tmp_path / f"m{i}.py").write_text(f"N = {i}\n")
+        sources.append(source)
+    venvs._compile(Path(sys.executable), (str(s) for s in sources), few=False)
+    assert all(loads_from_bytecode(s) for s in sources)
