@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from dlinfra.environment.lock import PREFERRED
 from dlinfra.images.vm import shell
 from dlinfra.images.wheelhouse import serve, wheelhouse
 from dlinfra.runs.preflight import JUDGED
@@ -204,7 +205,8 @@ def test_install_path_on_a_base_image_and_systemd_restarts_a_killed_agent(
     from dlinfra.runs.wheel import node_wheel
 
     monkeypatch.setenv("DLINFRA_IMAGE_CACHE", str(IMAGE_CACHE))
-    house = wheelhouse([f"{node_wheel()}[train,aws]"])
+    # with the releases a lock prefers, as the index a real run locks from holds them
+    house = wheelhouse([f"{node_wheel()}[train,aws]", *PREFERRED])
     # one address the resolution here and the install in the VM both reach (not loopback)
     host = host_address()
     with serve(house, host) as port, PackageIndex(tmp_path / "index", host) as own:

@@ -42,6 +42,12 @@ RESOLVE_TIMEOUT = 600.0
 # uv draws its explanations as a tree (x, box-drawing lines, arrows): quoted as plain text
 GLYPHS = re.compile(r"^[\s\u00d7\u2570\u2500\u25b6\u2502\u251c]+")
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+# Versions a lock takes where nothing in it asks for others: uv's preferences (what it reads from an
+# existing output file), never a constraint, so a requirement that wants another version gets it.
+# ml-dtypes 0.7.0 spends 0.55 s of CPU registering its numpy ufunc loops at every `import tensorflow`
+# (0.6.0: 4 ms, with numpy 2.2 to 2.4 alike; BENCHMARKS.md, "ml-dtypes"): on the chief's path to the
+# first step, every mirrored worker's, and 15-20x that on an emulated VM.
+PREFERRED = ("ml-dtypes==0.6.0",)
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,7 @@ def resolve(
     with tempfile.TemporaryDirectory(prefix="dlinfra-lock-") as tmp:
         scratch = Path(tmp)
         (scratch / "requirements.in").write_text("\n".join([*top, *requirements]) + "\n", encoding="utf-8")
+        (scratch / "lock.txt").write_text("\n".join(PREFERRED) + "\n", encoding="utf-8")
         command = [
             uv(), "pip", "compile", str(scratch / "requirements.in"),
             "--generate-hashes", "--no-header", "--no-annotate", "--quiet",

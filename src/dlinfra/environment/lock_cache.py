@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dlinfra.environment.declared import Declared
-from dlinfra.environment.lock import Flavor, Index, IndexUnreachable, Lock, Platform, resolve
+from dlinfra.environment.lock import PREFERRED, Flavor, Index, IndexUnreachable, Lock, Platform, resolve
 from dlinfra.environment.venvs import cache_home
 
 
@@ -64,7 +64,10 @@ def _key(
         build = Declared.read(Path(dlinfra)).key()
     else:
         build = dlinfra  # a release, by its pin
-    inputs = [build, requirements, flavor, repr(target), index.url, list(index.extra), index.extra_ca, script]
+    inputs = [
+        build, requirements, flavor, repr(target), index.url, list(index.extra), index.extra_ca, script,
+        list(PREFERRED),
+    ]  # fmt: skip
     return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:32]
 
 
