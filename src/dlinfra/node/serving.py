@@ -14,6 +14,7 @@ since TF 1; dlinfra pins TensorFlow's minor version, and the PS tests run every 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -86,9 +87,10 @@ def _lean_modules() -> tuple[Any, Any]:
 
 
 def _load_lean(niceness: int) -> tuple[Any, Any]:
-    if niceness:
-        me = threading.get_native_id()  # on Linux, a thread's own nice
-        os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + niceness)
+    if niceness and sys.platform == "linux":  # elsewhere a thread's id is no process's
+        me = threading.get_native_id()
+        with contextlib.suppress(OSError):  # a hint: never a reason not to serve
+            os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + niceness)
     if "tensorflow" not in sys.modules:
         spec = importlib.util.find_spec("tensorflow")
         if spec is None or not spec.submodule_search_locations:
