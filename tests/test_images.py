@@ -407,3 +407,30 @@ def test_a_second_image_build_waits_for_the_first(tmp_path: Path, monkeypatch: p
         assert told_to_let_go.is_set(), "entered while the other build held the cache"
     assert said == [f"waiting for another image build in {tmp_path}"]
     assert holder.wait(timeout=60) == 0
+
+
+def test_an_image_bakes_the_lock_a_deploy_of_its_experiment_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`image build` takes the lock this machine resolved last for the same inputs, as `deploy` does:
+    resolved anew while the deploy took an older one (the index moved between: boto3 1.44.8 → 1.44.18
+    in one hour), the image never held the run's lock and every boot installed."""
+    from dlinfra.cli.images import _recipe
+    from dlinfra.environment import lock_cache
+    from dlinfra.images.vm import VM_PLATFORM
+    from dlinfra.prepare import node_index
+    from dlinfra.targets.aws import AwsTarget
+    from dlinfra.targets.base import TargetOptions
+
+    monkeypatch.setenv("DLINFRA_CACHE", str(tmp_path / "cache"))
+    overrides = Overrides(target="aws")
+    spec = load_spec(None, overrides)
+    install = AwsTarget(TargetOptions(emulate_instances="vm")).node_install(spec)
+    # what a deploy of the experiment resolves and keeps (prepare.Environment's call), then marked
+    index = node_index(spec, install)
+    deployed = lock_cache.locked(install.lock_source, [], "cpu", install.platform, index, False, fresh=False)
+    (kept,) = (tmp_path / "cache" / "locks").glob("*.lock")
+    kept.write_text(deployed.text + "# resolved by an earlier deploy\n", encoding="utf-8")
+    recipe = _recipe(None, "cpu", overrides, lambda _: VM_PLATFORM)
+    assert recipe.lock.text == deployed.text + "# resolved by an earlier deploy\n"
+    assert recipe.wheel == install.wheel

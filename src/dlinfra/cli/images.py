@@ -7,7 +7,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
@@ -94,23 +94,30 @@ def _aws(spec: Path | None, flavor: str, overrides: Overrides) -> str:
 def _recipe(
     spec_path: Path | None, flavor: str, overrides: Overrides, platform: Callable[[Spec], Platform]
 ) -> Recipe:
-    """The running dlinfra's wheel on a lock resolved now for the image's platform: dlinfra's node
-    dependencies and the experiment's `training.requirements` (a run that needs exactly these boots
-    with nothing to install)."""
+    """The running dlinfra's wheel on the lock a run of the experiment takes for the image's platform
+    (dlinfra's node dependencies and its `training.requirements`): the one this machine resolved last
+    for the same inputs, as `deploy` takes it, else resolved now. A run then boots with nothing to
+    install; an image baked from a lock resolved anew while the deploy took an older one (the index
+    moved between) installed at every boot."""
     from dlinfra.cli.loading import load_checked
-    from dlinfra.environment.lock import Index, resolve
+    from dlinfra.environment.lock import Flavor, Index
+    from dlinfra.environment.lock_cache import locked
     from dlinfra.images import Recipe
-    from dlinfra.runs.wheel import node_wheel
+    from dlinfra.prepare import NodeInstall
+    from dlinfra.runs.wheel import node_wheel_started
 
-    wheel = node_wheel()
+    install = NodeInstall(built=node_wheel_started())
     spec = load_checked(spec_path, overrides)
     index = Index.of(spec.aws.pip_index_url, spec.aws.pip_extra_ca, os.environ)
     script = spec.training.command is not None  # the same lock its runs resolve (prepare.Environment)
     # the controller runs no training: dlinfra's own dependencies, none of the experiment's
     requirements = [] if flavor == "controller" else spec.training.requirements
-    lock = resolve(str(wheel), requirements, flavor, platform(spec), index, script)  # type: ignore[arg-type]
+    kind = cast(Flavor, flavor)
+    lock = locked(install.lock_source, requirements, kind, platform(spec), index, script, fresh=False)
+    wheel = install.wheel
+    assert wheel is not None, "a node wheel: this checkout's, or the installed dlinfra's"
     _log(f"lock {lock.sha256[:12]}: {len(lock.pins())} packages for {lock.platform} ({index.shown()})")
-    return Recipe(flavor, wheel, lock)  # type: ignore[arg-type]
+    return Recipe(kind, wheel, lock)
 
 
 # Where an image goes → the flavors it can hold and its builder.
