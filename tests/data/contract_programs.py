@@ -74,6 +74,19 @@ def regression_compiled(training) -> Program:
     )
 
 
+def regression_loss_with_a_branch(training) -> Program:
+    """A loss of the program's own whose `if` on a tensor only AutoGraph can trace: the mean absolute
+    error while the predictions are far off, the squared error once they are close."""
+
+    def loss(y, out):
+        error = out - y
+        if tf.reduce_mean(tf.abs(error)) > 100.0:
+            return tf.reduce_mean(tf.abs(error), -1)
+        return tf.reduce_mean(tf.square(error), -1)
+
+    return _regression(loss=loss, metrics=["mae"], optimizer=lambda: keras.optimizers.Adam(0.05))
+
+
 def regression_broadcasting(training) -> Program:
     """A hand-written loss that broadcasts labels (N,) against outputs (N, 1) into (N, N)."""
     return _regression(loss=lambda y, out: tf.square(tf.reshape(y, [-1]) - out))

@@ -150,6 +150,21 @@ def test_a_regression_trains_on_its_own_loss_and_reports_its_metric(tmp_path: Pa
     assert 25 <= predictions.mean() <= 346, "predictions on the labels' scale"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_a_loss_of_the_programs_own_with_python_control_flow_on_tensors_trains(
+    strategy: str, tmp_path: Path
+) -> None:
+    """The loops' tf.functions are converted by AutoGraph only for a loss like this one
+    (training.tracing): its `if` on a tensor cannot be traced otherwise."""
+    result = _trained("regression_loss_with_a_branch", 300, tmp_path, strategy)
+    assert "refused" not in result, result
+    assert result["losses"][-1] < result["losses"][0]
+    _, y_train, _, _ = _diabetes_split()
+    guessing_the_mean = float(np.abs(np.array(result["labels"]) - y_train.mean()).mean())
+    assert result["results"]["mae"] < guessing_the_mean
+
+
 def _diabetes_split() -> tuple[np.ndarray, ...]:
     from sklearn.datasets import load_diabetes
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -13,6 +12,7 @@ import typer
 
 from dlinfra import __version__
 from dlinfra.cli.advise import advise, profile, summary_lines
+from dlinfra.cli.clock import command_started
 from dlinfra.cli.console import ColorMode, err, out, set_color
 from dlinfra.cli.console import error as _error
 from dlinfra.cli.controller import controller_app, setup
@@ -217,7 +217,7 @@ def deploy(
     from dlinfra.deploy import Request
     from dlinfra.deploy import deploy as run_deploy
 
-    started = time.time()
+    started = command_started()
     if detach and emulate_instances == "vm":
         raise SpecError(["--detach: VMs live only while this deploy watches them. Fix: drop --detach"])
     request = Request(
@@ -258,7 +258,7 @@ def rerun(
     from dlinfra.deploy import deploy as run_deploy
     from dlinfra.runs.rerun import load_origin
 
-    started = time.time()
+    started = command_started()
     origin = load_origin(run_id, overrides, allow_unpinned, refresh_lock)
     warn_hardware(origin.spec)
     for problem in origin.pins["unpinned"]:

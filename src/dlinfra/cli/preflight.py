@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-import time
 from typing import TYPE_CHECKING
 
+from dlinfra.cli.clock import command_started
 from dlinfra.cli.loading import load_checked
 from dlinfra.cli.options import ALL_OVERRIDES, EmulateOpt, SpecArg, YesOpt, with_overrides
 from dlinfra.cli.running import approver, report
@@ -23,7 +23,7 @@ def preflight(
     from dlinfra.deploy import Request
     from dlinfra.deploy import deploy as run_deploy
 
-    started = time.time()
+    started = command_started()
     loaded = load_checked(spec, overrides)
     asked = loaded.cluster.preflight
     only = asked.model_copy(

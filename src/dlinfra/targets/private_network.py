@@ -14,15 +14,13 @@ dataset) shares this machine's network instead, and says so (`cluster.local_netw
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from dlinfra.errors import SpecError
@@ -34,7 +32,7 @@ if TYPE_CHECKING:
 # Below the range host-network runs draw from (addresses.LISTEN_PORTS), so a port seen answering on
 # this machine is never mistaken for a private node's.
 FIRST_PORT = 12000
-_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+HOLDER = Path(__file__).with_name("namespace_holder.py")  # stdlib only: run without dlinfra's imports
 _ENTER = ("--preserve-credentials", "--user", "--net")
 NAMESPACES_OFF_FIX = (
     "enable unprivileged user namespaces (Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0; "
@@ -118,7 +116,7 @@ class Namespace:
 
     def __init__(self) -> None:
         self.holder = subprocess.Popen(
-            ["unshare", "--user", "--map-root-user", "--net", sys.executable, "-m", __name__],
+            ["unshare", "--user", "--map-root-user", "--net", sys.executable, "-I", "-S", str(HOLDER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -158,21 +156,3 @@ def release(holder: subprocess.Popen[bytes]) -> str:
         if pipe is not None:
             pipe.close()
     return said.decode(errors="replace").strip()
-
-
-def _loopback_up() -> None:
-    """`ip link set lo up` without iproute2: a new namespace's loopback starts down."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("16sh", b"lo", 0)
-        flags = struct.unpack("16sh", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP))
-
-
-def _hold() -> None:
-    _loopback_up()
-    print("ready", flush=True)
-    sys.stdin.buffer.read()  # until the CLI closes the pipe or exits
-
-
-if __name__ == "__main__":
-    _hold()

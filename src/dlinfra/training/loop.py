@@ -25,6 +25,7 @@ from dlinfra.training import fit_check, objective, sharding, staging
 from dlinfra.training.meter import Computed, InputClock, Meter
 from dlinfra.training.objective import Objective
 from dlinfra.training.program import Program, Shard
+from dlinfra.training.tracing import plain
 
 if TYPE_CHECKING:
     from dlinfra.training.dispatch import Dispatch
@@ -192,7 +193,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
 
     # The replica's forward and backward pass, XLA-compiled when asked; the all-reduce and the update
     # stay outside it (XLA does not compile the collectives).
-    @tf.function(jit_compile=t.jit_compile)
+    @tf.function(jit_compile=t.jit_compile, autograph=goal.user_code)  # see training.tracing
     def gradients(x: Any, y: Any, *weights: Any) -> Any:
         with tf.GradientTape() as tape:
             loss = goal.replica_loss(model, y, model(x, training=True), global_batch, replicas, *weights)
@@ -202,17 +203,22 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
     # this worker's replicas: each brings 1/local_replicas of the worker's loss to the call's reduce
     local_replicas = len(strategy.extended.worker_devices)
 
-    @tf.function
+    start, next_batch, since = plain(clock.start), plain(clock.next), plain(clock.since)
+
+    @tf.function(autograph=goal.user_code)  # the loop is a while_loop of its own (training.tracing)
     def train_steps(it: Any, n: Any) -> Any:
-        loss = tf.constant(0.0)
-        own = tf.constant(0.0, tf.float64)  # this worker's compute seconds over the call's steps
-        began, waited = clock.start()
-        for _ in tf.range(n):
-            batch, waited = clock.next(it, waited, loss)  # (x, y) or (x, y, sample_weight)
+        def step(i: Any, loss: Any, own: Any, waited: Any) -> Any:
+            batch, waited = next_batch(it, waited, loss)  # (x, y) or (x, y, sample_weight)
             losses, seconds = strategy.run(replica_fn, args=batch)
             loss = tf.add_n(strategy.experimental_local_results(losses))  # this worker's replicas
             # this worker's slowest device: no collective (a figure of its own, not the cluster's)
             own += tf.reduce_max(tf.stack(strategy.experimental_local_results(seconds)))
+            return i + 1, loss, own, waited
+
+        began, waited = start()
+        # `own`: this worker's compute seconds over the call's steps
+        start_vars = (tf.zeros_like(n), tf.constant(0.0), tf.constant(0.0, tf.float64), waited)
+        _, loss, own, waited = tf.while_loop(lambda i, *_: i < n, step, start_vars)
         # The last step's loss summed over every worker once per call: the guide's reduce at every
         # step is a second all-reduce per step, 6.5 % of two digits workers' throughput (BENCHMARKS).
         shares = strategy.run(lambda mine: mine / local_replicas, args=(loss,))
@@ -222,7 +228,7 @@ def train_mirrored(cfg: NodeConfig, program: Program, hooks: Hooks, strategy: An
         return (
             loss,
             waited,
-            clock.since(began, (loss, waited)),
+            since(began, (loss, waited)),
             optimizer.iterations,
             own / tf.cast(n, own.dtype),
         )

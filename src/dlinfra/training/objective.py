@@ -59,6 +59,7 @@ class Objective:
     default_loss: bool  # the classifier default: the first batch must fit it (see fit_check)
     given_metrics: tuple[Any, ...]
     warnings: tuple[str, ...] = ()  # what the program says that the loop does not do (node status)
+    user_code: bool = False  # the loss is the program's own callable, not a Keras loss (training.tracing)
 
     def mean_loss(self, model: Any, labels: Any, outputs: Any, weights: Any = None) -> Any:
         """One worker's batch, applied alone (parameter servers): its mean loss and the model's own."""
@@ -130,7 +131,11 @@ def resolve(program: Program, model: Any) -> Objective:
             f"{field}: a loss per output is not taken; set Program.loss to one callable(labels, outputs) "
             "that returns the combined per-example loss"
         )
-    return Objective(_per_example(given, field), _name(given), False, metrics, warnings)
+    import keras
+
+    loss = _per_example(given, field)
+    own = not isinstance(loss, keras.losses.Loss)
+    return Objective(loss, _name(given), False, metrics, warnings, user_code=own)
 
 
 def _per_example(given: Any, field: str) -> Callable[[Any, Any], Any]:

@@ -33,6 +33,7 @@ from dlinfra.training.meter import InputClock, Meter
 from dlinfra.training.objective import Objective
 from dlinfra.training.pacing import ChunkClock, WorkerSamples, queue_depth, steps_per_call
 from dlinfra.training.program import Program
+from dlinfra.training.tracing import plain
 
 
 def async_scale(cfg: NodeConfig) -> Scale:
@@ -59,8 +60,9 @@ def counted_steps(
     import tensorflow as tf
 
     variables = sharding.trained(model.trainable_variables)
+    start, next_batch, since = plain(clock.start), plain(clock.next), plain(clock.since)
 
-    @tf.function
+    @tf.function(autograph=goal.user_code)  # the loop is a while_loop of its own (training.tracing)
     def train_steps(it: Any, n: Any) -> Any:
         def replica_fn(x: Any, y: Any, *weights: Any) -> Any:
             with tf.GradientTape() as tape:
@@ -69,17 +71,19 @@ def counted_steps(
             optimizer.apply_gradients(zip(grads, variables, strict=True))
             return loss
 
-        loss = tf.constant(0.0)
-        began, waited = clock.start()
-        for _ in tf.range(n):
-            batch, waited = clock.next(it, waited, loss)  # (x, y) or (x, y, sample_weight)
-            loss = strategy.run(replica_fn, args=batch)
+        def step(i: Any, loss: Any, waited: Any) -> Any:
+            batch, waited = next_batch(it, waited, loss)  # (x, y) or (x, y, sample_weight)
+            return i + 1, strategy.run(replica_fn, args=batch), waited
+
+        began, waited = start()
+        start_vars = (tf.zeros_like(n), tf.constant(0.0), waited)
+        _, loss, waited = tf.while_loop(lambda i, *_: i < n, step, start_vars)
         # A call counts once it has run all its steps (a call lost mid-way is re-run elsewhere), so
         # after the loop: tf.function orders stateful ops only per variable, and ran the count first.
         # It comes back with the loss in one tensor: every fetch is a remote op from the chief.
         with tf.control_dependencies([loss]):
             count = applied.assign_add(tf.cast(n, tf.int64))
-        busy = clock.since(began, (loss, waited))  # the steps' time (the count is one remote op more)
+        busy = since(began, (loss, waited))  # the steps' time (the count is one remote op more)
         # Which worker ran the call: its index, read where it runs (a worker's cwd is its work dir)
         me = tf.strings.to_number(tf.io.read_file(WORKER_INDEX_FILE), tf.int32)
         done = tally.scatter_nd_add([[me, 0], [me, 1]], tf.stack([tf.cast(n, tf.float64), busy]))
