@@ -14,22 +14,17 @@ since TF 1; dlinfra pins TensorFlow's minor version, and the PS tests run every 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import os
 import sys
-import threading
 import types
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dlinfra.contract import NodeConfig
+from dlinfra.node.niceness import in_nicer_thread
 
-# How much nicer than its process a serving node loads the server's modules. Where nodes share a
-# machine (a local run), the chief's `import tensorflow` is the path to the first step, and the four
-# servers' loads took two fifths of its core while it ran. Linux's nice is a thread's own: the load
-# runs in a thread of its own at this nice, and the server's threads, started after from the main
-# thread, run at the process's.
+# How much nicer than its process a serving node loads the server's modules (node.niceness): where
+# nodes share a machine (a local run), the four servers' loads took two fifths of the chief's core
+# while it loaded TensorFlow.
 LOAD_NICENESS = 10
 
 
@@ -81,16 +76,11 @@ def _lean_modules() -> tuple[Any, Any]:
     if "tensorflow.python.training.server_lib" not in sys.modules:
         import numpy  # noqa: F401  # here: its BLAS threads, made as it loads, live as long as the process
 
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="server-load") as pool:
-            pool.submit(_load_lean, LOAD_NICENESS).result()  # its ImportError raised here
-    return _load_lean(0)
+        in_nicer_thread(_load_lean, LOAD_NICENESS, "server-load")  # its ImportError raised here
+    return _load_lean()
 
 
-def _load_lean(niceness: int) -> tuple[Any, Any]:
-    if niceness and sys.platform == "linux":  # elsewhere a thread's id is no process's
-        me = threading.get_native_id()
-        with contextlib.suppress(OSError):  # a hint: never a reason not to serve
-            os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + niceness)
+def _load_lean() -> tuple[Any, Any]:
     if "tensorflow" not in sys.modules:
         spec = importlib.util.find_spec("tensorflow")
         if spec is None or not spec.submodule_search_locations:

@@ -12,7 +12,12 @@ from pathlib import Path
 
 from dlinfra.contract import NodeConfig
 from dlinfra.node.environ import node_environ
+from dlinfra.node.niceness import START_NICENESS_ENV
 from dlinfra.targets import private_network
+
+# How much nicer a serving node of a parameter-server run loads its beacon (node.niceness): the chief's
+# trainer was spawned 1.0 s after the command, last of the five, with them all loading at once.
+START_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -31,12 +36,7 @@ def launch(
     work = run_dir / "work" / name
     config = run_dir / "nodes" / f"{name}.json"
     log.parent.mkdir(parents=True, exist_ok=True)
-    # not the deploying shell's environment: an allow-list (node.environ), as an instance's is its own
-    cfg = NodeConfig.model_validate_json(config.read_text(encoding="utf-8"))
-    environ = node_environ(os.environ, cfg, work)
-    environ |= {"PYTHONUNBUFFERED": "1"} | ({"DLINFRA_LOCK_FILE": str(env.lock_file)} if env else {})
-    if env and env.code:
-        environ["PYTHONPATH"] = str(env.code)
+    environ = process_environ(NodeConfig.model_validate_json(config.read_text(encoding="utf-8")), work, env)
     argv = [
         str(env.python) if env else sys.executable,
         "-m",
@@ -64,3 +64,15 @@ def launch(
             process_group=0,
         )
     return process, log
+
+
+def process_environ(cfg: NodeConfig, work: Path, env: NodeEnv | None) -> dict[str, str]:
+    """A local node's environment: not the deploying shell's but an allow-list (node.environ), as an
+    instance's is its own, and what runs it from its flavor's environment."""
+    environ = node_environ(os.environ, cfg, work)
+    environ |= {"PYTHONUNBUFFERED": "1"} | ({"DLINFRA_LOCK_FILE": str(env.lock_file)} if env else {})
+    if env and env.code:
+        environ["PYTHONPATH"] = str(env.code)
+    if cfg.strategy == "parameter_server" and cfg.role != "chief":  # it only serves: the chief starts first
+        environ[START_NICENESS_ENV] = str(START_NICENESS)
+    return environ
