@@ -41,6 +41,8 @@ try:
 except ProgramError as exc:
     print(json.dumps({"refused": str(exc)}))
     sys.exit(0)
+# the workers' iterators, alive through the export: their deletion stalled the evaluation's first batch
+outliving = [type(kept).__name__ for kept in parameter_servers.OUTLIVING]
 results, plain = export.export(outcome.model, program, outcome.objective, work / "model")
 served = tf.saved_model.load(str(work / "model" / "saved_model"))
 features, labels, *_ = next(iter(program.eval_data().batch(1024)))  # all of it
@@ -60,6 +62,7 @@ json.dump(
         "predictions": np.asarray(predicted)[:, 0].tolist(),
         "classes": np.argmax(np.asarray(predicted), -1).tolist(),
         "labels": np.asarray(labels).tolist(),
+        "outliving": outliving,
     },
     sys.stdout,
 )

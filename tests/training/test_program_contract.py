@@ -280,6 +280,8 @@ def test_keras_metric_objects_and_an_optimizer_instance_made_in_build_train_unde
     assert result["optimizer"] == "SGD (Program.optimizer)"
     assert result["learning_rate"] == pytest.approx(0.1)
     assert result["losses"][-1] < result["losses"][0]
+    # deleting them is a remote op on every worker, which the export's first batch waited for
+    assert result["outliving"] == ["PerWorkerDistributedIterator"], "the workers' iterators outlive the loop"
 
 
 @pytest.mark.slow

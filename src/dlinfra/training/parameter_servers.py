@@ -35,6 +35,12 @@ from dlinfra.training.pacing import ChunkClock, WorkerSamples, queue_depth, step
 from dlinfra.training.program import Program
 from dlinfra.training.tracing import plain
 
+# The workers' iterators of the last run of the loop in this process, never deleted: deleting one is a
+# remote op on every worker, and the chief's next op that must run at once (the evaluation's first
+# batch) waited for them: 3.4-14.7 s after the last step in 4 of 6 runs of the README's command,
+# against 0.8 s (BENCHMARKS.md, "AutoGraph"). The trainer ends by os._exit, and the workers with the run.
+OUTLIVING: list[Any] = []
+
 
 def async_scale(cfg: NodeConfig) -> Scale:
     """Async parameter servers: every update is one worker's batch, applied as it comes."""
@@ -205,6 +211,7 @@ def train_parameter_server(
         # What the count, not what was scheduled, still lacks: a fault can abort or repeat calls.
         scheduled = step
         clock.restart(time.monotonic())
+    OUTLIVING[:] = [iterator]
     return Outcome(model, global_step(), scale, goal, described, meter, dict(by_size), by_size.total())
 
 
