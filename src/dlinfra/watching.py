@@ -101,7 +101,7 @@ def watch(
                 if store.marker() is None:
                     store.write_marker("FAILED", error="every node exited without a result")
             else:
-                time.sleep(poll)
+                time.sleep(_pace(snap, poll, store))
     except KeyboardInterrupt:
         if not stop_on_interrupt:  # `dlinfra watch`: Ctrl-C stops watching, not the run
             left_running = True
@@ -171,6 +171,13 @@ def _replace(cluster: Cluster, stragglers: list[Straggler]) -> None:
         straggler.replaced = isinstance(cluster, Replaces)
         if isinstance(cluster, Replaces):
             cluster.replace_straggler(straggler.node)
+
+
+def _pace(snap: Snapshot, poll: float, store: RunStore) -> float:
+    """Once the chief exports, the run's end is about a second away and the user waits for it: look
+    at the store's own pace then, where that is faster (a local directory's; Store.poll_seconds)."""
+    exporting = any(st is not None and st.state == "exporting" for st in snap.nodes.values())
+    return min(poll, store.store.poll_seconds) if exporting else poll
 
 
 def _let_nodes_finish(cluster: Cluster, seconds: float) -> None:

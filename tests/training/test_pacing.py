@@ -64,19 +64,19 @@ def test_a_configured_call_size_is_kept_within_a_chunk(
     ("step_seconds", "log_every", "steps"),
     [
         (None, 20, AUTO_FIRST_CALL),  # not measured yet
-        (0.0107, 20, 20),  # digits (10.7 ms): 93 wanted, capped by the chunk
-        (0.0107, 100, 93),
-        (0.181, 20, 6),  # ResNet-20 on this CPU, as timed at one step per call (dispatch included)
-        (0.6, 20, 2),
+        (0.0107, 20, 20),  # digits (10.7 ms): 187 wanted, capped by the chunk
+        (0.0107, 300, 187),
+        (0.181, 20, 11),  # ResNet-20 on this CPU, as timed at one step per call (dispatch included)
+        (0.6, 20, 3),
         (1.5, 20, 1),
         (30.0, 20, 1),  # a stalled worker: never 0
         (0.0, 20, 20),  # a chunk timed at zero must not divide by zero
     ],
 )
-def test_auto_sizes_a_call_to_about_a_second_of_compute(
+def test_auto_sizes_a_call_to_about_two_seconds_of_compute(
     step_seconds: float | None, log_every: int, steps: int
 ) -> None:
-    assert CALL_SECONDS == 1.0
+    assert CALL_SECONDS == 2.0
     assert steps_per_call("auto", step_seconds, log_every) == steps
 
 
@@ -98,6 +98,14 @@ def test_chunks_finishing_in_bunches_give_a_steady_estimate() -> None:
     assert all(0.04 <= e <= 0.06 for e in estimates[2:]), estimates  # 2 x 20 steps per second each
 
 
+def test_the_first_chunk_with_every_workers_trace_leaves_the_window() -> None:
+    """Three workers whose first chunk took 8 s to trace: the next chunk is timed on its own (a
+    second for 20 steps, run three at a time), not averaged with the trace."""
+    clock = ChunkClock(workers=3, now=0.0)
+    assert clock.fetched(8.0, 20)[1] == pytest.approx(1.2)  # the trace's own figure, used once
+    assert clock.fetched(9.0, 20) == pytest.approx((1.0, 0.15))
+
+
 def test_a_restart_leaves_the_pause_out() -> None:
     clock = ChunkClock(workers=1, now=0.0)
     clock.fetched(1.0, 20)
@@ -110,8 +118,9 @@ def test_a_restart_leaves_the_pause_out() -> None:
     [
         (1, 0.0107, 0.008, 20),  # digits, as measured: capped by log_every
         (3, 0.03, 0.008, 20),
-        (1, 0.152, 0.029, 6),  # ResNet-20, as measured: about a second of compute
-        (1, 0.6, 0.029, 2),
+        (1, 0.152, 0.029, 13),  # ResNet-20, as measured: about two seconds of compute
+        (1, 0.6, 0.029, 3),
+        (3, 0.45, 0.04, 4),  # three ResNet-20 workers sharing two cores
     ],
 )
 def test_auto_settles_from_its_own_measurements(

@@ -16,7 +16,7 @@ from dlinfra.environment.installed import check, node_versions
 from dlinfra.node import devices, preflight, serving, spot, watchdog
 from dlinfra.node.checkpoints import CheckpointSync
 from dlinfra.node.instance_store import OWN_MACHINE_ENV, stage_on_instance_store
-from dlinfra.node.membership import stay_until_the_run_ends
+from dlinfra.node.membership import stay_until_the_run_ends, until_the_run_ends
 from dlinfra.node.peers import bounded, wait_for_peers
 from dlinfra.node.reporting import Progress, mean_sd
 from dlinfra.node.status import NodeStatus, give_up, run_nodes
@@ -29,12 +29,6 @@ from dlinfra.training.objective import ProgramError, hint
 from dlinfra.training.shards import ShardManifest
 from dlinfra.training.staging import DataError
 from dlinfra.training.streaming import Stream
-
-# How often a ps or a ps-strategy worker looks for the run's end in the store: it only has to leave
-# before the watcher's grace after the marker (3 poll + 5 s) runs out, and on a 1-vCPU instance (a VM
-# under emulation more so) a look a second took a sixth of the core its TensorFlow server needs.
-SERVE_POLL_SECONDS = 3.0
-
 
 _KEPT: list[Any] = []  # servers that live as long as this process
 
@@ -144,8 +138,7 @@ def _serve(cfg: NodeConfig, store: RunStore, status: NodeStatus, threads: int, *
     pools = f", inter-op threads {threads}" if threads else ""
     what = ", TensorFlow's server alone" if lean else ""
     print(f"serving {cfg.role} {cfg.index} at {cfg.address} ({server.target}{pools}{what})", flush=True)
-    while (marker := store.marker()) is None:
-        time.sleep(SERVE_POLL_SECONDS)
+    marker = until_the_run_ends(store)
     status.stop(state=marker.marker.lower())
     if data_worker is not None:
         data_worker.stop()

@@ -18,12 +18,13 @@ from dlinfra.node.status import NodeStatus
 from dlinfra.node.supervision import note_restart_cause
 from dlinfra.runs import restarts
 from dlinfra.runs.layout import RunStore
-from dlinfra.runs.records import NodeState
+from dlinfra.runs.records import Marker, NodeState
 
 # How often a staying member looks at the store, and how many of its peers' states it reads a look:
 # the owner's each time (its death after the others finished is the case this is for), the others in
 # turn. Every member stays while the owner saves: reading every peer each look would cost a cluster of
 # N members N² reads every 2 s (100 workers: 5,000 GETs a second, S3's limit for one prefix).
+# A local store's faster pace (Store.poll_seconds) applies where it is faster: its reads are free.
 LOOK_SECONDS = 2.0
 PEERS_PER_LOOK = 8
 
@@ -49,14 +50,14 @@ def stay_until_the_run_ends(cfg: NodeConfig, store: RunStore, status: NodeStatus
             states = store.statuses(looked)
         except Exception as exc:  # a store outage: the run has not ended for it, look again
             print(f"could not read the run's state: {exc}", flush=True)
-            time.sleep(LOOK_SECONDS)
+            time.sleep(min(LOOK_SECONDS, store.store.poll_seconds))
             continue
         began = [name for name, st in states.items() if _begins_again(st, since)]
         if began:
             print(f"{began[0]} began a new life: rejoining the cluster", flush=True)
             note_restart_cause(status.path.parent, f"restarted with the cluster after {began[0]}")
             return EXIT_RETRY
-        time.sleep(LOOK_SECONDS)
+        time.sleep(min(LOOK_SECONDS, store.store.poll_seconds))
 
 
 def _begins_again(st: NodeState | None, since: float) -> bool:
@@ -68,3 +69,13 @@ def _in_turn(names: list[str], look: int, per_look: int) -> list[str]:
     """The `per_look` names this look reads, so that consecutive looks cover all of them in turn."""
     count = min(per_look, len(names))
     return [names[(look * count + k) % len(names)] for k in range(count)]
+
+
+def until_the_run_ends(store: RunStore) -> Marker:
+    """The run's end, for a node that only serves until then, looked for at the store's pace
+    (Store.poll_seconds). Against S3 from a 1-vCPU instance (a VM under emulation more so), a look a
+    second took a sixth of the core its TensorFlow server needs; a local run's directory is read in
+    microseconds, and its command waits for its servers to leave."""
+    while (marker := store.marker()) is None:
+        time.sleep(store.store.poll_seconds)
+    return marker

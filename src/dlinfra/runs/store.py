@@ -65,6 +65,9 @@ class Store:
     # through (node.survived); None: none yet.
     last_outage: tuple[float, float] | None = None
     _down_since: float | None = None
+    # How often a node that only waits for the run's end asks the store: every request to S3 is billed
+    # and counted against its prefix's request rate, so remote stores are asked every few seconds.
+    poll_seconds: float = 3.0
 
     # -- primitives each backend implements
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -137,6 +140,10 @@ LEFT_FOR = 60.0  # untouched this long, its writer gone: no write in progress (a
 
 
 class FileStore(Store):
+    # A local listing costs microseconds: the run's servers then leave within a fraction of a second
+    # of its end, not up to 3 s later with the user's command waiting for them.
+    poll_seconds = 0.2
+
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.root = Path(url[len("file://") :])

@@ -74,7 +74,7 @@ class TrainingSpec(StrictModel):
     checkpoint_every: int = Field(200, ge=1, le=MAX_COUNT, description="Steps between checkpoints.")
     log_every: int = Field(20, ge=1, le=MAX_COUNT, description="Steps between progress reports.")
     steps_per_execution: StepsPerCall = Field(
-        10, description="parameter_server: steps per remote call, at most log_every (auto: ~1 s of compute)."
+        10, description="parameter_server: steps per remote call, at most log_every (auto: ~2 s of compute)."
     )
     deterministic: bool = Field(False, description="TF op determinism and fixed seeds.")
     mixed_precision: bool = Field(

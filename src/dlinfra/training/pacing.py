@@ -20,13 +20,13 @@ MIN_QUEUED_CHUNKS, MAX_QUEUED_CHUNKS = 2, 8
 # A remote call costs a dispatch on top of its steps, and the dispatch grows with the model: 8 ms for
 # the digits CNN (18.9 ms per step at 1 step per call, 10.7 ms at 50), 29 ms for ResNet-20 (181 ms
 # per step at 1 per call, 155 ms at 10; bench_anchors, where `auto` aiming at 0.25 s chose 1 step
-# and lost 15 % to the fixed 10). A call of about CALL_SECONDS keeps either under 3 %; longer calls
-# buy little more and lengthen what a lost worker re-runs and what a spot notice's checkpoint waits
-# for.
-CALL_SECONDS = 1.0
-# Before any chunk was timed. The first chunks include each worker's trace of the step function, so
-# the first estimates are high: `auto` starts at one step and grows. Each estimate includes the
-# dispatch of small calls, so it approaches from below rather than overshooting.
+# and lost 15 % to the fixed 10). A call of about CALL_SECONDS keeps either near 1.5 %. At 1 s,
+# workers that share a machine's cores (three ResNet-20 workers on two: 0.5 s a step each) were
+# given 1-2 steps a call and lost 4-9 % to the fixed 10 (bench_anchors). Longer calls buy little
+# more and lengthen what a lost worker re-runs and what a spot notice's checkpoint waits for.
+CALL_SECONDS = 2.0
+# Before any chunk was timed: `auto` starts at one step and grows. Each estimate includes the dispatch
+# of small calls, so it approaches from below rather than overshooting.
 AUTO_FIRST_CALL = 1
 
 
@@ -49,6 +49,7 @@ class ChunkClock:
     def __init__(self, workers: int, now: float):
         self.workers = workers
         self._steps = 0
+        self._traced = False
         self._marks: collections.deque[tuple[float, int]] = collections.deque(maxlen=max(2, workers) + 1)
         self.restart(now)
 
@@ -65,7 +66,14 @@ class ChunkClock:
         self._marks.append((now, self._steps))
         (then, before), chunks = self._marks[0], len(self._marks) - 1
         elapsed = now - then
-        return elapsed / chunks, elapsed * self.workers / max(self._steps - before, 1)
+        figures = elapsed / chunks, elapsed * self.workers / max(self._steps - before, 1)
+        if not self._traced:
+            # The first chunk held every worker's trace of the step function (seconds, for a ResNet):
+            # it starts the window instead of staying in it. Kept in (with calls of 1 s), three
+            # ResNet-20 workers ran 100 of their 120 steps at one step a call (bench_anchors).
+            self._traced = True
+            self.restart(now)
+        return figures
 
 
 def queue_depth(chunk_seconds: float, workers: int, calls_per_chunk: int) -> int:
