@@ -11,7 +11,7 @@ import pytest
 
 from dlinfra.runs.layout import RunStore
 from dlinfra.runs.records import NodeState
-from dlinfra.runs.store import open_store
+from dlinfra.runs.store_url import open_store
 from support import FAKE_CREDS, aws_client
 
 
