@@ -20,10 +20,11 @@ MIN_QUEUED_CHUNKS, MAX_QUEUED_CHUNKS = 2, 8
 # A remote call costs a dispatch on top of its steps, and the dispatch grows with the model: 8 ms for
 # the digits CNN (18.9 ms per step at 1 step per call, 10.7 ms at 50), 29 ms for ResNet-20 (181 ms
 # per step at 1 per call, 155 ms at 10; bench_anchors, where `auto` aiming at 0.25 s chose 1 step
-# and lost 15 % to the fixed 10). A call of about CALL_SECONDS keeps either near 1.5 %. At 1 s,
-# workers that share a machine's cores (three ResNet-20 workers on two: 0.5 s a step each) were
-# given 1-2 steps a call and lost 4-9 % to the fixed 10 (bench_anchors). Longer calls buy little
-# more and lengthen what a lost worker re-runs and what a spot notice's checkpoint waits for.
+# and lost 15 % to the fixed 10). A call of about CALL_SECONDS keeps either under 1.5 % (where
+# log_every allows a call that long). At 1 s, workers that share a machine's cores (three ResNet-20
+# workers on two: 0.5 s a step each) were given 1-2 steps a call and lost 4-9 % to the fixed 10
+# (bench_anchors). Longer calls buy little more and lengthen what a lost worker re-runs and what a
+# spot notice's checkpoint waits for.
 CALL_SECONDS = 2.0
 # Before any chunk was timed: `auto` starts at one step and grows. Each estimate includes the dispatch
 # of small calls, so it approaches from below rather than overshooting.
